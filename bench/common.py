@@ -1,0 +1,39 @@
+"""Helpers every benchmark script shares: where fixtures and results live, percentiles, markdown tables."""
+
+from __future__ import annotations
+
+import math
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+RESULTS = ROOT / "bench" / "results"
+
+
+def shared_topology_files() -> list[Path]:
+    """Every shared `nvidia-smi topo -m` fixture that is complete, plus the H200 recording's text."""
+    files = sorted(p for p in (SHARED / "topologies").glob("*.txt") if "PARTIAL" not in p.name)
+    h200 = SHARED / "recordings" / "h200x2-vm-nvidia-smi-topo-m.txt"
+    return [*files, h200] if h200.exists() else files
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    k = min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))
+    return ordered[k]
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def machine_line() -> str:
+    import os
+
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The two commands of the README: `./dev.sh demo` and `./dev.sh test`. Both set up .venv first (idempotent).
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+
+setup() {
+  if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt .venv/.installed ]; then
+    "$PY" -m venv .venv
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e '.[test]'
+    touch .venv/.installed
+  fi
+}
+
+case "${1:-}" in
+  demo)
+    setup
+    shift
+    exec .venv/bin/gpuplugin demo "$@"
+    ;;
+  test)
+    setup
+    shift
+    .venv/bin/ruff check .
+    exec .venv/bin/python -m pytest -q "$@"
+    ;;
+  setup)
+    setup
+    ;;
+  *)
+    echo "usage: ./dev.sh demo | test [pytest args] | setup" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,86 @@
+"""The one table of link bandwidth estimates, in GB/s per direction, with where each figure comes from.
+
+Sources (collected in ../shared/topologies/SOURCES.md):
+- NVLink per-link figures are NCCL's own effective model (NVIDIA/nccl src/graph/topo.h: SM60 18.0, SM70 20.0,
+  SM80 20.0, SM90 20.6, SM100 40.1), which predicts all-reduce bus bandwidth better than the 25/50 GB/s line rate:
+  18 x 20.6 = 370.8 GB/s is what NCCL logs on H100 (nccl#1519), and 328 GB/s was measured on the 2x H200 recording.
+- PCIe x16: NCCL assumes 12 GB/s for Gen3 and prints 24 GB/s for Gen4 and for Gen5 switch links (nccl-tests#100,
+  nccl#1519). Measured Gen5 through host memory on the H200 recording: 25.8 GB/s busbw.
+- PCIe path classes are ranked PIX > PXB > PHB > NODE > SYS by fixed fractions of the x16 figure (each extra bridge
+  or host-bridge crossing costs P2P throughput; nccl-tests#178 shows ~20 GB/s once a Gen4 ring leaves a switch).
+  SYS is further capped by the socket interconnect (NCCL: Intel UPI 10, AMD xGMI Zen3/4 24; default 16 here).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuplugin.core.topology import Link
+
+# NVLink generation -> effective GB/s per link per direction.
+NVLINK_LANE_GBPS: dict[int, float] = {1: 18.0, 2: 20.0, 3: 20.0, 4: 20.6, 5: 40.1}
+NVLINK_GENERATIONS = frozenset(NVLINK_LANE_GBPS)
+# Links per GPU of each generation's flagship part (P100, V100, A100, H100, B200): used to tell an NVSwitch fabric
+# from direct links in `nvidia-smi topo -m` text, where both print as NV#.
+NVLINK_LINKS_PER_GPU: dict[int, int] = {1: 4, 2: 6, 3: 12, 4: 18, 5: 18}
+
+# PCIe generation -> effective x16 GB/s per direction.
+PCIE_X16_GBPS: dict[int, float] = {3: 12.0, 4: 24.0, 5: 24.0, 6: 48.0}
+DEFAULT_PCIE_GENERATION = 4
+DEFAULT_SOCKET_LINK_GBPS = 16.0
+
+PCIE_CLASS_FRACTION: dict[str, float] = {"PIX": 1.0, "PXB": 0.9, "PHB": 0.8, "NODE": 0.7, "SYS": 0.6}
+
+# Which PCIe generation ships beside each NVLink generation (P100/V100 Gen3, A100 Gen4, H100/B200 Gen5).
+PCIE_GENERATION_FOR_NVLINK: dict[int, int] = {1: 3, 2: 3, 3: 4, 4: 5, 5: 5}
+
+# NVML's nvmlDeviceGetNvLinkVersion enumeration -> NVLink generation (NVML_NVLINK_VERSION_1_0 = 1, 2_0 = 2,
+# 2_2 = 3, 3_0 = 4, 3_1 = 5, 4_0 = 6, 5_0 = 7). The H200 recording reports 6 = NVLink 4.0.
+NVML_NVLINK_VERSION_TO_GENERATION: dict[int, int] = {1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5}
+
+_MODEL_GENERATION: tuple[tuple[str, int], ...] = (
+    ("GB300", 5), ("GB200", 5), ("B300", 5), ("B200", 5), ("B100", 5),
+    ("GH200", 4), ("H200", 4), ("H100", 4), ("H800", 4), ("H20", 4),
+    ("A100", 3), ("A800", 3), ("A30", 3), ("A40", 3), ("A6000", 3), ("A5000", 3),
+    ("V100", 2), ("PG503", 2), ("P100", 1),
+)
+
+
+def nvlink_generation_for_model(model: str | None) -> int | None:
+    """NVLink generation implied by a GPU model name, or None when the name says nothing."""
+    if not model:
+        return None
+    upper = model.upper()
+    for needle, gen in _MODEL_GENERATION:
+        if needle in upper:
+            return gen
+    return None
+
+
+def pcie_class_gbps(kind: str, pcie_generation: int, socket_link_gbps: float) -> float:
+    x16 = PCIE_X16_GBPS[pcie_generation]
+    value = x16 * PCIE_CLASS_FRACTION[kind]
+    if kind == "SYS":
+        value = min(value, socket_link_gbps)
+    return value
+
+
+def link_gbps(link: Link, pcie_generation: int, socket_link_gbps: float) -> float:
+    """Estimated GB/s per direction of one pair.
+
+    A pair with live NVLinks also has its PCIe path, so it is never estimated below the best PCIe class: degraded
+    NVLink (most lanes down) still ranks above every PCIe pair, as the quality model requires.
+    """
+    if link.kind.is_nvlink:
+        assert link.generation is not None
+        nv = link.lanes * NVLINK_LANE_GBPS[link.generation]
+        return max(nv, PCIE_X16_GBPS[pcie_generation] + 1.0)
+    return pcie_class_gbps(link.kind.value, pcie_generation, socket_link_gbps)
+
+
+def pair_bandwidth_mbps(link: Link | None, pcie_generation: int, socket_link_gbps: float) -> int:
+    """Integer MB/s, so that sums and comparisons in the allocator are exact."""
+    if link is None:
+        return 0
+    return round(link_gbps(link, pcie_generation, socket_link_gbps) * 1000)

@@ -1,0 +1,198 @@
+"""Compact, versioned JSON for a topology and for a node's GPU state: the Node annotations of the contract.
+
+Topology (version 1), keys kept short so a 16-GPU node with NICs fits in 4 KiB:
+    {"v": 1,
+     "gpus": [[id, pci_bus_id|null, numa|null, model_ref|null, memory_mib|null, cpu_affinity|null], ...],
+     "models": [model name, ...],                       # model_ref indexes this list
+     "links": ["SW12@3", "NV2@2", "PIX", ...],          # upper triangle, row-major: (0,1), (0,2), ..., (n-2,n-1)
+     "bw": [300000, ...],                               # MB/s per direction, same order (informational)
+     "nics": [[name, "IIHS..."], ...],                  # one letter per GPU: PIX I, PXB B, PHB H, NODE N, SYS S
+     "pcie": 4, "sock": 16.0}
+GPU index = position in "gpus". The reader rebuilds bandwidths from "links" so every reader scores identically.
+
+State (version 1): {"v": 1, "gen": int, "used": [ids], "unhealthy": [ids]}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from gpuplugin.core.errors import TopologyError, TopologyFormatError
+from gpuplugin.core.topology import Gpu, Link, LinkKind, Nic, Topology
+
+TOPOLOGY_VERSION = 1
+STATE_VERSION = 1
+_LINK_RE = re.compile(r"^(NV|SW)(\d{1,3})@(\d)$")
+_NIC_LETTER = {LinkKind.PIX: "I", LinkKind.PXB: "B", LinkKind.PHB: "H", LinkKind.NODE: "N", LinkKind.SYS: "S"}
+_NIC_KIND = {v: k for k, v in _NIC_LETTER.items()}
+
+
+def link_to_token(link: Link) -> str:
+    if link.kind is LinkKind.NVLINK:
+        return f"NV{link.lanes}@{link.generation}"
+    if link.kind is LinkKind.NVSWITCH:
+        return f"SW{link.lanes}@{link.generation}"
+    return link.kind.value
+
+
+def link_from_token(token: str) -> Link:
+    m = _LINK_RE.match(token)
+    if m:
+        kind = LinkKind.NVLINK if m.group(1) == "NV" else LinkKind.NVSWITCH
+        return Link(kind, int(m.group(2)), int(m.group(3)))
+    try:
+        kind = LinkKind(token)
+    except ValueError:
+        raise TopologyFormatError(f"unknown link token {token!r}") from None
+    if kind.is_nvlink:
+        raise TopologyFormatError(f"link token {token!r} lacks lanes and generation")
+    return Link(kind)
+
+
+def topology_to_dict(topo: Topology) -> dict[str, Any]:
+    models: list[str] = []
+    gpus = []
+    for g in topo.gpus:
+        ref = None
+        if g.model is not None:
+            if g.model not in models:
+                models.append(g.model)
+            ref = models.index(g.model)
+        gpus.append([g.id, g.pci_bus_id, g.numa_node, ref, g.memory_mib, g.cpu_affinity])
+    n = topo.size
+    links, bw = [], []
+    for i in range(n):
+        for j in range(i + 1, n):
+            links.append(link_to_token(topo.link(i, j)))
+            bw.append(topo.bandwidth_mbps[i][j])
+    out: dict[str, Any] = {"v": TOPOLOGY_VERSION, "gpus": gpus, "models": models, "links": links, "bw": bw}
+    if topo.nics:
+        out["nics"] = [[nic.name, "".join(_NIC_LETTER[k] for k in nic.gpu_links)] for nic in topo.nics]
+    out["pcie"] = topo.pcie_generation
+    out["sock"] = topo.socket_link_gbps
+    return out
+
+
+def topology_to_json(topo: Topology) -> str:
+    return json.dumps(topology_to_dict(topo), separators=(",", ":"))
+
+
+def _expect(cond: bool, message: str) -> None:
+    if not cond:
+        raise TopologyFormatError(message)
+
+
+def _opt(value: Any, typ: type, what: str) -> Any:
+    ok = value is None or (isinstance(value, typ) and not isinstance(value, bool))
+    _expect(ok, f"{what} must be {typ.__name__} or null")
+    return value
+
+
+def topology_from_dict(data: Any) -> Topology:
+    _expect(isinstance(data, dict), "topology JSON must be an object")
+    version = data.get("v")
+    _expect(isinstance(version, int) and not isinstance(version, bool), "topology JSON has no integer version 'v'")
+    if version > TOPOLOGY_VERSION:
+        raise TopologyFormatError(
+            f"topology JSON version {version} is newer than this build reads ({TOPOLOGY_VERSION}); upgrade the reader"
+        )
+    _expect(version == TOPOLOGY_VERSION, f"unsupported topology JSON version {version}")
+    raw_gpus = data.get("gpus")
+    _expect(isinstance(raw_gpus, list) and 0 < len(raw_gpus) <= 1024, "'gpus' must be a non-empty list")
+    models = data.get("models", [])
+    _expect(isinstance(models, list) and all(isinstance(m, str) for m in models), "'models' must be a list of strings")
+    gpus = []
+    for i, row in enumerate(raw_gpus):
+        _expect(isinstance(row, list) and len(row) == 6, f"gpus[{i}] must be a list of 6 fields")
+        gid, bus, numa, ref, mem, aff = row
+        _expect(isinstance(gid, str) and 0 < len(gid) <= 63, f"gpus[{i}] id must be a string of 1-63 characters")
+        _opt(bus, str, f"gpus[{i}] pci bus id")
+        _opt(numa, int, f"gpus[{i}] numa node")
+        _opt(ref, int, f"gpus[{i}] model reference")
+        _opt(mem, int, f"gpus[{i}] memory")
+        _opt(aff, str, f"gpus[{i}] cpu affinity")
+        _expect(ref is None or 0 <= ref < len(models), f"gpus[{i}] model reference {ref} out of range")
+        gpus.append(Gpu(i, gid, bus, models[ref] if ref is not None else None, mem, numa, aff))
+    n = len(gpus)
+    tokens = data.get("links")
+    want = n * (n - 1) // 2
+    _expect(isinstance(tokens, list) and len(tokens) == want, f"'links' must list {want} pairs for {n} GPUs")
+    matrix: list[list[Link | None]] = [[None] * n for _ in range(n)]
+    k = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            tok = tokens[k]
+            _expect(isinstance(tok, str), f"links[{k}] must be a string")
+            try:
+                link = link_from_token(tok)
+            except TopologyError as e:
+                raise TopologyFormatError(f"links[{k}] (GPU{i}-GPU{j}): {e}") from None
+            matrix[i][j] = matrix[j][i] = link
+            k += 1
+    nics = []
+    for m, entry in enumerate(data.get("nics", [])):
+        ok = isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)
+        _expect(ok, f"nics[{m}] must be [name, links]")
+        try:
+            kinds = tuple(_NIC_KIND[x] for x in entry[1])
+        except KeyError:
+            raise TopologyFormatError(f"nics[{m}] has an unknown PCIe class in {entry[1]!r}") from None
+        nics.append(Nic(entry[0], kinds))
+    pcie = data.get("pcie", 4)
+    sock = data.get("sock", 16.0)
+    _expect(isinstance(pcie, int) and not isinstance(pcie, bool), "'pcie' must be an integer")
+    _expect(isinstance(sock, (int, float)) and not isinstance(sock, bool), "'sock' must be a number")
+    try:
+        return Topology.build(gpus, matrix, nics, pcie, float(sock))
+    except TopologyFormatError:
+        raise
+    except TopologyError as e:
+        raise TopologyFormatError(str(e)) from None
+
+
+def topology_from_json(text: str | bytes) -> Topology:
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TopologyFormatError(f"topology annotation is not JSON: {e}") from None
+    return topology_from_dict(data)
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What is taken on a node: GPU ids in use (from the kubelet's PodResources) and unhealthy ids."""
+
+    generation: int
+    used: frozenset[str]
+    unhealthy: frozenset[str]
+
+
+def state_to_json(state: NodeState) -> str:
+    return json.dumps(
+        {"v": STATE_VERSION, "gen": state.generation, "used": sorted(state.used), "unhealthy": sorted(state.unhealthy)},
+        separators=(",", ":"),
+    )
+
+
+def state_from_json(text: str | bytes) -> NodeState:
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TopologyFormatError(f"state annotation is not JSON: {e}") from None
+    _expect(isinstance(data, dict), "state JSON must be an object")
+    version = data.get("v")
+    _expect(isinstance(version, int) and not isinstance(version, bool), "state JSON has no integer version 'v'")
+    if version > STATE_VERSION:
+        raise TopologyFormatError(f"state JSON version {version} is newer than this build reads ({STATE_VERSION})")
+    gen = data.get("gen", 0)
+    _expect(isinstance(gen, int) and not isinstance(gen, bool), "state 'gen' must be an integer")
+    lists = {}
+    for key in ("used", "unhealthy"):
+        value = data.get(key, [])
+        ok = isinstance(value, list) and all(isinstance(x, str) for x in value)
+        _expect(ok, f"state '{key}' must be a list of ids")
+        lists[key] = frozenset(value)
+    return NodeState(gen, lists["used"], lists["unhealthy"])
