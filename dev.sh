@@ -5,6 +5,15 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 
 setup() {
+  if ! "$PY" -c 'import ensurepip, venv' 2>/dev/null; then
+    # Debian ships venv separately; install it when we may, else say what is missing.
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+    else
+      echo "python3 venv support is missing: sudo apt-get install python3-venv" >&2
+      exit 1
+    fi
+  fi
   if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt .venv/.installed ]; then
     "$PY" -m venv .venv
     .venv/bin/python -m pip install -q --upgrade pip

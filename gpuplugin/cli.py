@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import click
 
@@ -25,5 +26,10 @@ class _LazyGroup(click.Group):
 @click.version_option(package_name="gpu-topology-scheduling")
 def main() -> None:
     """Topology-aware GPU device plugin: discovery, placement and the kubelet device plugin server."""
+    from gpuplugin.logs import configure_logging
+
+    configure_logging("warning")  # `run` raises it with --log-level
+
+
 if __name__ == "__main__":
     main()

@@ -25,8 +25,13 @@ class _ExitTwo(click.ClickException):
 
 
 @click.command("plan")
-@click.option("--topology", "topology_file", required=True, type=click.Path(dir_okay=False),
-              help="nvidia-smi topo -m text, NVML recording or topology JSON.")
+@click.option(
+    "--topology",
+    "topology_file",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="nvidia-smi topo -m text, NVML recording or topology JSON.",
+)
 @click.option("--size", required=True, type=int, help="How many GPUs the request needs.")
 @click.option("--available", help="Free GPU indices, e.g. 0,1,4 (default: all).")
 @click.option("--must-include", help="GPU indices the answer must contain.")
@@ -61,10 +66,14 @@ def command(topology_file: str, size: int, available: str | None, must_include: 
         return
     best_empty = best_possible_gbps(topo, size) if size > 1 else 0.0
     click.echo(f"GPUs {','.join(map(str, alloc.gpus))}  ({', '.join(topo.gpus[i].id for i in alloc.gpus)})")
-    click.echo(f"  1. all-reduce estimate  {alloc.allreduce_gbps:.1f} GB/s (best ring bottleneck; empty node best "
-               f"{best_empty:.1f}, efficiency {efficiency:.3f})")
+    click.echo(
+        f"  1. all-reduce estimate  {alloc.allreduce_gbps:.1f} GB/s (best ring bottleneck; empty node best "
+        f"{best_empty:.1f}, efficiency {efficiency:.3f})"
+    )
     click.echo(f"  2. total pairwise       {alloc.total_gbps:.1f} GB/s")
     click.echo(f"  3. NUMA nodes spanned   {alloc.numa_nodes}")
-    click.echo(f"  4. remainder quality    {alloc.remainder_quality:.3f} (sum over sizes 2,4,8 of the best ring the "
-               "GPUs left free can form, relative to the empty node)")
+    click.echo(
+        f"  4. remainder quality    {alloc.remainder_quality:.3f} (sum over sizes 2,4,8 of the best ring the "
+        "GPUs left free can form, relative to the empty node)"
+    )
     click.echo(f"  search: {'exact' if alloc.optimal else 'heuristic'}, bound {alloc.bound_gbps:.1f} GB/s")

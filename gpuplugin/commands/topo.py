@@ -29,8 +29,7 @@ def _fmt(x: float) -> str:
 def render(topo: Topology, source: str) -> str:
     n = topo.size
     lines = [
-        f"{source}: {n} GPUs, fabric {topo.fabric}, PCIe Gen{topo.pcie_generation}, "
-        f"fingerprint {topo.fingerprint}",
+        f"{source}: {n} GPUs, fabric {topo.fabric}, PCIe Gen{topo.pcie_generation}, fingerprint {topo.fingerprint}",
         "",
         "Estimated GB/s per direction (link):",
     ]

@@ -18,6 +18,7 @@ nodes that share a few topologies pays for each distinct question once.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -81,6 +82,7 @@ class _Context:
 
 
 _CONTEXTS: OrderedDict[str, _Context] = OrderedDict()
+_LOCK = threading.RLock()
 
 
 def _context(topo: Topology) -> _Context:
@@ -128,7 +130,8 @@ def _context(topo: Topology) -> _Context:
 
 def clear_memo() -> None:
     """Forget every memoised answer (benchmarks use it to measure cold calls)."""
-    _CONTEXTS.clear()
+    with _LOCK:
+        _CONTEXTS.clear()
 
 
 @lru_cache(maxsize=512)
@@ -194,21 +197,24 @@ def best_subset(
 ) -> Allocation:
     """The best `size` GPUs out of `available` that contain `must_include` (all as GPU indices)."""
     avail_set, must_set = _validate(topology, available, size, must_include)
-    ctx = _context(topology)
     key = (avail_set, must_set, size)
-    hit = ctx.results.get(key)
-    if hit is not None:
-        ctx.results.move_to_end(key)
-        return hit
-    avail, must = _mask(avail_set), _mask(must_set)
-    if ctx.n <= EXACT_LIMIT:
-        result = _exact(ctx, avail, must, size)
-    else:
-        result = _large(ctx, avail, must, size)
-    ctx.results[key] = result
-    if len(ctx.results) > _MEMO_LIMIT:
-        ctx.results.popitem(last=False)
-    return result
+    # One lock over the memo tables: the plugin's prewarm thread, gRPC workers and the extender's bind threads
+    # share them (a pure function, but its caches are shared state).
+    with _LOCK:
+        ctx = _context(topology)
+        hit = ctx.results.get(key)
+        if hit is not None:
+            ctx.results.move_to_end(key)
+            return hit
+        avail, must = _mask(avail_set), _mask(must_set)
+        if ctx.n <= EXACT_LIMIT:
+            result = _exact(ctx, avail, must, size)
+        else:
+            result = _large(ctx, avail, must, size)
+        ctx.results[key] = result
+        if len(ctx.results) > _MEMO_LIMIT:
+            ctx.results.popitem(last=False)
+        return result
 
 
 def _max_ring(ctx: _Context, mask: int, s: int) -> int:
@@ -504,9 +510,10 @@ def allreduce_gbps(topology: Topology, gpus: Iterable[int]) -> float:
 
 def best_possible_gbps(topology: Topology, size: int, available: Iterable[int] | None = None) -> float:
     """The best ring any `size` GPUs of `available` (default: the empty node) can form."""
-    ctx = _context(topology)
-    mask = (1 << ctx.n) - 1 if available is None else _mask(available)
-    return _max_ring(ctx, mask, size) / 1000.0
+    with _LOCK:
+        ctx = _context(topology)
+        mask = (1 << ctx.n) - 1 if available is None else _mask(available)
+        return _max_ring(ctx, mask, size) / 1000.0
 
 
 def placement_efficiency(topology: Topology, gpus: Iterable[int], available: Iterable[int] | None = None) -> float:

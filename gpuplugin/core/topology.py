@@ -133,9 +133,7 @@ class Topology:
         frozen_links = tuple(tuple(row) for row in links)
         bw = tuple(
             tuple(
-                0
-                if i == j
-                else bandwidth.pair_bandwidth_mbps(frozen_links[i][j], pcie_generation, socket_link_gbps)
+                0 if i == j else bandwidth.pair_bandwidth_mbps(frozen_links[i][j], pcie_generation, socket_link_gbps)
                 for j in range(n)
             )
             for i in range(n)

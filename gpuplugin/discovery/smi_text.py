@@ -39,6 +39,7 @@ _NV_RE = re.compile(r"NV([0-9]+)")
 _LEGEND_START_RE = re.compile(r"^\s*(NIC\s+)?Legend\s*:", re.IGNORECASE)
 _NIC_LEGEND_RE = re.compile(r"^\s*(NIC[0-9]+)\s*:\s*(\S+)\s*$")
 _INT_RE = re.compile(r"[0-9]{1,9}")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # SOC is what drivers before ~2017 printed for SYS.
 _PCIE_TOKENS: dict[str, LinkKind] = {
     "PIX": LinkKind.PIX,
@@ -85,6 +86,8 @@ def parse_nvidia_smi_topo(
         raise TopologyParseError(f"unknown NVLink generation {nvlink_generation!r}", source=source)
     if pcie_generation is not None and pcie_generation not in bandwidth.PCIE_X16_GBPS:
         raise TopologyParseError(f"unknown PCIe generation {pcie_generation!r}", source=source)
+    # nvidia-smi underlines the header with ANSI escapes even into a file (seen on driver 580): drop them.
+    text = _ANSI_RE.sub("", text)
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     start = _find_header(lines, source)
     header = _parse_header(lines[start], source)

@@ -1,0 +1,114 @@
+"""What a container gets for its GPUs: environment, CDI devices, device nodes and annotations, per strategy.
+
+The kubelet checkpoints an Allocate response and replays it on container and kubelet restarts, so everything here is
+a pure function of the chosen devices and the host's device nodes: no random names, no time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+import structlog
+
+from gpuplugin.core.allocator import allreduce_gbps
+from gpuplugin.core.topology import Topology
+from gpuplugin.deviceplugin.devices import Device, IdStrategy
+
+log = structlog.get_logger(__name__)
+
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+CDI_KIND = "nvidia.com/gpu"
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+# Plugin name part of the CDI annotation key (`cdi.k8s.io/<plugin>_<device>`), as the CDI annotation helpers form it.
+CDI_ANNOTATION_PLUGIN = "gpu-topology"
+CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+
+
+class ListStrategy(StrEnum):
+    """How the container runtime learns which GPUs to expose."""
+
+    ENVVAR = "envvar"
+    CDI = "cdi"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNode:
+    """A /dev node for the container; host and container paths are the same."""
+
+    path: str
+    permissions: str = "rw"
+
+
+@dataclass(frozen=True)
+class ContainerAllocation:
+    envs: dict[str, str] = field(default_factory=dict)
+    device_nodes: tuple[DeviceNode, ...] = ()
+    annotations: dict[str, str] = field(default_factory=dict)
+    cdi_devices: tuple[str, ...] = ()
+
+
+def visible_devices(devices: Sequence[Device], id_strategy: IdStrategy) -> str:
+    """NVIDIA_VISIBLE_DEVICES: UUIDs, or NVML indices under the index strategy (the runtime hook reads both)."""
+    if id_strategy is IdStrategy.UUID:
+        return ",".join(d.uuid for d in devices)
+    return ",".join(str(d.nvml_index) for d in devices)
+
+
+def cdi_name(device: Device) -> str:
+    """Fully qualified CDI device name; CDI specs from nvidia-ctk name GPUs by UUID (and by index)."""
+    return f"{CDI_KIND}={device.uuid}"
+
+
+def cdi_annotation_key(devices: Sequence[Device]) -> str:
+    """Deterministic per device set, so a replayed checkpoint and a fresh answer agree."""
+    digest = hashlib.sha256(",".join(d.uuid for d in devices).encode()).hexdigest()[:16]
+    return f"{CDI_ANNOTATION_PREFIX}{CDI_ANNOTATION_PLUGIN}_{digest}"
+
+
+def device_nodes(devices: Sequence[Device], dev_root: Path) -> tuple[DeviceNode, ...]:
+    """The GPUs' /dev/nvidia<minor> nodes and the control nodes, each only if it exists under `dev_root`/dev.
+
+    A node that does not exist would make the container runtime fail the container, so it is left out (and, for a
+    GPU node, logged): on a host without the driver the runtime hook or CDI spec is the only source of truth.
+    """
+    nodes = []
+    missing = []
+    for d in devices:
+        name = f"nvidia{d.minor}"
+        if (dev_root / "dev" / name).exists():
+            nodes.append(DeviceNode(f"/dev/{name}"))
+        else:
+            missing.append(name)
+    if missing:
+        log.warning("gpu device nodes missing on host", missing=missing, dev_root=str(dev_root))
+    nodes += [DeviceNode(f"/dev/{name}") for name in CONTROL_DEVICES if (dev_root / "dev" / name).exists()]
+    return tuple(nodes)
+
+
+def container_allocation(
+    topo: Topology,
+    devices: Sequence[Device],
+    strategy: ListStrategy,
+    id_strategy: IdStrategy,
+    annotation_prefix: str,
+    dev_root: Path,
+) -> ContainerAllocation:
+    """The response for one container. `devices` must be valid and healthy (the resource manager checks)."""
+    ordered = sorted(devices, key=lambda d: d.index)
+    ids = ",".join(d.id for d in ordered)
+    gbps = allreduce_gbps(topo, [d.index for d in ordered])
+    annotations = {f"{annotation_prefix}/gpus": ids, f"{annotation_prefix}/allreduce-gbps": f"{gbps:.1f}"}
+    envs: dict[str, str] = {}
+    cdi: tuple[str, ...] = ()
+    if strategy is ListStrategy.ENVVAR:
+        envs[VISIBLE_DEVICES_ENV] = visible_devices(ordered, id_strategy)
+    else:
+        cdi = tuple(cdi_name(d) for d in ordered)
+        annotations[cdi_annotation_key(ordered)] = ",".join(cdi)
+    return ContainerAllocation(
+        envs=envs, device_nodes=device_nodes(ordered, dev_root), annotations=annotations, cdi_devices=cdi
+    )

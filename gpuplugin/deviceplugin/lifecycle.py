@@ -1,0 +1,222 @@
+"""The plugin process's life: serve, register, survive kubelet restarts and deleted sockets, shut down cleanly.
+
+One control thread owns every transition. It reconciles observed state with the wanted state ("our socket is the
+one we bound, and the kubelet behind kubelet.sock has our registration") on each directory event and on a slow
+poll, which also covers events inotify can miss. Reconciling state rather than replaying events makes bursts
+(the kubelet deletes every socket, then creates kubelet.sock) collapse into one restart and one registration.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from gpuplugin.deviceplugin.errors import RegistrationError, ServeError
+from gpuplugin.deviceplugin.registration import DEFAULT_TIMEOUT_S, KUBELET_SOCKET, Registrar
+from gpuplugin.deviceplugin.resource import ResourceManager
+from gpuplugin.deviceplugin.server import DEFAULT_WORKERS, FileIdentity, PluginServer, file_identity
+from gpuplugin.deviceplugin.watcher import DirectoryWatch
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_SOCKET_NAME = "gpu-topology.sock"
+DEFAULT_RESOURCE_NAME = "nvidia.com/gpu"
+
+
+class PluginRunner:
+    """Serves `manager` on <plugin_dir>/<socket_name> and keeps it registered as `resource_name`.
+
+    Use as a context manager, or call start() and stop(). `poll_interval` bounds how long a missed inotify event
+    can delay recovery; registration retries back off from `backoff_initial` up to `backoff_max` seconds.
+    """
+
+    def __init__(
+        self,
+        manager: ResourceManager,
+        plugin_dir: Path | str,
+        resource_name: str = DEFAULT_RESOURCE_NAME,
+        socket_name: str = DEFAULT_SOCKET_NAME,
+        *,
+        register_timeout: float = DEFAULT_TIMEOUT_S,
+        poll_interval: float = 1.0,
+        backoff_initial: float = 0.2,
+        backoff_max: float = 5.0,
+        max_workers: int = DEFAULT_WORKERS,
+    ) -> None:
+        if "/" in socket_name or socket_name in ("", ".", "..", KUBELET_SOCKET):
+            raise ValueError(f"socket name must be a bare file name other than {KUBELET_SOCKET}: {socket_name!r}")
+        self.manager = manager
+        self.metrics = manager.metrics
+        self.plugin_dir = Path(plugin_dir)
+        self.resource_name = resource_name
+        self.socket_name = socket_name
+        self.socket_path = self.plugin_dir / socket_name
+        self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
+        self.poll_interval = poll_interval
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.max_workers = max_workers
+        self._registrar = Registrar(self.plugin_dir, socket_name, resource_name, register_timeout)
+        self._server: PluginServer | None = None
+        self._registered_kubelet: FileIdentity | None = None
+        self._state = threading.Condition()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._kubelet_created = False
+        self._backoff = backoff_initial
+        self._next_attempt = 0.0
+        self._registrations = 0
+        self._failures = 0
+        self._thread: threading.Thread | None = None
+        self._watch: DirectoryWatch | None = None
+
+    # ---- public state ----
+
+    @property
+    def serving(self) -> bool:
+        server = self._server
+        return server is not None and server.intact()
+
+    @property
+    def registered(self) -> bool:
+        return self._registered_kubelet is not None
+
+    @property
+    def registrations(self) -> int:
+        """Successful registrations so far (each kubelet restart adds one)."""
+        return self._registrations
+
+    def ready(self) -> bool:
+        """What /healthz reports: serving on our socket and registered with the current kubelet."""
+        return self.serving and self.registered and file_identity(self.kubelet_socket) == self._registered_kubelet
+
+    @property
+    def registration_failures(self) -> int:
+        """Failed registration attempts so far."""
+        return self._failures
+
+    def wait_registered(self, timeout: float, count: int = 1) -> bool:
+        """Block until at least `count` registrations have succeeded (False on timeout)."""
+        return self.wait_until(lambda r: r.registrations >= count, timeout)
+
+    def wait_until(self, predicate: Callable[[PluginRunner], bool], timeout: float) -> bool:
+        """Block until `predicate(self)` holds, re-checked after every registration attempt (False on timeout)."""
+        with self._state:
+            return self._state.wait_for(lambda: predicate(self), timeout)
+
+    # ---- life ----
+
+    def start(self) -> PluginRunner:
+        """Serve at once (raises ServeError when the socket cannot be served), then watch and register."""
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self._restart_server()
+        self._watch = DirectoryWatch(self.plugin_dir, self.socket_name, self._on_kubelet_created, self._wake.set)
+        self._watch.start()
+        self._thread = threading.Thread(target=self._run, name="deviceplugin-lifecycle", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Stop streams and server and remove our socket. Safe to call twice."""
+        self._stopping.set()
+        self._registrar.cancel()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+        if self._server is not None:
+            self._server.stop(grace)
+            self._server = None
+        self._registered_kubelet = None
+        log.info("device plugin stopped", resource=self.resource_name)
+
+    def __enter__(self) -> PluginRunner:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- control thread ----
+
+    def _on_kubelet_created(self) -> None:
+        self._kubelet_created = True
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                delay = self._reconcile()
+            except Exception:  # keep the plugin alive; the next pass retries
+                log.exception("lifecycle pass failed")
+                delay = self.backoff_max
+            self._wake.wait(delay)
+            self._wake.clear()
+
+    def _restart_server(self) -> None:
+        old, self._server = self._server, None
+        if old is not None:
+            # Streams on a deleted socket lead to a kubelet that is gone: no grace needed.
+            old.stop(grace=0.2 if old.intact() else 0.0)
+        server = PluginServer(self.manager, self.socket_path, self.max_workers)
+        server.start()
+        self._server = server
+        self.metrics.server_starts.inc()
+
+    def _reconcile(self) -> float:
+        """One pass; returns the seconds until the next pass is due."""
+        if self._stopping.is_set():
+            return 0.0
+        if self._server is None or not self._server.intact():
+            if self._server is not None:
+                log.warning("our socket was removed; serving again", socket=str(self.socket_path))
+            try:
+                self._restart_server()
+            except ServeError as e:
+                log.error("cannot serve", error=str(e))
+                return self._fail_later()
+            self._registered_kubelet = None
+        forced, self._kubelet_created = self._kubelet_created, False
+        kubelet = file_identity(self.kubelet_socket)
+        if kubelet is None:
+            if self._registered_kubelet is not None:
+                log.warning("kubelet socket is gone; waiting for the kubelet", socket=str(self.kubelet_socket))
+            self._registered_kubelet = None
+            return self.poll_interval
+        if kubelet == self._registered_kubelet and not forced:
+            return self.poll_interval
+        now = time.monotonic()
+        if not forced and now < self._next_attempt:
+            return self._next_attempt - now
+        try:
+            self._registrar.register()
+        except RegistrationError as e:
+            if self._stopping.is_set():
+                return 0.0
+            self.metrics.registration_failures.inc()
+            self._registered_kubelet = None
+            with self._state:
+                self._failures += 1
+                self._state.notify_all()
+            log.warning("registration failed; will retry", error=str(e), retry_in_s=round(self._backoff, 2))
+            return self._fail_later()
+        self._registered_kubelet = kubelet
+        self._backoff = self.backoff_initial
+        self._next_attempt = 0.0
+        self.metrics.registrations.inc()
+        with self._state:
+            self._registrations += 1
+            self._state.notify_all()
+        return self.poll_interval
+
+    def _fail_later(self) -> float:
+        delay = self._backoff
+        self._next_attempt = time.monotonic() + delay
+        self._backoff = min(self._backoff * 2, self.backoff_max)
+        return delay

@@ -1,0 +1,254 @@
+"""The resource manager: the plugin's devices, their health, and its allocation answers. No gRPC here.
+
+The gRPC servicer is a thin translation of these methods; health monitors call `set_health`; every ListAndWatch
+stream holds a `Subscription` that always offers the newest complete device list.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from gpuplugin.core.allocator import best_subset
+from gpuplugin.core.topology import Topology
+from gpuplugin.deviceplugin.allocation import ContainerAllocation, ListStrategy, container_allocation
+from gpuplugin.deviceplugin.devices import Device, IdStrategy, build_devices
+from gpuplugin.deviceplugin.errors import AllocationRequestError, UnknownDeviceError
+from gpuplugin.deviceplugin.plans import PlanSource
+from gpuplugin.deviceplugin.preferred import Preference, Source, choose_preferred
+from gpuplugin.metrics import PluginMetrics
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceState:
+    device: Device
+    healthy: bool
+
+
+Snapshot = tuple[DeviceState, ...]
+
+
+class Subscription:
+    """The newest complete device list one stream has not sent yet. Older unsent lists are dropped: every list is
+    complete, so only the newest matters."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._pending: Snapshot | None = None
+        self._closed = False
+
+    def offer(self, snapshot: Snapshot) -> None:
+        with self._cond:
+            self._pending = snapshot
+            self._cond.notify_all()
+
+    def next(self, timeout: float | None = None) -> Snapshot | None:
+        """Block until a list is pending (returned) or the subscription is closed or times out (None)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending is not None or self._closed, timeout)
+            if self._closed:
+                return None
+            snap, self._pending = self._pending, None
+            return snap
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+class ResourceManager:
+    """Devices of one extended resource built from a Topology, with health, preference and allocation logic."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        id_strategy: IdStrategy | str = IdStrategy.UUID,
+        list_strategy: ListStrategy | str = ListStrategy.ENVVAR,
+        annotation_prefix: str = "gpu-topology.io",
+        dev_root: Path | str = "/",
+        minors: Mapping[int, int] | None = None,
+        nvml_indices: Mapping[int, int] | None = None,
+        plans: PlanSource | None = None,
+        metrics: PluginMetrics | None = None,
+    ) -> None:
+        self.topology = topology
+        self.id_strategy = IdStrategy(id_strategy)
+        self.list_strategy = ListStrategy(list_strategy)
+        self.annotation_prefix = annotation_prefix
+        self.dev_root = Path(dev_root)
+        self.devices = build_devices(topology, self.id_strategy, minors, nvml_indices)
+        self.metrics = metrics if metrics is not None else PluginMetrics()
+        self._plans = plans
+        self._by_id = {d.id: d for d in self.devices}
+        self._by_uuid = {d.uuid: d for d in self.devices}
+        self._lock = threading.Lock()
+        self._healthy = {d.id: True for d in self.devices}
+        self._subs: set[Subscription] = set()
+        self._update_gauge()
+
+    # ---- devices and health ----
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            return tuple(DeviceState(d, self._healthy[d.id]) for d in self.devices)
+
+    def healthy_ids(self) -> list[str]:
+        with self._lock:
+            return [d.id for d in self.devices if self._healthy[d.id]]
+
+    def unhealthy_ids(self) -> list[str]:
+        with self._lock:
+            return [d.id for d in self.devices if not self._healthy[d.id]]
+
+    def resolve(self, ids: Iterable[str]) -> list[Device]:
+        """Devices by advertised id or by GPU UUID (health monitors know UUIDs). Raises UnknownDeviceError."""
+        out, unknown = [], []
+        for x in ids:
+            dev = self._by_id.get(x) or self._by_uuid.get(x)
+            if dev is None:
+                unknown.append(x)
+            else:
+                out.append(dev)
+        if unknown:
+            raise UnknownDeviceError(unknown)
+        return out
+
+    def set_health(self, ids: Iterable[str], healthy: bool) -> list[str]:
+        """Mark devices (advertised ids or UUIDs) healthy or not; return the advertised ids that changed. Any change
+        sends every ListAndWatch stream a new complete list at once. Unknown ids raise before anything changes."""
+        devices = self.resolve(ids)
+        with self._lock:
+            changed = [d.id for d in devices if self._healthy[d.id] != healthy]
+            for dev_id in changed:
+                self._healthy[dev_id] = healthy
+            snap = tuple(DeviceState(d, self._healthy[d.id]) for d in self.devices)
+            subs = list(self._subs)
+        if changed:
+            to = "healthy" if healthy else "unhealthy"
+            self.metrics.health_transitions.labels(to=to).inc(len(changed))
+            self._update_gauge()
+            log.info("device health changed", devices=changed, health=to)
+            for sub in subs:
+                sub.offer(snap)
+        return changed
+
+    def _update_gauge(self) -> None:
+        unhealthy = len(self.unhealthy_ids())
+        self.metrics.devices.labels(health="healthy").set(len(self.devices) - unhealthy)
+        self.metrics.devices.labels(health="unhealthy").set(unhealthy)
+
+    def subscribe(self) -> Subscription:
+        """A subscription that already holds the current list (ListAndWatch sends it at once)."""
+        sub = Subscription()
+        with self._lock:
+            self._subs.add(sub)
+            sub.offer(tuple(DeviceState(d, self._healthy[d.id]) for d in self.devices))
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        sub.close()
+        with self._lock:
+            self._subs.discard(sub)
+
+    def close(self) -> None:
+        """End every stream's subscription (shutdown)."""
+        with self._lock:
+            subs, self._subs = list(self._subs), set()
+        for sub in subs:
+            sub.close()
+
+    # ---- allocation ----
+
+    def set_plan_source(self, plans: PlanSource | None) -> None:
+        self._plans = plans
+
+    def prewarm(self, budget: int = 4096) -> None:
+        """Fill the allocator's memo with the questions this node will be asked, so GetPreferredAllocation answers
+        from it (a cold search at 16 GPUs costs milliseconds; a memo hit microseconds). Up to 10 GPUs that is every
+        free set and size (at most 5,120 questions); beyond, the free sets this node reaches when pods of the
+        common sizes take the allocator's own choices, breadth first, up to `budget` questions."""
+        start = time.perf_counter()
+        everything = frozenset(d.index for d in self.devices)
+        asked = 0
+        if len(everything) <= 10:
+            members = sorted(everything)
+            for mask in range(1, 1 << len(members)):
+                free = [members[i] for i in range(len(members)) if mask >> i & 1]
+                for size in range(1, len(free) + 1):
+                    best_subset(self.topology, free, size)
+                    asked += 1
+        else:
+            seen = {everything}
+            frontier = [everything]
+            while frontier and asked < budget:
+                free = frontier.pop(0)
+                for size in range(1, len(free) + 1):
+                    chosen = best_subset(self.topology, free, size).gpus
+                    asked += 1
+                    rest = free - set(chosen)
+                    if size in (1, 2, 4, 8) and rest and rest not in seen:
+                        seen.add(rest)
+                        frontier.append(rest)
+        log.info("allocator prewarmed", gpus=len(everything), questions=asked,
+                 seconds=round(time.perf_counter() - start, 3))
+
+    def preferred(self, available_ids: Sequence[str], must_include_ids: Sequence[str], size: int) -> Preference:
+        """One container's preference. Never raises: problems are logged and counted, and answered validly."""
+        pref = choose_preferred(self.topology, self._by_id, available_ids, must_include_ids, size, self._plans)
+        if pref.source is Source.PLAN:
+            self.metrics.plan_hits.inc()
+        elif pref.reason is not None:
+            self.metrics.preferred_fallbacks.labels(reason=pref.reason.value).inc()
+        if pref.problems:
+            log.warning(
+                "preferred allocation request had problems; answered with a valid fallback",
+                problems=list(pref.problems),
+                reason=pref.reason.value if pref.reason else None,
+                available=list(available_ids),
+                must_include=list(must_include_ids),
+                size=size,
+                answer=list(pref.ids),
+            )
+        return pref
+
+    def allocate(self, ids: Sequence[str]) -> ContainerAllocation:
+        """The response for one container. Raises AllocationRequestError for empty, repeated, unknown or
+        unhealthy ids (the kubelet only asks for healthy devices it was told about, so this means a bug or a race)."""
+        try:
+            alloc = self._allocate(ids)
+        except AllocationRequestError:
+            self.metrics.allocations.labels(result="invalid").inc()
+            raise
+        self.metrics.allocations.labels(result="ok").inc()
+        return alloc
+
+    def _allocate(self, ids: Sequence[str]) -> ContainerAllocation:
+        if not ids:
+            raise AllocationRequestError("allocate request names no devices")
+        dups = sorted({x for x in ids if list(ids).count(x) > 1})
+        if dups:
+            raise AllocationRequestError(f"allocate request repeats device ids: {', '.join(dups)}")
+        unknown = [x for x in ids if x not in self._by_id]
+        if unknown:
+            raise AllocationRequestError(f"unknown device ids: {', '.join(unknown)}")
+        devices = [self._by_id[x] for x in ids]
+        with self._lock:
+            sick = [d.id for d in devices if not self._healthy[d.id]]
+        if sick:
+            raise AllocationRequestError(f"unhealthy device ids: {', '.join(sick)}")
+        return container_allocation(
+            self.topology, devices, self.list_strategy, self.id_strategy, self.annotation_prefix, self.dev_root
+        )

@@ -1,0 +1,1 @@
+"""Kubelet device plugin API (generated)."""

@@ -1,0 +1,1 @@
+"""Kubelet pod resources API v1 (generated)."""

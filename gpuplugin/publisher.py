@@ -1,0 +1,403 @@
+"""Publishes the node's GPU topology and state on its Node object, for the scheduler extender to read.
+
+What is written (prefix configurable, default gpu-topology.io; see docs/contracts.md):
+- annotation `<prefix>/topology`: the core's compact topology JSON, GPU ids = the ids advertised to the kubelet;
+- annotation `<prefix>/state`: {"v":1,"gen":N,"used":[ids],"unhealthy":[ids]}; `gen` grows by one on every change,
+  continuing from the value already on the Node, so it only ever grows across plugin restarts;
+- labels `<prefix>/fabric` (nvswitch|nvlink|pcie), `<prefix>/gpu-model` (sanitised to a label value),
+  `<prefix>/gpu-count`.
+
+Why it behaves as it does:
+- "used" comes from the kubelet's PodResources API on every poll, never from memory: after a restart the state is
+  rebuilt from what the kubelet actually holds. When PodResources cannot be read, nothing is published rather
+  than a guess (an empty "used" would invite the extender to double-book GPUs).
+- A patch goes out only when a value differs from what the Node carries (read once at start, then kept from each
+  patch reply), at most once per `min_interval_s`; changes arriving meanwhile are coalesced into the next patch.
+- API errors are retried with exponential backoff: 5xx, 429, 409 and no-answer promptly; 404 (the Node does not
+  exist yet, e.g. the plugin started before the kubelet registered it), 401/403 (RBAC) and 422 are logged and
+  retried at the slow end of the backoff.
+
+RBAC it needs (the smallest that works; resourceNames cannot name "my own node" in a DaemonSet):
+    apiVersion: rbac.authorization.k8s.io/v1
+    kind: ClusterRole
+    rules:
+    - apiGroups: [""]
+      resources: ["nodes"]
+      verbs: ["get", "patch"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+import kubernetes.client
+import structlog
+
+from gpuplugin.core.codec import NodeState, state_from_json, state_to_json, topology_to_json
+from gpuplugin.core.errors import TopologyFormatError
+from gpuplugin.core.topology import Topology
+from gpuplugin.kube.errors import Conflict, KubeApiError, NotFound
+from gpuplugin.kube.fetching import get_node
+from gpuplugin.kube.patching import patch_node_metadata
+from gpuplugin.podresources import PodResourcesError
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_PREFIX = "gpu-topology.io"
+_LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+_LABEL_VALUE_MAX = 63
+
+IdsProvider = Callable[[], Iterable[str]]
+
+
+def sanitize_label_value(value: str) -> str:
+    """A valid label value: runs of other characters become '-', ends trimmed to alphanumerics, at most 63."""
+    text = _LABEL_VALUE_BAD.sub("-", value.strip())[:_LABEL_VALUE_MAX]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", text)
+
+
+def relabel(topology: Topology, device_ids: Sequence[str]) -> Topology:
+    """The same topology with GPU ids replaced by the advertised device ids (index strategy: "0", "1", ...)."""
+    if len(device_ids) != topology.size:
+        raise ValueError(f"{len(device_ids)} device ids for a topology of {topology.size} GPUs")
+    if tuple(device_ids) == topology.ids:
+        return topology
+    gpus = [dataclasses.replace(g, id=d) for g, d in zip(topology.gpus, device_ids, strict=True)]
+    return Topology.build(gpus, topology.links, topology.nics, topology.pcie_generation, topology.socket_link_gbps)
+
+
+class NodePublisher:
+    """Keeps `<prefix>/topology`, `<prefix>/state` and the labels of one Node current. `start()` runs it in a
+    thread polling every `poll_interval_s`; `trigger()` (health changes) publishes at once, rate limits allowing.
+    `publish_once()` is the same step, synchronously, raising what went wrong."""
+
+    def __init__(
+        self,
+        api: kubernetes.client.ApiClient,
+        node_name: str,
+        prefix: str,
+        topology: Topology,
+        device_ids: Sequence[str] | None,
+        used_ids: IdsProvider,
+        unhealthy_ids: IdsProvider,
+        *,
+        poll_interval_s: float = 10.0,
+        min_interval_s: float = 1.0,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 60.0,
+        resync_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not node_name:
+            raise ValueError("node name is required to publish (set NODE_NAME from the downward API)")
+        if not prefix or "/" in prefix:
+            raise ValueError(f"annotation prefix must be a DNS subdomain without '/', got {prefix!r}")
+        self._api = api
+        self.node_name = node_name
+        self.prefix = prefix
+        self.topology = relabel(topology, device_ids) if device_ids is not None else topology
+        # Health monitors and the kubelet may name GPUs by UUID or by advertised id: accept both.
+        self._to_id: dict[str, str] = {g.id: a.id for g, a in zip(topology.gpus, self.topology.gpus, strict=True)}
+        self._to_id.update({a.id: a.id for a in self.topology.gpus})
+        self._used_ids = used_ids
+        self._unhealthy_ids = unhealthy_ids
+        self._poll = poll_interval_s
+        self._min_interval = min_interval_s
+        self._backoff_initial = backoff_initial_s
+        self._backoff_max = backoff_max_s
+        self._resync = resync_s
+        self._clock = clock
+
+        self.topology_key = f"{prefix}/topology"
+        self.state_key = f"{prefix}/state"
+        self._topology_json = topology_to_json(self.topology)
+        self._labels = self._desired_labels()
+
+        self._observed: dict[str, str | None] | None = None  # our keys as the Node last carried them
+        self._observed_at = 0.0
+        self._last_patch_at: float | None = None
+        self._state: NodeState | None = None
+        self._cond = threading.Condition()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- what should be on the Node -----------------------------------------------------------------------------
+
+    def _desired_labels(self) -> dict[str, str | None]:
+        models = {g.model for g in self.topology.gpus if g.model}
+        model = sanitize_label_value(models.pop()) if len(models) == 1 else ("mixed" if models else "")
+        return {
+            f"{self.prefix}/fabric": self.topology.fabric,
+            f"{self.prefix}/gpu-model": model or None,
+            f"{self.prefix}/gpu-count": str(self.topology.size),
+        }
+
+    def _ids(self, provider: IdsProvider, what: str) -> frozenset[str]:
+        out, foreign = set(), []
+        for x in provider():
+            mapped = self._to_id.get(x)
+            if mapped is None:
+                foreign.append(x)
+            else:
+                out.add(mapped)
+        if foreign:
+            log.debug("publisher_ids_ignored", what=what, ids=sorted(foreign)[:8], why="not a GPU of this plugin")
+        return frozenset(out)
+
+    def _desired_state(self, current: str | None) -> tuple[str, NodeState]:
+        used = self._ids(self._used_ids, "used")
+        unhealthy = self._ids(self._unhealthy_ids, "unhealthy")
+        previous: NodeState | None = None
+        if current is not None:
+            try:
+                previous = state_from_json(current)
+            except TopologyFormatError as e:
+                log.warning("publisher_state_unreadable", node=self.node_name, error=str(e), action="overwrite")
+        if previous is not None and previous.used == used and previous.unhealthy == unhealthy:
+            return current or "", previous
+        state = NodeState((previous.generation if previous else 0) + 1, used, unhealthy)
+        return state_to_json(state), state
+
+    # --- one step -----------------------------------------------------------------------------------------------
+
+    def _observe(self, node: Mapping[str, Any]) -> None:
+        meta = node.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        labels = meta.get("labels") or {}
+        observed: dict[str, str | None] = {
+            self.topology_key: annotations.get(self.topology_key),
+            self.state_key: annotations.get(self.state_key),
+        }
+        observed.update({k: labels.get(k) for k in self._labels})
+        self._observed = observed
+        self._observed_at = self._clock()
+
+    def publish_once(self) -> bool:
+        """Bring the Node up to date; True when a patch was sent. Raises KubeApiError or PodResourcesError."""
+        if self._observed is None or self._clock() - self._observed_at >= self._resync:
+            self._observe(get_node(self._api, self.node_name))
+        assert self._observed is not None
+        state_json, state = self._desired_state(self._observed.get(self.state_key))
+        annotations = {self.topology_key: self._topology_json, self.state_key: state_json}
+        ann_diff = {k: v for k, v in annotations.items() if self._observed.get(k) != v}
+        label_diff = {k: v for k, v in self._labels.items() if self._observed.get(k) != v}
+        if not ann_diff and not label_diff:
+            self._set_state(state)
+            return False
+        try:
+            node = patch_node_metadata(
+                self._api, self.node_name, annotations=ann_diff or None, labels=label_diff or None
+            )
+        except KubeApiError:
+            self._observed = None  # re-read before the next try: the Node may have changed or gone
+            raise
+        self._last_patch_at = self._clock()
+        self._observe(node)
+        self._set_state(state)
+        log.info(
+            "node_published",
+            node=self.node_name,
+            generation=state.generation,
+            used=len(state.used),
+            unhealthy=sorted(state.unhealthy),
+            keys=sorted([*ann_diff, *label_diff]),
+        )
+        return True
+
+    def _set_state(self, state: NodeState) -> None:
+        with self._cond:
+            self._state = state
+            self._cond.notify_all()
+
+    # --- the thread ---------------------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> NodeState | None:
+        """The state the Node carries as of the last successful step."""
+        with self._cond:
+            return self._state
+
+    def wait_for_state(self, predicate: Callable[[NodeState], bool], timeout: float) -> bool:
+        """Block until a published state satisfies `predicate` (tests, the demo)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._state is not None and predicate(self._state), timeout)
+
+    def trigger(self) -> None:
+        """Publish soon (a health change): immediately, unless a patch went out less than min_interval_s ago."""
+        self._wake.set()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("publisher already started")
+        self._thread = threading.Thread(target=self._run, name="node-publisher", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> NodePublisher:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        delay = 0.0
+        failures = 0
+        while not self._stop.is_set():
+            self._wake.wait(delay)
+            if self._stop.is_set():
+                break
+            self._wake.clear()
+            if self._last_patch_at is not None:
+                wait = self._min_interval - (self._clock() - self._last_patch_at)
+                if wait > 0 and self._stop.wait(wait):  # coalesce whatever arrives meanwhile
+                    break
+                self._wake.clear()
+            try:
+                self.publish_once()
+            except PodResourcesError as e:
+                failures += 1
+                delay = min(self._poll, self._backoff(failures))
+                log.warning(
+                    "publisher_podresources_failed",
+                    error=str(e),
+                    retry_in_s=round(delay, 3),
+                    action="state left as published",
+                )
+                continue
+            except KubeApiError as e:
+                failures += 1
+                delay = self._delay_for(e, failures)
+                continue
+            except Exception:
+                failures += 1
+                delay = self._backoff(failures)
+                log.exception("publisher_step_failed", retry_in_s=round(delay, 3))
+                continue
+            failures = 0
+            delay = self._poll
+
+    def _backoff(self, failures: int) -> float:
+        return min(self._backoff_max, self._backoff_initial * 2 ** min(failures - 1, 30))
+
+    def _delay_for(self, e: KubeApiError, failures: int) -> float:
+        if e.retryable or isinstance(e, Conflict):
+            delay = self._backoff(failures)
+            log.warning(
+                "publisher_api_retry", node=self.node_name, status=e.status, reason=e.reason, retry_in_s=round(delay, 3)
+            )
+            return delay
+        delay = max(self._backoff(failures), min(self._poll, self._backoff_max))
+        if isinstance(e, NotFound):
+            log.warning(
+                "publisher_node_missing",
+                node=self.node_name,
+                retry_in_s=round(delay, 3),
+                hint="the kubelet has not registered this Node yet, or NODE_NAME is wrong",
+            )
+        else:
+            log.error(
+                "publisher_api_error",
+                node=self.node_name,
+                status=e.status,
+                reason=e.reason,
+                message=e.message,
+                retry_in_s=round(delay, 3),
+                hint="check the ClusterRole: get and patch on nodes" if e.status in (401, 403) else "",
+            )
+        return delay
+
+
+class _ManagerLike(Protocol):
+    """What publication reads from the device plugin's ResourceManager."""
+
+    topology: Topology
+
+    @property
+    def devices(self) -> Sequence[Any]: ...
+    def unhealthy_ids(self) -> list[str]: ...
+    def subscribe(self) -> Any: ...
+    def unsubscribe(self, sub: Any) -> None: ...
+
+
+class _ConfigLike(Protocol):
+    node_name: str | None
+    annotation_prefix: str
+    resource_name: str
+    pod_resources_socket: Any
+
+
+class Publication:
+    """A running NodePublisher wired to the plugin: used ids from PodResources, unhealthy ids from the resource
+    manager, and a trigger on every device list change (health). `stop()` ends it and closes its clients."""
+
+    def __init__(self, publisher: NodePublisher, manager: _ManagerLike, closers: Sequence[Callable[[], None]]):
+        self.publisher = publisher
+        self._manager = manager
+        self._closers = list(closers)
+        self._sub = manager.subscribe()
+        self._watch = threading.Thread(target=self._forward, name="publisher-trigger", daemon=True)
+
+    def start(self) -> Publication:
+        self.publisher.start()
+        self._watch.start()
+        return self
+
+    def _forward(self) -> None:
+        while self._sub.next() is not None:
+            self.publisher.trigger()
+
+    def stop(self) -> None:
+        self._manager.unsubscribe(self._sub)
+        self.publisher.stop()
+        self._watch.join(5)
+        for close in self._closers:
+            try:
+                close()
+            except Exception:
+                log.debug("publication_close_failed", exc_info=True)
+
+
+def start_publisher(
+    cfg: _ConfigLike, manager: _ManagerLike, *, api: kubernetes.client.ApiClient | None = None, **options: Any
+) -> Publication | None:
+    """Publication for `gpuplugin run`; None (said once in the log) when no API client can be made."""
+    from gpuplugin.kube.client import KubeConfigError, make_api_client
+    from gpuplugin.podresources import PodResourcesClient
+
+    closers: list[Callable[[], None]] = []
+    if api is None:
+        try:
+            api = make_api_client()
+        except KubeConfigError as e:
+            log.warning("publication off: no usable Kubernetes credentials", error=str(e))
+            return None
+        closers.append(api.close)
+    pods = PodResourcesClient(str(cfg.pod_resources_socket))
+    closers.append(pods.close)
+    resource = cfg.resource_name
+    publisher = NodePublisher(
+        api,
+        cfg.node_name or "",
+        cfg.annotation_prefix,
+        manager.topology,
+        [d.id for d in manager.devices],
+        lambda: pods.used_ids(resource),
+        manager.unhealthy_ids,
+        **options,
+    )
+    log.info(
+        "publication on", node=cfg.node_name, prefix=cfg.annotation_prefix, pod_resources=str(cfg.pod_resources_socket)
+    )
+    return Publication(publisher, manager, closers).start()
