@@ -1,0 +1,104 @@
+"""Checks of a KubeSchedulerConfiguration against ../shared/reference/scheduler-extender-api.md.
+
+kube-scheduler decodes its configuration strictly (an unknown field is a startup error), so the known field names
+of config/v1 are listed here too: a typo fails the test instead of the scheduler pod.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+API_VERSION = "kubescheduler.config.k8s.io/v1"
+TOP_LEVEL_FIELDS = {
+    "apiVersion", "kind", "parallelism", "leaderElection", "clientConnection", "enableProfiling",
+    "enableContentionProfiling", "percentageOfNodesToScore", "podInitialBackoffSeconds", "podMaxBackoffSeconds",
+    "profiles", "extenders", "delayCacheUntilActive",
+}
+LEADER_ELECTION_FIELDS = {
+    "leaderElect", "leaseDuration", "renewDeadline", "retryPeriod", "resourceLock", "resourceName",
+    "resourceNamespace",
+}
+PROFILE_FIELDS = {"schedulerName", "percentageOfNodesToScore", "plugins", "pluginConfig"}
+EXTENDER_FIELDS = {
+    "urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb", "enableHTTPS", "tlsConfig",
+    "httpTimeout", "nodeCacheCapable", "managedResources", "ignorable",
+}
+TLS_FIELDS = {"insecure", "serverName", "certFile", "keyFile", "caFile", "certData", "keyData", "caData"}
+MANAGED_RESOURCE_FIELDS = {"name", "ignoredByScheduler"}
+# The extender's routes (docs/contracts.md): POST /filter /prioritize /bind /preempt.
+VERBS = {"filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind", "preemptVerb": "preempt"}
+GO_DURATION = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
+
+
+def _unknown(obj: dict[str, Any], allowed: set[str], where: str) -> list[str]:
+    return [f"{where}: unknown field {key!r}" for key in sorted(set(obj) - allowed)]
+
+
+def problems(config: dict[str, Any], *, resource_name: str, scheduler_name: str,
+             node_cache_capable: bool = True, own_scheduler: bool = True) -> list[str]:
+    """Everything wrong with `config` as the configuration of a scheduler that uses our extender.
+
+    nodeCacheCapable is expected true (names only: fast at scale); a chart user may turn it off on purpose.
+    `own_scheduler`: the configuration of the kube-scheduler we run (not a snippet for someone else's).
+    """
+    found: list[str] = []
+    if config.get("apiVersion") != API_VERSION:
+        found.append(f"apiVersion is {config.get('apiVersion')!r}, want {API_VERSION}")
+    if config.get("kind") != "KubeSchedulerConfiguration":
+        found.append(f"kind is {config.get('kind')!r}")
+    found += _unknown(config, TOP_LEVEL_FIELDS, "KubeSchedulerConfiguration")
+    found += _unknown(config.get("leaderElection", {}), LEADER_ELECTION_FIELDS, "leaderElection")
+    profiles = config.get("profiles", [])
+    for profile in profiles:
+        found += _unknown(profile, PROFILE_FIELDS, "profiles[]")
+    if [p.get("schedulerName") for p in profiles] != [scheduler_name]:
+        found.append(f"profiles name {[p.get('schedulerName') for p in profiles]}, want [{scheduler_name!r}]")
+    if own_scheduler and config.get("enableProfiling") is not False:
+        found.append("enableProfiling must be false (no /debug/pprof on the scheduler's secure port)")
+    extenders = config.get("extenders") or []
+    if len(extenders) != 1:
+        return [*found, f"want exactly one extender, found {len(extenders)}"]
+    binders = [e for e in extenders if e.get("bindVerb")]
+    if len(binders) != 1:
+        found.append(f"want exactly one binder extender, found {len(binders)}")
+    ext = extenders[0]
+    found += _unknown(ext, EXTENDER_FIELDS, "extenders[0]")
+    found += _unknown(ext.get("tlsConfig") or {}, TLS_FIELDS, "extenders[0].tlsConfig")
+    for key, verb in VERBS.items():
+        if ext.get(key) != verb:
+            found.append(f"{key} is {ext.get(key)!r}, want {verb!r}")
+    weight = ext.get("weight")
+    if not (isinstance(weight, int) and not isinstance(weight, bool) and weight > 0):
+        found.append(f"weight must be an integer > 0 (prioritizeVerb is set), got {weight!r}")
+    if ext.get("nodeCacheCapable") is not node_cache_capable:
+        want = str(node_cache_capable).lower()
+        found.append(f"nodeCacheCapable must be {want} (with true the extender answers from its own node cache)")
+    if ext.get("ignorable") is not False:
+        found.append("ignorable must be false (GPU pods must not be placed blind to topology)")
+    timeout = ext.get("httpTimeout")
+    if not (isinstance(timeout, str) and GO_DURATION.match(timeout)):
+        found.append(f"httpTimeout {timeout!r} is not a Go duration")
+    managed = ext.get("managedResources") or []
+    for entry in managed:
+        found += _unknown(entry, MANAGED_RESOURCE_FIELDS, "managedResources[]")
+    names = [m.get("name") for m in managed]
+    if resource_name not in names:
+        found.append(f"managedResources {names} lacks {resource_name!r}")
+    if any(m.get("ignoredByScheduler") is not False for m in managed):
+        found.append("ignoredByScheduler must be false: kube-scheduler keeps counting the GPUs itself")
+    url = str(ext.get("urlPrefix", ""))
+    https = url.startswith("https://")
+    if not (https or url.startswith("http://")):
+        found.append(f"urlPrefix {url!r} is not an http(s) URL")
+    if bool(ext.get("enableHTTPS", False)) != https:
+        found.append(f"enableHTTPS {ext.get('enableHTTPS')!r} disagrees with urlPrefix {url!r}")
+    if https:
+        tls = ext.get("tlsConfig") or {}
+        if tls.get("insecure"):
+            found.append("tlsConfig.insecure must not be set")
+        if not (tls.get("caFile") or tls.get("caData")):
+            found.append("an HTTPS extender needs tlsConfig.caFile/caData to verify the server")
+    elif not re.match(r"^http://(127\.0\.0\.1|localhost|\[::1\])(:\d+)?/?$", url):
+        found.append(f"plain HTTP is only for the loopback sidecar, got {url!r}")
+    return found

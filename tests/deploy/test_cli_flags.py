@@ -1,0 +1,178 @@
+"""The arguments deploy/ passes are ones the real command lines accept, and they agree with each other.
+
+`gpuplugin run --print-config` resolves the DaemonSet's arguments exactly as the pod would (NODE_NAME set as the
+downward API sets it); `gpu-extender serve` arguments go through its click parser with every mounted file present.
+The loopback sidecar's exec probes are run against a real extender.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from extender.cli import serve
+from tests.deploy.rendering import ROOT, Obj, all_renderings, containers, find
+
+BIN = Path(sys.executable).parent
+
+
+def _container(objects: list[Obj], name: str) -> list[tuple[Obj, dict[str, Any], dict[str, Any]]]:
+    return [(w, pod, c) for w in find(objects, "DaemonSet") + find(objects, "Deployment")
+            for pod, c in containers(w) if c["name"] == name]
+
+
+def _mounts(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """mountPath -> volume of every volume mount of `container`."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    return {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts", [])}
+
+
+def _plugin_config(container: dict[str, Any]) -> dict[str, Any]:
+    values = tuple((v["name"], v["value"]) for v in container.get("env", []) if "value" in v)
+    return _resolve_plugin(tuple(container["args"]), values)
+
+
+@functools.cache
+def _resolve_plugin(args: tuple[str, ...], values: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    assert args[0] == "run"
+    env = {**os.environ, "NODE_NAME": "node-a", **dict(values)}
+    result = subprocess.run([str(BIN / "gpuplugin"), *args, "--print-config"], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _extender_params(pod: dict[str, Any], container: dict[str, Any], root: Path) -> dict[str, Any]:
+    """Parse the container's serve arguments, with each file under a mount made to exist below `root`."""
+    args = list(container["args"])
+    assert args[0] == "serve"
+    mounts = _mounts(pod, container)
+    parsed = []
+    for arg in args[1:]:
+        key, _, value = arg.partition("=")
+        if value.startswith("/") and any(value.startswith(m.rstrip("/") + "/") for m in mounts):
+            target = root / value.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.touch()
+            value = str(target)
+        parsed.append(f"{key}={value}" if value else key)
+    context = serve.make_context("serve", parsed)
+    return dict(context.params)
+
+
+@pytest.mark.parametrize("rendering", sorted(all_renderings()))
+def test_plugin_arguments_resolve_as_intended(rendering: str) -> None:
+    objects = all_renderings()[rendering]
+    for _, pod, container in _container(objects, "plugin"):
+        config = _plugin_config(container)
+        env = {v["name"]: v for v in container["env"]}
+        assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+        assert config["node_name"] == "node-a"
+        mounts = _mounts(pod, container)
+        plugin_dir = mounts[config["device_plugin_dir"]]
+        assert plugin_dir["hostPath"]["path"] == config["device_plugin_dir"] == "/var/lib/kubelet/device-plugins"
+        socket_dir = str(Path(config["pod_resources_socket"]).parent)
+        assert mounts[socket_dir]["hostPath"]["path"] == socket_dir == "/var/lib/kubelet/pod-resources"
+        metrics = next(p for p in container["ports"] if p["name"] == "metrics")
+        assert config["metrics_port"] == metrics["containerPort"]
+        assert config["publish"] is True
+        assert config["topology"] is None, "a real node discovers its GPUs through NVML"
+
+
+@pytest.mark.parametrize("rendering", sorted(all_renderings()))
+def test_extender_arguments_parse_and_agree_with_the_plugin(rendering: str, tmp_path: Path) -> None:
+    objects = all_renderings()[rendering]
+    plugins = [_plugin_config(c) for _, _, c in _container(objects, "plugin")]
+    extenders = _container(objects, "extender")
+    assert extenders, f"{rendering}: no extender"
+    for workload, pod, container in extenders:
+        params = _extender_params(pod, container, tmp_path)
+        for plugin in plugins:
+            assert params["resource_name"] == plugin["resource_name"]
+            assert params["annotation_prefix"] == plugin["annotation_prefix"]
+        if params["tls_cert"]:
+            assert params["host"] == "0.0.0.0" and params["tls_key"] and params["tls_client_ca"]
+            https = next(p for p in container["ports"] if p["name"] == "https")
+            assert params["port"] == https["containerPort"]
+            tls_volume = _mounts(pod, container)["/etc/gpu-extender/tls"]
+            assert tls_volume["secret"]["secretName"]
+            # Secret files are root-owned: the non-root extender reads its key through the pod's fsGroup.
+            assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+            assert tls_volume["secret"]["defaultMode"] & 0o040
+        else:
+            assert params["host"] == "127.0.0.1", f"{workload['metadata']['name']}: plain HTTP off loopback"
+            assert "ports" not in container, "the loopback sidecar publishes no port"
+    for configmap in find(objects, "ConfigMap"):
+        config = yaml.safe_load(configmap["data"]["scheduler-config.yaml"])
+        names = [r["name"] for r in config["extenders"][0]["managedResources"]]
+        assert names == [plugins[0]["resource_name"]] if plugins else names
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def standalone_extender() -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """A real `gpu-extender serve` in standalone mode on a free loopback port."""
+    tmp = Path(tempfile.mkdtemp(dir="/tmp"))
+    inventory = tmp / "inventory.yaml"
+    topology = ROOT / "gpuplugin" / "data" / "dgx1-v100-hybrid-cube-mesh.txt"
+    inventory.write_text(yaml.safe_dump({"nodes": [{"name": "gpu-node-1", "topology": str(topology)}]}))
+    port = _free_port()
+    process = subprocess.Popen([str(BIN / "gpu-extender"), "serve", "--inventory", str(inventory),
+                                "--host", "127.0.0.1", "--port", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except OSError:
+                if process.poll() is not None:
+                    pytest.fail("gpu-extender exited before serving")
+                time.sleep(0.05)
+        yield port, process
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        inventory.unlink()
+        tmp.rmdir()
+
+
+def _probe_command(probe: dict[str, Any], sidecar_port: int, port: int) -> list[str]:
+    command = [arg.replace(f"127.0.0.1:{sidecar_port}/", f"127.0.0.1:{port}/") for arg in probe["exec"]["command"]]
+    assert command[0] == "python", "the image's interpreter is on PATH as python"
+    return [sys.executable, *command[1:]]
+
+
+@pytest.mark.parametrize("rendering", ["kustomize:deploy/manifests", "helm:custom"])
+def test_sidecar_exec_probes_pass_against_a_live_extender_and_fail_without_one(
+    rendering: str, standalone_extender: tuple[int, subprocess.Popen[bytes]]
+) -> None:
+    port, process = standalone_extender
+    ((_, _, container),) = _container(all_renderings()[rendering], "extender")
+    sidecar_port = int(next(a for a in container["args"] if a.startswith("--port=")).split("=", 1)[1])
+    probes = [container["livenessProbe"], container["readinessProbe"]]
+    for probe in probes:
+        assert subprocess.run(_probe_command(probe, sidecar_port, port), timeout=30).returncode == 0
+    process.terminate()
+    process.wait(timeout=10)
+    for probe in probes:
+        failed = subprocess.run(_probe_command(probe, sidecar_port, port), capture_output=True, timeout=30)
+        assert failed.returncode != 0
