@@ -1,0 +1,70 @@
+"""Low-level Kubernetes client helpers on the official client, decoding replies into plain dicts with orjson."""
+
+from gpuplugin.kube.binding import bind_pod
+from gpuplugin.kube.client import (
+    DEFAULT_TIMEOUT_S,
+    KubeApiClient,
+    KubeConfigError,
+    credentials_available,
+    make_api_client,
+    request_timeout,
+)
+from gpuplugin.kube.errors import (
+    ApiUnavailable,
+    BadRequest,
+    Conflict,
+    Forbidden,
+    Gone,
+    Invalid,
+    KubeApiError,
+    KubeArgumentError,
+    NotFound,
+    ServerError,
+    TooManyRequests,
+    Unauthorized,
+    UnsupportedMediaType,
+    error_from_api_exception,
+    error_from_status,
+    to_kube_error,
+)
+from gpuplugin.kube.fetching import get_node, get_pod, list_nodes, list_objects, list_pods
+from gpuplugin.kube.patching import metadata_patch, patch_node_metadata, patch_pod_annotations
+from gpuplugin.kube.watching import SYNC, Watcher, WatchStats, iter_lines
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "SYNC",
+    "ApiUnavailable",
+    "BadRequest",
+    "Conflict",
+    "Forbidden",
+    "Gone",
+    "Invalid",
+    "KubeApiClient",
+    "KubeApiError",
+    "KubeArgumentError",
+    "KubeConfigError",
+    "NotFound",
+    "ServerError",
+    "TooManyRequests",
+    "Unauthorized",
+    "UnsupportedMediaType",
+    "WatchStats",
+    "Watcher",
+    "bind_pod",
+    "credentials_available",
+    "error_from_api_exception",
+    "error_from_status",
+    "get_node",
+    "get_pod",
+    "iter_lines",
+    "list_nodes",
+    "list_objects",
+    "list_pods",
+    "make_api_client",
+    "metadata_patch",
+    "patch_node_metadata",
+    "patch_pod_annotations",
+    "request_timeout",
+    "to_kube_error",
+]

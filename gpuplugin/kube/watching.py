@@ -1,0 +1,372 @@
+"""List+watch of Nodes or Pods in a background thread, delivering plain-dict events to a callback.
+
+The callback first gets ("SYNC", <list object>) — a full snapshot to replace any cache with — then
+("ADDED"|"MODIFIED"|"DELETED", <object>) for each change. After a 410 (history compacted) the watcher re-lists and
+delivers a new SYNC; after connection errors and 5xx it reconnects from the last resourceVersion with a capped,
+jittered exponential backoff. Watch lines are decoded one by one with orjson straight from the raw urllib3
+response, so a 5,000-node cluster costs no model-class parsing.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes.client
+import orjson
+import structlog
+from prometheus_client import Counter
+
+from gpuplugin.kube.client import call_raw, request_timeout
+from gpuplugin.kube.errors import Gone, KubeApiError, KubeArgumentError, error_from_status, to_kube_error
+from gpuplugin.kube.fetching import KINDS, list_method, list_objects
+
+log = structlog.get_logger(__name__)
+
+WatchCallback = Callable[[str, dict[str, Any]], None]
+
+SYNC = "SYNC"
+CHANGE_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED"})
+_LIST_KIND = {"nodes": "NodeList", "pods": "PodList"}
+_READ_SIZE = 1 << 16
+
+WATCH_EVENTS = Counter(
+    "gpu_topology_kube_watch_events_total",
+    "Watch events received from the apiserver, by watched kind and event type.",
+    ["kind", "type"],
+)
+WATCH_RESTARTS = Counter(
+    "gpu_topology_kube_watch_restarts_total",
+    "Watch restarts, by kind and reason (relist after 410, error backoff).",
+    ["kind", "reason"],
+)
+
+
+@dataclass
+class WatchStats:
+    """Counters of what one Watcher did; for logs, tests and debugging."""
+
+    lists: int = 0
+    watches: int = 0
+    events: int = 0
+    bookmarks: int = 0
+    relists: int = 0
+    errors: int = 0
+    skipped_lines: int = 0
+    callback_errors: int = 0
+
+
+def iter_lines(resp: Any) -> Iterator[bytes]:
+    """Non-empty lines of a streamed urllib3 response, as they arrive (chunked or not)."""
+    if getattr(resp, "chunked", False):
+        chunks: Iterator[bytes] = resp.stream(_READ_SIZE, decode_content=True)
+    else:
+        chunks = iter(lambda: resp.read1(_READ_SIZE), b"")
+    pending: list[bytes] = []
+    for chunk in chunks:
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                break
+            if pending:
+                pending.append(chunk[start:nl])
+                line = b"".join(pending)
+                pending.clear()
+            else:
+                line = chunk[start:nl]
+            if line.strip():
+                yield line
+            start = nl + 1
+        if start < len(chunk):
+            pending.append(chunk[start:])
+    tail = b"".join(pending)
+    if tail.strip():
+        yield tail
+
+
+class Watcher:
+    """Keeps a callback up to date with all `kind` objects matching the selectors, until stop()."""
+
+    def __init__(
+        self,
+        api: kubernetes.client.ApiClient,
+        kind: str,
+        on_event: WatchCallback,
+        *,
+        namespace: str | None = None,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        timeout_seconds: int = 300,
+        page_limit: int | None = 500,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        deliver_bookmarks: bool = False,
+        name: str | None = None,
+    ) -> None:
+        if kind not in KINDS:
+            raise KubeArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
+        if not isinstance(timeout_seconds, int) or timeout_seconds <= 0:
+            raise KubeArgumentError(f"timeout_seconds must be a positive int, got {timeout_seconds!r}")
+        if backoff_initial_s <= 0 or backoff_max_s < backoff_initial_s:
+            raise KubeArgumentError("need 0 < backoff_initial_s <= backoff_max_s")
+        list_method(api, kind, namespace)  # validates kind/namespace now rather than in the thread
+        self.api = api
+        self.kind = kind
+        self.namespace = namespace
+        self.field_selector = field_selector
+        self.label_selector = label_selector
+        self.timeout_seconds = timeout_seconds
+        self.page_limit = page_limit
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.deliver_bookmarks = deliver_bookmarks
+        self.name = name or f"watch-{kind}" + (f"-{namespace}" if namespace else "")
+        self.stats = WatchStats()
+        self._on_event = on_event
+        self._stop = threading.Event()
+        self._synced = threading.Event()
+        self._resp_lock = threading.Lock()
+        self._resp: Any = None
+        self._thread: threading.Thread | None = None
+        self._rv: str | None = None
+        self._log = log.bind(
+            watcher=self.name,
+            kind=kind,
+            namespace=namespace,
+            field_selector=field_selector,
+            label_selector=label_selector,
+        )
+
+    # -- public ----------------------------------------------------------------------------------------------
+
+    @property
+    def resource_version(self) -> str | None:
+        """The newest resourceVersion seen (list, event or bookmark); None before the first list."""
+        return self._rv
+
+    @property
+    def synced(self) -> bool:
+        """True once the first SYNC snapshot was delivered."""
+        return self._synced.is_set()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> Watcher:
+        """Start the background thread (once)."""
+        if self._thread is not None:
+            raise RuntimeError(f"watcher {self.name} already started")
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+        return self
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        """Block until the first snapshot was delivered; False on timeout."""
+        return self._synced.wait(timeout)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread: interrupts an open watch stream at once, waits up to `timeout` for the thread."""
+        self._stop.set()
+        self._interrupt()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            if thread.is_alive():
+                self._log.warning("kube.watch.stop_timeout", timeout_s=timeout)
+
+    def __enter__(self) -> Watcher:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- thread ----------------------------------------------------------------------------------------------
+
+    def _interrupt(self) -> None:
+        with self._resp_lock:
+            resp = self._resp
+        if resp is None:
+            return
+        try:
+            resp.shutdown()
+        except Exception:
+            try:
+                resp.close()
+            except Exception as exc:  # nothing more we can do; the read times out eventually
+                self._log.debug("kube.watch.interrupt_failed", error=str(exc))
+
+    def _deliver(self, event_type: str, obj: dict[str, Any]) -> None:
+        try:
+            self._on_event(event_type, obj)
+        except Exception:
+            self.stats.callback_errors += 1
+            self._log.exception("kube.watch.callback_failed", event_type=event_type)
+
+    def _run(self) -> None:
+        attempt = 0
+        need_list = True
+        self._log.info("kube.watch.start")
+        while not self._stop.is_set():
+            try:
+                if need_list:
+                    self._list_and_sync()
+                    need_list = False
+                if self._watch_once():
+                    attempt = 0
+            except Gone as exc:
+                self.stats.relists += 1
+                WATCH_RESTARTS.labels(self.kind, "expired").inc()
+                self._log.info("kube.watch.relist", reason=exc.reason, message=exc.message, rv=self._rv)
+                need_list = True
+                attempt += 1
+                if attempt > 1:  # a fresh list's resourceVersion expiring again: do not spin
+                    self._sleep_backoff(attempt - 1)
+            except KubeApiError as exc:
+                if self._stop.is_set():
+                    break
+                attempt += 1
+                self._note_error(exc.status, exc.reason, exc.message, attempt)
+                self._sleep_backoff(attempt)
+            except Exception as exc:
+                if self._stop.is_set():
+                    break
+                attempt += 1
+                self.stats.errors += 1
+                WATCH_RESTARTS.labels(self.kind, "unexpected").inc()
+                self._log.exception("kube.watch.unexpected_error", error=repr(exc), attempt=attempt)
+                self._sleep_backoff(attempt)
+        self._log.info("kube.watch.stopped", rv=self._rv, **self.stats.__dict__)
+
+    def _note_error(self, status: int, reason: str, message: str, attempt: int) -> None:
+        self.stats.errors += 1
+        WATCH_RESTARTS.labels(self.kind, "error").inc()
+        self._log.warning(
+            "kube.watch.error", status=status, reason=reason, message=message, attempt=attempt, rv=self._rv
+        )
+
+    def _sleep_backoff(self, attempt: int) -> None:
+        delay = min(self.backoff_max_s, self.backoff_initial_s * (2 ** min(attempt - 1, 30)))
+        delay *= random.uniform(0.5, 1.0)
+        self._stop.wait(delay)
+
+    def _list_and_sync(self) -> None:
+        items, rv = list_objects(
+            self.api,
+            self.kind,
+            namespace=self.namespace,
+            field_selector=self.field_selector,
+            label_selector=self.label_selector,
+            limit=self.page_limit,
+        )
+        self.stats.lists += 1
+        self._rv = rv or None
+        snapshot = {
+            "kind": _LIST_KIND[self.kind],
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": rv},
+            "items": items,
+        }
+        self._log.info("kube.watch.synced", items=len(items), rv=rv)
+        if not self._stop.is_set():
+            self._deliver(SYNC, snapshot)
+        self._synced.set()
+
+    def _watch_once(self) -> bool:
+        """One watch request until the server ends it. True when it was healthy (resets the backoff)."""
+        method = list_method(self.api, self.kind, self.namespace)
+        kwargs: dict[str, Any] = {
+            "watch": True,
+            "allow_watch_bookmarks": True,
+            "timeout_seconds": self.timeout_seconds,
+            "_request_timeout": (request_timeout(self.api), float(self.timeout_seconds) + 30.0),
+        }
+        if self._rv:
+            kwargs["resource_version"] = self._rv
+        if self.field_selector:
+            kwargs["field_selector"] = self.field_selector
+        if self.label_selector:
+            kwargs["label_selector"] = self.label_selector
+        operation = f"watch {self.kind}"
+        resp = call_raw(operation, method, **kwargs)
+        with self._resp_lock:
+            self._resp = resp
+        self.stats.watches += 1
+        healthy = completed = False
+        try:
+            if self._stop.is_set():
+                return False
+            for line in iter_lines(resp):
+                if self._stop.is_set():
+                    return False
+                self._handle_line(line, operation)
+                healthy = True
+            completed = True
+            return True
+        except KubeApiError:
+            raise
+        except Exception as exc:
+            if self._stop.is_set():
+                return False
+            err = to_kube_error(exc, operation=operation)
+            if err is None:
+                raise
+            if healthy:  # a stream that worked and then broke: reconnect after the first backoff step only
+                self._note_error(err.status, err.reason, err.message, 1)
+                self._sleep_backoff(1)
+                return True
+            raise err from exc
+        finally:
+            with self._resp_lock:
+                self._resp = None
+            try:
+                if not completed:  # a half-read stream cannot go back to the pool
+                    resp.close()
+                resp.release_conn()
+            except Exception as exc:
+                self._log.debug("kube.watch.close_failed", error=str(exc))
+
+    def _handle_line(self, line: bytes, operation: str) -> None:
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            self._skip(line, f"not JSON: {exc}")
+            return
+        if not isinstance(event, dict):
+            self._skip(line, "not a JSON object")
+            return
+        event_type = event.get("type")
+        obj = event.get("object")
+        if not isinstance(event_type, str) or not isinstance(obj, dict):
+            self._skip(line, "missing type or object")
+            return
+        WATCH_EVENTS.labels(self.kind, event_type if event_type in _KNOWN_TYPES else "other").inc()
+        if event_type == "ERROR":
+            raise error_from_status(obj, operation=operation)
+        meta = obj.get("metadata")
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        if event_type == "BOOKMARK":
+            self.stats.bookmarks += 1
+            if isinstance(rv, str) and rv:
+                self._rv = rv
+            if self.deliver_bookmarks:
+                self._deliver(event_type, obj)
+            return
+        if event_type not in CHANGE_TYPES:
+            self._skip(line, f"unknown event type {event_type!r}")
+            return
+        self.stats.events += 1
+        if isinstance(rv, str) and rv:
+            self._rv = rv
+        self._deliver(event_type, obj)
+
+    def _skip(self, line: bytes, why: str) -> None:
+        self.stats.skipped_lines += 1
+        self._log.warning("kube.watch.bad_line", why=why, line=line[:200].decode("utf-8", "replace"))
+
+
+_KNOWN_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
