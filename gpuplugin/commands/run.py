@@ -168,6 +168,9 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
         publisher = start_publication(cfg, manager)
         if publisher is not None and hasattr(publisher, "stop"):
             cleanup.append(publisher.stop)
+        plans = start_plan_watch(cfg, manager)
+        if plans is not None:
+            cleanup.append(plans)
         if on_ready is not None:
             on_ready()
         stop.wait()
@@ -178,6 +181,38 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
                 fn()
             except Exception:
                 log.exception("shutdown step failed", step=getattr(fn, "__qualname__", repr(fn)))
+
+
+def start_plan_watch(cfg: PluginConfig, manager: Any) -> Callable[[], None] | None:
+    """Plans from the scheduler extender: a watch on this node's pods feeding GetPreferredAllocation. Returns the
+    function that stops it, or None (said once) when there is no cluster to watch; the plugin then answers with its
+    own best subset, which on the same free set is the extender's choice anyway."""
+    if cfg.publish is False or not cfg.node_name:
+        log.info("plans from the extender off", reason="--no-publish" if cfg.publish is False else "no node name")
+        return None
+    from gpuplugin.kube.client import KubeConfigError, credentials_available, make_api_client
+
+    if not credentials_available():
+        log.info("plans from the extender off", reason="no Kubernetes credentials")
+        return None
+    try:
+        api = make_api_client()
+    except KubeConfigError as e:
+        log.warning("plans from the extender off", reason=str(e))
+        return None
+    from gpuplugin.plan_watch import PlanWatch
+
+    watch = PlanWatch(api, cfg.node_name, annotation_prefix=cfg.annotation_prefix,
+                      resource_name=cfg.resource_name).start()
+    manager.set_plan_source(watch)
+    log.info("plans from the extender on", node=cfg.node_name)
+
+    def stop() -> None:
+        manager.set_plan_source(None)
+        watch.stop()
+        api.close()
+
+    return stop
 
 
 _HELP_ENV = "Env GPUPLUGIN_<FLAG>; YAML --config key <flag>."

@@ -1,0 +1,305 @@
+"""The plugin's source of plans: pods bound to this node whose plan annotation the kubelet has not yet acted on.
+
+The extender writes `<prefix>/plan` onto a pod in the same Binding that puts it on a node. When the kubelet later asks
+GetPreferredAllocation it does not say which pod it is admitting, so this module keeps every pending plan of the node
+in memory (from a pod watch) and answers with any container plan that has the requested size, lies inside the
+kubelet's available set and holds every must-include id. Plans on one node are disjoint, so handing one pod another
+same-size pod's plan costs nothing (DESIGN.md); once the kubelet allocates a plan its GPUs leave the available set,
+which is why nothing has to be marked as used here.
+
+The plan annotation codec lives here too: the plugin is the reader the extender writes for, and the extender depends
+on gpuplugin (never the other way round).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes.client
+import structlog
+from prometheus_client import Counter, Gauge
+
+from gpuplugin.kube.watching import SYNC, Watcher
+
+log = structlog.get_logger(__name__)
+
+PLAN_VERSION = 1
+MAX_PLAN_CONTAINERS = 64
+MAX_PLAN_IDS = 1024
+
+PLAN_LOOKUPS = Counter(
+    "gpu_topology_plan_lookups_total",
+    "GetPreferredAllocation questions put to the plan watch: hit, or miss and why.",
+    ["result", "reason"],
+)
+PENDING_PLANS = Gauge("gpu_topology_pending_plans", "Pods on this node with a plan the kubelet has not acted on.")
+PLANS_IGNORED = Counter(
+    "gpu_topology_plan_annotations_ignored_total",
+    "Plan annotations on this node's pods that were not used, by reason.",
+    ["reason"],
+)
+
+# Miss reasons, from "nothing to offer" to "almost": the reported reason is the furthest any plan got.
+MISS_NO_PLANS = "no_pending_plans"
+MISS_SIZE = "no_plan_of_size"
+MISS_AVAILABLE = "not_available"
+MISS_MUST_INCLUDE = "lacks_must_include"
+_MISS_ORDER = (MISS_NO_PLANS, MISS_SIZE, MISS_AVAILABLE, MISS_MUST_INCLUDE)
+
+
+class PlanFormatError(ValueError):
+    """A plan annotation that is not the versioned JSON of docs/contracts.md."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """GPU ids per container on one node, with the all-reduce estimate of their union."""
+
+    node: str
+    resource: str
+    containers: tuple[tuple[str, tuple[str, ...]], ...]
+    gbps: float
+
+    @property
+    def ids(self) -> frozenset[str]:
+        return frozenset(i for _, ids in self.containers for i in ids)
+
+    def container_ids(self) -> dict[str, list[str]]:
+        return {name: list(ids) for name, ids in self.containers}
+
+
+def encode_plan(plan: Plan) -> str:
+    """Compact JSON for the `<prefix>/plan` pod annotation."""
+    body = {
+        "v": PLAN_VERSION,
+        "node": plan.node,
+        "resource": plan.resource,
+        "containers": {name: list(ids) for name, ids in plan.containers},
+        "gbps": round(plan.gbps, 3),
+    }
+    return json.dumps(body, separators=(",", ":"))
+
+
+def parse_plan(text: Any) -> Plan:
+    """Read a plan annotation; raises PlanFormatError naming what is wrong (someone else may have written it)."""
+    if not isinstance(text, (str, bytes)):
+        raise PlanFormatError(f"plan annotation must be a string, got {type(text).__name__}")
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise PlanFormatError(f"plan annotation is not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise PlanFormatError("plan JSON must be an object")
+    version = data.get("v")
+    if version != PLAN_VERSION or isinstance(version, bool):
+        raise PlanFormatError(f"plan JSON version {version!r} is not {PLAN_VERSION}")
+    node, resource = data.get("node"), data.get("resource")
+    if not isinstance(node, str) or not node:
+        raise PlanFormatError("plan 'node' must be a non-empty string")
+    if not isinstance(resource, str) or not resource:
+        raise PlanFormatError("plan 'resource' must be a non-empty string")
+    raw = data.get("containers")
+    if not isinstance(raw, dict) or not raw or len(raw) > MAX_PLAN_CONTAINERS:
+        raise PlanFormatError(f"plan 'containers' must map 1-{MAX_PLAN_CONTAINERS} container names to id lists")
+    containers = []
+    total = 0
+    for name, ids in raw.items():
+        if not name:
+            raise PlanFormatError("plan container name must not be empty")
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) and i for i in ids):
+            raise PlanFormatError(f"plan container {name!r} must list non-empty GPU id strings")
+        if len(set(ids)) != len(ids):
+            raise PlanFormatError(f"plan container {name!r} lists a GPU twice")
+        total += len(ids)
+        containers.append((name, tuple(ids)))
+    if total > MAX_PLAN_IDS:
+        raise PlanFormatError(f"plan lists {total} GPU ids, more than {MAX_PLAN_IDS}")
+    gbps = data.get("gbps", 0.0)
+    if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not math.isfinite(gbps) or gbps < 0:
+        raise PlanFormatError("plan 'gbps' must be a non-negative number")
+    return Plan(node, resource, tuple(containers), float(gbps))
+
+
+@dataclass(frozen=True)
+class PendingPlan:
+    """One pod's plan waiting for the kubelet; `seq` orders pods by when this process first saw them planned."""
+
+    uid: str
+    namespace: str
+    name: str
+    seq: int
+    plan: Plan
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+class PlanWatch:
+    """A PlanSource (gpuplugin.deviceplugin.plans) fed by a watch on this node's pods."""
+
+    def __init__(
+        self,
+        api: kubernetes.client.ApiClient,
+        node_name: str,
+        *,
+        annotation_prefix: str = "gpu-topology.io",
+        resource_name: str = "nvidia.com/gpu",
+        watch_timeout_s: int = 300,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+    ) -> None:
+        if not node_name:
+            raise ValueError("node name must not be empty")
+        self.node_name = node_name
+        self.resource_name = resource_name
+        self.plan_key = f"{annotation_prefix}/plan"
+        self._lock = threading.Lock()
+        self._pending: dict[str, PendingPlan] = {}
+        self._seq = 0
+        self._ignored: dict[str, str] = {}  # uid -> why, so a bad annotation is logged once, not per event
+        self._watcher = Watcher(
+            api,
+            "pods",
+            self._on_event,
+            field_selector=f"spec.nodeName={node_name}",
+            timeout_seconds=watch_timeout_s,
+            backoff_initial_s=backoff_initial_s,
+            backoff_max_s=backoff_max_s,
+            name=f"plan-watch-{node_name}",
+        )
+        self._log = log.bind(node=node_name)
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    def start(self) -> PlanWatch:
+        self._watcher.start()
+        return self
+
+    def stop(self) -> None:
+        self._watcher.stop()
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return self._watcher.wait_synced(timeout)
+
+    @property
+    def synced(self) -> bool:
+        return self._watcher.synced
+
+    def __enter__(self) -> PlanWatch:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def pending(self) -> list[PendingPlan]:
+        """Pending plans, oldest first."""
+        with self._lock:
+            return sorted(self._pending.values(), key=lambda p: p.seq)
+
+    # -- PlanSource ------------------------------------------------------------------------------------------
+
+    def pending_plan(
+        self, available_ids: Sequence[str], must_include_ids: Sequence[str], size: int
+    ) -> list[str] | None:
+        """A pending container plan of exactly `size` ids inside `available_ids` holding `must_include_ids`."""
+        available = set(available_ids)
+        must = set(must_include_ids)
+        pending_now = self.pending()
+        furthest = 1 if pending_now else 0
+        for pending in pending_now:
+            for _container, ids in pending.plan.containers:
+                if len(ids) != size:
+                    continue
+                furthest = max(furthest, 2)
+                if not available.issuperset(ids):
+                    continue
+                if not must.issubset(ids):
+                    furthest = 3
+                    continue
+                PLAN_LOOKUPS.labels("hit", "").inc()
+                self._log.debug("plan_watch.hit", pod=f"{pending.namespace}/{pending.name}", ids=list(ids))
+                return list(ids)
+        reason = _MISS_ORDER[furthest]
+        PLAN_LOOKUPS.labels("miss", reason).inc()
+        self._log.debug("plan_watch.miss", reason=reason, size=size, available=len(available), must=len(must))
+        return None
+
+    # -- watch -----------------------------------------------------------------------------------------------
+
+    def _on_event(self, event_type: str, obj: dict[str, Any]) -> None:
+        if event_type == SYNC:
+            items = obj.get("items") or []
+            seen = set()
+            for pod in items:
+                if isinstance(pod, dict):
+                    uid = self._update(pod)
+                    if uid:
+                        seen.add(uid)
+            with self._lock:
+                for uid in list(self._pending):
+                    if uid not in seen:
+                        del self._pending[uid]
+                self._ignored = {u: w for u, w in self._ignored.items() if u in seen}
+        elif event_type == "DELETED":
+            uid = _meta(obj).get("uid")
+            with self._lock:
+                self._pending.pop(uid, None)
+                self._ignored.pop(uid, None)
+        else:
+            self._update(obj)
+        PENDING_PLANS.set(len(self._pending))
+
+    def _update(self, pod: dict[str, Any]) -> str | None:
+        meta = _meta(pod)
+        uid = meta.get("uid")
+        if not isinstance(uid, str) or not uid:
+            return None
+        plan, why = self._pending_plan_of(pod, meta)
+        with self._lock:
+            if plan is None:
+                self._pending.pop(uid, None)
+                if why and self._ignored.get(uid) != why:
+                    self._ignored[uid] = why
+                    PLANS_IGNORED.labels(why.split(":", 1)[0]).inc()
+                    self._log.warning(
+                        "plan_watch.plan_ignored", pod=f"{meta.get('namespace')}/{meta.get('name')}", why=why
+                    )
+                return uid
+            self._ignored.pop(uid, None)
+            old = self._pending.get(uid)
+            if old is not None and old.plan == plan:
+                return uid
+            self._seq += 1
+            self._pending[uid] = PendingPlan(
+                uid, str(meta.get("namespace", "")), str(meta.get("name", "")), old.seq if old else self._seq, plan
+            )
+        return uid
+
+    def _pending_plan_of(self, pod: dict[str, Any], meta: Mapping[str, Any]) -> tuple[Plan | None, str]:
+        """The pod's plan if it is still waiting for the kubelet; else None and why (empty: nothing to report)."""
+        annotations = meta.get("annotations")
+        text = annotations.get(self.plan_key) if isinstance(annotations, dict) else None
+        if text is None:
+            return None, ""
+        spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+        status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
+        if spec.get("nodeName") != self.node_name:
+            return None, ""
+        if meta.get("deletionTimestamp") or status.get("phase") not in (None, "", "Pending"):
+            return None, ""  # started, finished or going away: the kubelet has acted or never will
+        try:
+            plan = parse_plan(text)
+        except PlanFormatError as e:
+            return None, f"garbage: {e}"
+        if plan.node != self.node_name:
+            return None, f"other_node: plan is for node {plan.node!r}"
+        if plan.resource != self.resource_name:
+            return None, f"other_resource: plan is for {plan.resource!r}"
+        return plan, ""
