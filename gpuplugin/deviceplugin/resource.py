@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,10 +216,10 @@ class ResourceManager:
         if pref.problems:
             log.warning(
                 "preferred allocation request had problems; answered with a valid fallback",
-                problems=list(pref.problems),
+                problems=brief_ids(pref.problems, width=200),
                 reason=pref.reason.value if pref.reason else None,
-                available=list(available_ids),
-                must_include=list(must_include_ids),
+                available=brief_ids(available_ids),
+                must_include=brief_ids(must_include_ids),
                 size=size,
                 answer=list(pref.ids),
             )
@@ -238,17 +239,26 @@ class ResourceManager:
     def _allocate(self, ids: Sequence[str]) -> ContainerAllocation:
         if not ids:
             raise AllocationRequestError("allocate request names no devices")
-        dups = sorted({x for x in ids if list(ids).count(x) > 1})
+        dups = sorted(x for x, n in Counter(ids).items() if n > 1)  # linear: a request may hold 100k+ ids
         if dups:
-            raise AllocationRequestError(f"allocate request repeats device ids: {', '.join(dups)}")
+            raise AllocationRequestError(f"allocate request repeats device ids: {brief_ids(dups)}")
         unknown = [x for x in ids if x not in self._by_id]
         if unknown:
-            raise AllocationRequestError(f"unknown device ids: {', '.join(unknown)}")
+            raise AllocationRequestError(f"unknown device ids: {brief_ids(unknown)}")
         devices = [self._by_id[x] for x in ids]
         with self._lock:
             sick = [d.id for d in devices if not self._healthy[d.id]]
         if sick:
-            raise AllocationRequestError(f"unhealthy device ids: {', '.join(sick)}")
+            raise AllocationRequestError(f"unhealthy device ids: {brief_ids(sick)}")
         return container_allocation(
             self.topology, devices, self.list_strategy, self.id_strategy, self.annotation_prefix, self.dev_root
         )
+
+
+def brief_ids(ids: Sequence[str], most: int = 8, width: int = 64) -> str:
+    """Ids for an error message or a log line, bounded: a refusal travels back as gRPC trailing metadata, which
+    clients cap (16 KiB in grpc-core), a log line lands on the node's disk, and a hostile request can name any
+    number of ids of any length."""
+    shown = [x if len(x) <= width else f"{x[:width]}...({len(x)} chars)" for x in ids[:most]]
+    more = f" and {len(ids) - most} more" if len(ids) > most else ""
+    return ", ".join(shown) + more

@@ -13,7 +13,7 @@ import grpc
 import structlog
 
 from gpuplugin.deviceplugin.errors import AllocationRequestError
-from gpuplugin.deviceplugin.resource import ResourceManager, Snapshot, Subscription
+from gpuplugin.deviceplugin.resource import ResourceManager, Snapshot, Subscription, brief_ids
 from gpuplugin.proto import deviceplugin_pb2 as pb
 from gpuplugin.proto import deviceplugin_pb2_grpc as pb_grpc
 
@@ -97,7 +97,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 )
                 ids = list(pref.ids)
             except Exception:  # an RPC error here fails pod admission; an empty answer costs nothing
-                log.exception("GetPreferredAllocation failed; answering empty", request=str(creq))
+                log.exception("GetPreferredAllocation failed; answering empty", request=str(creq)[:2000])
                 ids = []
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         self._manager.metrics.preferred_latency.observe(time.perf_counter() - start)
@@ -110,7 +110,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             try:
                 alloc = self._manager.allocate(ids)
             except AllocationRequestError as e:
-                log.warning("Allocate refused", devices=ids, error=str(e))
+                log.warning("Allocate refused", devices=brief_ids(ids), error=str(e))
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             log.info("Allocate", devices=ids, annotations=alloc.annotations)
             responses.append(
