@@ -120,19 +120,50 @@ def policy_b(nodes: Sequence[Node], job: Job, rng: random.Random) -> tuple[Node,
     return node, best_subset(node.topo, node.free, job.size).gpus
 
 
-def policy_c(nodes: Sequence[Node], job: Job, rng: random.Random) -> tuple[Node, tuple[int, ...]] | None:
-    from extender.placement import simulate_choice
+class ExtenderPolicy:
+    """Policy (c): the extender's own filter, prioritize and bind choice (extender.placement), fed the cluster's
+    free GPUs as the node cache would hold them; kube-scheduler's LeastAllocated breaks the extender's ties."""
 
-    feasible = [n for n in nodes if len(n.free) >= job.size]
-    if not feasible:
-        return None
-    scores = simulate_choice([(n.topo, frozenset(n.free)) for n in feasible], job.size)
-    top = max(s for s, _ in scores)
-    candidates = [(n, gpus) for n, (s, gpus) in zip(feasible, scores, strict=True) if s == top]
-    # kube-scheduler's own LeastAllocated score breaks the extender's ties.
-    most = max(len(n.free) / n.topo.size for n, _ in candidates)
-    node, gpus = rng.choice([(n, g) for n, g in candidates if len(n.free) / n.topo.size == most])
-    return node, gpus
+    def __init__(self) -> None:
+        from extender.cache import NodeCache
+        from extender.config import ExtenderConfig
+        from extender.placement import Placement
+        from extender.reservations import Reservations
+
+        config = ExtenderConfig()
+        self.cache = NodeCache(config, Reservations(config.reservation_timeout_s))
+        self.placement = Placement(self.cache)
+        self._seen: dict[str, frozenset[int]] = {}
+
+    def _sync(self, nodes: Sequence[Node]) -> None:
+        from extender.cache import make_entry
+
+        for n in nodes:
+            free = frozenset(n.free)
+            if self._seen.get(n.name) != free:
+                used = [g.id for g in n.topo.gpus if g.index not in free]
+                self.cache.put_node(make_entry(n.name, n.topo, used=used))
+                self._seen[n.name] = free
+
+    def __call__(self, nodes: Sequence[Node], job: Job, rng: random.Random) -> tuple[Node, tuple[int, ...]] | None:
+        from extender.pods import Need
+
+        self._sync(nodes)
+        need = Need(job.size)
+        by_name = {n.name: n for n in nodes}
+        passed = self.placement.filter(list(by_name), need).passed
+        if not passed:
+            return None
+        # kube-scheduler skips prioritize when one node is left
+        scores = dict(zip(passed, self.placement.score(passed, need), strict=True)) if len(passed) > 1 else {}
+        scores = scores or {passed[0]: 0}
+        top = max(scores.values())
+        tied = [by_name[name] for name in passed if scores[name] == top]
+        most = max(len(n.free) / n.topo.size for n in tied)
+        node = rng.choice([n for n in tied if len(n.free) / n.topo.size == most])
+        entry = self.cache.nodes[node.name]
+        alloc = self.placement.choose(entry, self.cache.free_mask(entry), need)
+        return node, alloc.gpus
 
 
 PolicyFn = Callable[[Sequence[Node], Job, random.Random], tuple[Node, tuple[int, ...]] | None]
@@ -268,6 +299,33 @@ def plot(results: dict[str, dict[str, Summary]], path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
+def plot_sizes(results: dict[str, dict[str, Summary]], path: str) -> None:
+    """Mean estimated all-reduce GB/s per request size: where the cluster-wide gain comes from, and what it costs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(7 * len(results), 4), squeeze=False)
+    colours = ["#c44e52", "#dd8452", "#4c72b0"]
+    for col, (cluster, by_policy) in enumerate(results.items()):
+        ax = axes[0][col]
+        for k, policy in enumerate(POLICIES):
+            sizes = sorted(by_policy[policy].by_size)
+            vals = [by_policy[policy].by_size[s][1] for s in sizes]
+            ax.bar([i + (k - 1) * 0.27 for i in range(len(sizes))], vals, width=0.27, color=colours[k],
+                   label=policy)
+            for i, v in enumerate(vals):
+                ax.annotate(f"{v:.0f}", (i + (k - 1) * 0.27, v), ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(sizes)))
+        ax.set_xticklabels([f"{s} GPUs" for s in sizes])
+        ax.set_ylabel("mean estimated all-reduce GB/s")
+        ax.set_title(cluster, fontsize=10)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hours", type=float, default=24.0, help="simulated time (default 24)")
@@ -275,7 +333,9 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.95, help="offered load as a share of GPU capacity")
     args = parser.parse_args()
     started = time.time()
-    fns: dict[str, PolicyFn] = dict(zip(POLICIES, (policy_a, policy_b, policy_c), strict=True))
+    fns: dict[str, Callable[[], PolicyFn]] = dict(
+        zip(POLICIES, (lambda: policy_a, lambda: policy_b, ExtenderPolicy), strict=True)
+    )
     results: dict[str, dict[str, Summary]] = {}
     text = [
         "# Placement under cluster churn\n",
@@ -289,7 +349,7 @@ def main() -> None:
         results[label] = {}
         for name, fn in fns.items():
             t0 = time.time()
-            results[label][name] = summarise(simulate(cluster, fn, jobs, args.seed))
+            results[label][name] = summarise(simulate(cluster, fn(), jobs, args.seed))
             print(f"  {label}: {name} done in {time.time() - t0:.1f} s", flush=True)
         by = results[label]
         nodes = ", ".join(f"{v}x {k}" for k, v in cluster.items())
@@ -315,7 +375,9 @@ def main() -> None:
         ]
     RESULTS.mkdir(parents=True, exist_ok=True)
     plot(results, str(RESULTS / "placement.png"))
-    text.append(f"\n![placement](placement.png)\n\nRun time {time.time() - started:.0f} s.\n")
+    plot_sizes(results, str(RESULTS / "placement-sizes.png"))
+    text.append(f"\n![placement](placement.png)\n\n![per size](placement-sizes.png)\n\n"
+                f"Run time {time.time() - started:.0f} s.\n")
     (RESULTS / "placement.md").write_text("\n".join(text))
     print("\n".join(text))
 

@@ -91,7 +91,7 @@ def parse_plan(text: Any) -> Plan:
         raise PlanFormatError(f"plan annotation must be a string, got {type(text).__name__}")
     try:
         data = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise PlanFormatError(f"plan annotation is not JSON: {e}") from None
     if not isinstance(data, dict):
         raise PlanFormatError("plan JSON must be an object")

@@ -1,0 +1,235 @@
+"""The bind verb: choose the GPUs on the chosen node, reserve them, and POST the Binding with the plan.
+
+Choose+reserve runs under the node's lock and is synchronous (no await inside), so two binds to one node never see
+the same free GPUs; the apiserver call runs outside any lock, in a worker thread. If the call fails the reservation
+is released and kube-scheduler gets the Error (it retries the pod later). A bind retried for a pod that is already
+bound to that node answers success: the first attempt's plan stands.
+
+Standalone mode (no apiserver) commits the plan into the inventory under the same lock instead.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import kubernetes.client
+import structlog
+
+from extender.cache import NodeCache, PodRecord, mask_of
+from extender.config import ExtenderConfig
+from extender.inventory import Inventory
+from extender.metrics import ExtenderMetrics
+from extender.placement import NoFit, Placement
+from extender.pods import PodNeeds, PodSpecError, RecentPods, pod_needs, split_plan
+from extender.reservations import BIND, Reservation
+from gpuplugin.kube import Conflict, KubeApiError, KubeArgumentError, NotFound, bind_pod, get_pod
+from gpuplugin.plan_watch import Plan, encode_plan
+
+log = structlog.get_logger(__name__)
+
+ALREADY_BOUND = "already_bound"
+BOUND = "bound"
+
+
+@dataclass(frozen=True)
+class BindRequest:
+    name: str
+    namespace: str
+    uid: str
+    node: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def holder(self) -> str:
+        """Who a reservation is held for: the pod's UID (kube-scheduler always sends it), else its name."""
+        return self.uid or f"name:{self.key}"
+
+
+class BindFailed(Exception):
+    """A bind that cannot be done; `outcome` is the metrics label, the message goes into the Error field."""
+
+    def __init__(self, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+        self.message = message
+
+
+class Binder:
+    def __init__(
+        self,
+        config: ExtenderConfig,
+        cache: NodeCache,
+        placement: Placement,
+        metrics: ExtenderMetrics,
+        recent: RecentPods,
+        *,
+        api: kubernetes.client.ApiClient | None = None,
+        inventory: Inventory | None = None,
+        api_concurrency: int = 8,
+    ) -> None:
+        if (api is None) == (inventory is None):
+            raise ValueError("a binder needs exactly one of an apiserver client or an inventory")
+        self.config = config
+        self.cache = cache
+        self.placement = placement
+        self.metrics = metrics
+        self.recent = recent
+        self.api = api
+        self.inventory = inventory
+        self._api_limiter = anyio.CapacityLimiter(api_concurrency)
+
+    async def bind(self, req: BindRequest) -> str:
+        """Bind the pod; returns "" on success or the Error text for kube-scheduler."""
+        started = time.perf_counter()
+        try:
+            outcome = await self._bind(req)
+        except BindFailed as e:
+            self.metrics.binds.labels(e.outcome).inc()
+            log.info("extender.bind.failed", pod=req.key, node=req.node, outcome=e.outcome, error=e.message)
+            return e.message
+        self.metrics.binds.labels(outcome).inc()
+        log.debug("extender.bind.done", pod=req.key, node=req.node, outcome=outcome,
+                  ms=round((time.perf_counter() - started) * 1000, 2))
+        return ""
+
+    # -- steps ------------------------------------------------------------------------------------------------
+
+    async def _bind(self, req: BindRequest) -> str:
+        needs = await self._needs(req)
+        if isinstance(needs, str):
+            return needs  # already bound there
+        plan, res = self._reserve(req, needs)
+        if self.inventory is not None:
+            return BOUND
+        return await self._post_binding(req, plan, res)
+
+    async def _needs(self, req: BindRequest) -> PodNeeds | str:
+        rec = self.cache.pods.get(req.uid) if req.uid else None
+        if rec is not None and rec.node is not None:
+            return self._already_bound(req, rec)
+        needs = rec.needs if rec is not None else None
+        if needs is None and req.uid:
+            needs = self.recent.get(req.uid)
+        if needs is not None:
+            return needs
+        if self.api is None:
+            raise BindFailed("unknown_pod", f"pod {req.key} (uid {req.uid or 'none'}) was never seen by /filter or "
+                             "/prioritize: standalone mode learns pods from their bodies")
+        try:
+            pod = await self._api_call(get_pod, self.api, req.namespace, req.name)
+        except NotFound:
+            raise BindFailed("not_found", f"pod {req.key} not found") from None
+        except (KubeApiError, KubeArgumentError) as e:
+            raise BindFailed("api_error", f"cannot read pod {req.key}: {e}") from None
+        uid = (pod.get("metadata") or {}).get("uid")
+        if req.uid and uid != req.uid:
+            raise BindFailed("conflict", f"pod {req.key} has uid {uid}, not {req.uid}: it was recreated")
+        fetched = self.cache.record_from_pod(pod)
+        if fetched is not None and fetched.node is not None:
+            return self._already_bound(req, fetched)
+        try:
+            return pod_needs(pod, self.config.resource_name, self.config.require_nvlink_key,
+                             self.config.min_gbps_key)
+        except PodSpecError as e:
+            raise BindFailed("bad_pod", f"pod {req.key}: {e}") from None
+
+    def _already_bound(self, req: BindRequest, rec: PodRecord) -> str:
+        if rec.node == req.node:
+            if rec.plan is None and rec.needs is not None and rec.needs.size > 0:
+                log.warning("extender.bind.bound_without_plan", pod=req.key, node=req.node)
+            return ALREADY_BOUND
+        raise BindFailed("conflict", f"pod {req.key} is already bound to node {rec.node}, not {req.node}")
+
+    def _reserve(self, req: BindRequest, needs: PodNeeds) -> tuple[Plan | None, Reservation | None]:
+        """Choose and reserve atomically under the node lock; no await in here."""
+        with self.cache.lock_for(req.node):
+            existing = self.cache.reservations.get(req.holder, req.node)
+            if existing is not None and existing.plan is not None:
+                return existing.plan, existing  # a retry: the plan made by the first attempt stands
+            if needs.size == 0:
+                return None, None
+            entry = self.cache.nodes.get(req.node)
+            free = self.cache.free_mask(entry) if entry is not None else 0
+            try:
+                alloc = self.placement.choose(entry, free, needs.need)
+            except NoFit as e:
+                raise BindFailed("no_fit", f"node {req.node} cannot take pod {req.key}: {e.reason}") from None
+            assert entry is not None and entry.topo is not None
+            topo = entry.topo
+            parts = split_plan(topo, alloc.gpus, needs.containers)
+            order = [c.name for c in needs.containers if c.name in parts]
+            plan = Plan(
+                node=req.node,
+                resource=self.config.resource_name,
+                containers=tuple((name, tuple(topo.gpus[i].id for i in parts[name])) for name in order),
+                gbps=alloc.allreduce_gbps,
+            )
+            self.metrics.plan_efficiency.observe(self.placement.efficiency(topo, alloc))
+            self.metrics.plan_gbps.observe(alloc.allreduce_gbps)
+            if self.inventory is not None:
+                self.inventory.commit(entry, PodRecord(req.uid, req.namespace, req.name, req.node, "Running", False,
+                                                       needs, plan, encode_plan(plan)))
+                log.info("extender.bind.planned", pod=req.key, node=req.node, plan=plan.container_ids(),
+                         gbps=plan.gbps)
+                return plan, None
+            res = self.cache.reservations.add(req.holder, req.namespace, req.name, req.node, plan.ids,
+                                              mask_of(alloc.gpus), BIND, plan)
+        log.info("extender.bind.planned", pod=req.key, node=req.node, plan=plan.container_ids(), gbps=plan.gbps)
+        return plan, res
+
+    def _annotations(self, plan: Plan | None) -> dict[str, str]:
+        if plan is None:
+            return {}
+        return {self.config.plan_key: encode_plan(plan), self.config.gbps_key: f"{plan.gbps:.1f}"}
+
+    async def _api_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs), limiter=self._api_limiter)
+
+    def _release(self, req: BindRequest, res: Reservation | None) -> None:
+        if res is not None:
+            self.cache.reservations.release_if(req.holder, req.node, res)
+
+    async def _post_binding(self, req: BindRequest, plan: Plan | None, res: Reservation | None) -> str:
+        try:
+            await self._api_call(bind_pod, self.api, namespace=req.namespace, name=req.name, uid=req.uid or None,
+                                 node=req.node, annotations=self._annotations(plan))
+        except Conflict as e:
+            return await self._resolve_conflict(req, plan, res, e)
+        except NotFound:
+            self._release(req, res)
+            raise BindFailed("not_found", f"pod {req.key} not found: it was deleted") from None
+        except (KubeApiError, KubeArgumentError) as e:
+            self._release(req, res)
+            raise BindFailed("api_error", f"binding pod {req.key} to {req.node} failed: {e}") from None
+        except BaseException:
+            self._release(req, res)
+            raise
+        return BOUND
+
+    async def _resolve_conflict(self, req: BindRequest, plan: Plan | None, res: Reservation | None,
+                                err: Conflict) -> str:
+        """409: success only if the pod already sits on this node (an earlier attempt of the same bind won)."""
+        try:
+            pod = await self._api_call(get_pod, self.api, req.namespace, req.name)
+        except (KubeApiError, KubeArgumentError) as e:
+            self._release(req, res)
+            raise BindFailed("conflict", f"binding pod {req.key} to {req.node} conflicted ({err.message}); "
+                             f"reading it back failed: {e}") from None
+        node_now = (pod.get("spec") or {}).get("nodeName")
+        if node_now == req.node:
+            rec = self.cache.record_from_pod(pod)
+            if rec is None or rec.plan is None or plan is None or rec.plan.ids != plan.ids:
+                self._release(req, res)
+                if rec is not None:
+                    self.cache.update_pod(pod)  # reserves the plan it actually carries, if any
+            log.info("extender.bind.already_bound", pod=req.key, node=req.node)
+            return ALREADY_BOUND
+        self._release(req, res)
+        where = f"it is bound to {node_now}" if node_now else "it is not bound"
+        raise BindFailed("conflict", f"binding pod {req.key} to {req.node} conflicted: {err.message} ({where})")

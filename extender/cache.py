@@ -1,0 +1,462 @@
+"""The extender's view of the cluster: every node's topology and GPU state, the GPU pods, and the reservations.
+
+Fed by watches on Nodes and Pods (extender.cluster) or by an inventory file (extender.inventory). Readers on the
+filter hot path take no lock: entries are immutable and replaced whole, and reservation masks are a plain dict.
+Writers that must be atomic with a placement decision (bind's choose+reserve, a node state update that settles
+reservations) hold the node's lock, so a GPU never looks free in the gap between two updates.
+
+Garbage written into our annotations by someone else never breaks the cache: the node then counts as publishing no
+topology (or the pod as having no plan), and the reason is logged once per distinct value.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from extender.config import ExtenderConfig
+from extender.pods import PodNeeds, PodSpecError, parse_quantity, pod_needs
+from extender.reservations import POD, Reservation, Reservations
+from gpuplugin.core import Topology, TopologyError, state_from_json, topology_from_json
+from gpuplugin.plan_watch import Plan, PlanFormatError, parse_plan
+
+log = structlog.get_logger(__name__)
+
+_TOPOLOGY_CACHE_LIMIT = 4096
+_INTERN_LIMIT = 200_000
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+UNUSABLE = "!"  # first element of the state of a node that offers nothing to plan on
+CORDONED = "node is cordoned (spec.unschedulable)"
+
+
+def _dict(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def mask_of(indices: Iterable[int]) -> int:
+    m = 0
+    for i in indices:
+        m |= 1 << i
+    return m
+
+
+def bits(mask: int) -> list[int]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEntry:
+    """One node as placement sees it. `problem` set means the node offers nothing to plan on (unresolvable)."""
+
+    name: str
+    topo: Topology | None
+    problem: str | None
+    index: Mapping[str, int]
+    used_ids: frozenset[str]
+    unhealthy_ids: frozenset[str]
+    used_mask: int
+    unhealthy_mask: int
+    base_free: int  # topology - used - unhealthy (reservations are applied by the reader)
+    total: int  # GPUs the node can ever offer: topology size, or allocatable when lower
+    unschedulable: bool
+    generation: int
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    uid: str
+    namespace: str
+    name: str
+    node: str | None
+    phase: str
+    deleting: bool
+    needs: PodNeeds | None
+    plan: Plan | None
+    plan_text: str | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class PlacementState:
+    """Everything filter and prioritize depend on for one node. Interned by NodeCache (equal states are one
+    object), so the verbs memoise on it with identity hashing: a pointer hash instead of a tuple's per lookup."""
+
+    __slots__ = ("fingerprint", "free", "key", "problem", "reserved", "total", "unhealthy", "used")
+
+    def __init__(self, key: tuple[Any, ...]) -> None:
+        self.key = key
+        if key[0] == UNUSABLE:
+            self.problem: str | None = key[1]
+            self.fingerprint, self.free, self.total, self.used, self.unhealthy, self.reserved = "", 0, 0, 0, 0, 0
+        else:
+            self.problem = None
+            self.fingerprint, self.free, self.total, self.used, self.unhealthy, self.reserved = key
+
+
+def state_key(entry: NodeEntry, reserved: int) -> tuple[Any, ...]:
+    """(fingerprint, free, total, used, unhealthy, reserved) for a usable node, (UNUSABLE, why) otherwise."""
+    if entry.topo is None:
+        return (UNUSABLE, entry.problem or "publishes no GPU topology")
+    if entry.unschedulable:
+        return (UNUSABLE, CORDONED)
+    reserved &= entry.base_free
+    return (entry.fingerprint, entry.base_free & ~reserved, entry.total, entry.used_mask, entry.unhealthy_mask,
+            reserved)
+
+
+def make_entry(
+    name: str,
+    topo: Topology | None,
+    *,
+    problem: str | None = None,
+    index: Mapping[str, int] | None = None,
+    used: Iterable[str] = (),
+    unhealthy: Iterable[str] = (),
+    allocatable: int | None = None,
+    unschedulable: bool = False,
+    generation: int = 0,
+) -> NodeEntry:
+    """Build an entry; ids the topology does not know are dropped (logged by the caller)."""
+    used_ids, unhealthy_ids = frozenset(used), frozenset(unhealthy)
+    if topo is None:
+        return NodeEntry(name, None, problem or "publishes no GPU topology", {}, used_ids, unhealthy_ids, 0, 0, 0, 0,
+                         unschedulable, generation, "")
+    idx = index if index is not None else {g.id: g.index for g in topo.gpus}
+    used_mask = mask_of(idx[i] for i in used_ids if i in idx)
+    bad_mask = mask_of(idx[i] for i in unhealthy_ids if i in idx)
+    full = (1 << topo.size) - 1
+    total = topo.size if allocatable is None else min(topo.size, allocatable)
+    return NodeEntry(name, topo, problem, idx, used_ids, unhealthy_ids, used_mask, bad_mask,
+                     full & ~used_mask & ~bad_mask, total, unschedulable, generation, topo.fingerprint)
+
+
+class NodeCache:
+    """Nodes, GPU pods and reservations, kept consistent with each other."""
+
+    def __init__(self, config: ExtenderConfig, reservations: Reservations) -> None:
+        self.config = config
+        self.reservations = reservations
+        self.nodes: dict[str, NodeEntry] = {}
+        self.states: dict[str, PlacementState] = {}  # node -> its state, kept current for the hot path
+        self._interned: dict[tuple[Any, ...], PlacementState] = {}
+        self.topologies: dict[str, Topology] = {}  # fingerprint -> a topology with it
+        self._state_lock = threading.Lock()
+        self.pods: dict[str, PodRecord] = {}
+        self._node_locks: dict[str, threading.RLock] = {}
+        self._locks_guard = threading.Lock()
+        self._pods_lock = threading.RLock()
+        self._parsed_topologies: dict[str, tuple[Topology | None, Mapping[str, int], str | None]] = {}
+        self._topo_lock = threading.Lock()
+        self._settled: dict[str, str] = {}  # pod uid -> node whose reservation ended (never rebuild it)
+        self._reported: dict[str, str] = {}  # node or pod -> last problem logged
+        # metrics hook: (why, how many) each time reservations end: settled, pod_gone, timeout, topology_changed
+        self.on_reservation_end: Callable[[str, int], None] = lambda why, n: None
+        self._changed = threading.Condition()
+        self.version = 0  # bumped on every change, so waiters (readiness, tests, demos) need no polling
+        reservations.on_change = self._refresh_state
+
+    # -- locks and reads -------------------------------------------------------------------------------------
+
+    def lock_for(self, node: str) -> threading.RLock:
+        """The node's lock (re-entrant: a standalone bind installs the new entry while holding it)."""
+        lock = self._node_locks.get(node)
+        if lock is None:
+            with self._locks_guard:
+                lock = self._node_locks.setdefault(node, threading.RLock())
+        return lock
+
+    def free_mask(self, entry: NodeEntry) -> int:
+        return entry.base_free & ~self.reservations.masks.get(entry.name, 0)
+
+    def _refresh_state(self, name: str) -> None:
+        """Recompute a node's state from its current entry and reservation mask. Every writer changes its source
+        first and refreshes after, and refreshes are serialised: the last one always sees the final sources."""
+        with self._state_lock:
+            entry = self.nodes.get(name)
+            if entry is None:
+                self.states.pop(name, None)
+                return
+            self.states[name] = self.state_for(entry, self.reservations.masks.get(name, 0))
+
+    def state_for(self, entry: NodeEntry, reserved: int) -> PlacementState:
+        """The interned state of an entry (also for nodes seen only in a request's NodeList)."""
+        if entry.topo is not None and entry.fingerprint not in self.topologies:
+            self.topologies[entry.fingerprint] = entry.topo
+        key = state_key(entry, reserved)
+        st = self._interned.get(key)
+        if st is None:
+            if len(self._interned) >= _INTERN_LIMIT:
+                self._interned = {}  # states in use stay valid; equal ones made later only miss the memos once
+            st = self._interned.setdefault(key, PlacementState(key))
+        return st
+
+    def _report(self, key: str, problem: str | None, **fields: Any) -> None:
+        if problem is None:
+            self._reported.pop(key, None)
+            return
+        if self._reported.get(key) != problem:
+            self._reported[key] = problem
+            log.warning("extender.cache.ignored", what=key, problem=problem, **fields)
+
+    def _bump(self) -> None:
+        with self._changed:
+            self.version += 1
+            self._changed.notify_all()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Block until predicate() holds after some change (or already holds); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(predicate, timeout)
+
+    # -- nodes -----------------------------------------------------------------------------------------------
+
+    def parse_topology(self, text: str) -> tuple[Topology | None, Mapping[str, int], str | None]:
+        """Each distinct topology string is parsed once: thousands of nodes share a few."""
+        hit = self._parsed_topologies.get(text)
+        if hit is not None:
+            return hit
+        try:
+            topo = topology_from_json(text)
+            value: tuple[Topology | None, Mapping[str, int], str | None] = (
+                topo, {g.id: g.index for g in topo.gpus}, None)
+        except (TopologyError, RecursionError) as e:  # RecursionError: absurdly nested JSON
+            value = (None, {}, f"GPU topology annotation {self.config.topology_key} is unreadable: {e}")
+        with self._topo_lock:
+            if len(self._parsed_topologies) >= _TOPOLOGY_CACHE_LIMIT:
+                self._parsed_topologies.clear()
+            self._parsed_topologies[text] = value
+        return value
+
+    def entry_from_node(self, node: Mapping[str, Any]) -> NodeEntry:
+        """Parse the fields of a Node dict that placement needs. Never raises on content."""
+        meta = _dict(node.get("metadata"))
+        name = str(meta.get("name") or "")
+        ann = _dict(meta.get("annotations"))
+        spec, status = _dict(node.get("spec")), _dict(node.get("status"))
+        unschedulable = spec.get("unschedulable") is True
+        allocatable: int | None = None
+        raw_alloc = _dict(status.get("allocatable")).get(self.config.resource_name)
+        if raw_alloc is not None:
+            try:
+                allocatable = parse_quantity(raw_alloc, f"node {name} allocatable")
+            except PodSpecError:
+                allocatable = None
+        text = ann.get(self.config.topology_key)
+        if not isinstance(text, str) or not text:
+            entry = make_entry(name, None, problem=f"publishes no GPU topology (annotation "
+                               f"{self.config.topology_key} missing)", unschedulable=unschedulable)
+            self._report(f"node/{name}", None)
+            return entry
+        topo, index, problem = self.parse_topology(text)
+        if topo is None:
+            self._report(f"node/{name}", problem)
+            return make_entry(name, None, problem=problem, unschedulable=unschedulable)
+        used: frozenset[str] = frozenset()
+        unhealthy: frozenset[str] = frozenset()
+        generation = 0
+        state_text = ann.get(self.config.state_key)
+        problem = None
+        if isinstance(state_text, str) and state_text:
+            try:
+                state = state_from_json(state_text)
+                used, unhealthy, generation = state.used, state.unhealthy, state.generation
+                unknown = sorted((used | unhealthy) - index.keys())
+                if unknown:
+                    self._report(f"node/{name}/ids", f"state names GPUs not in the topology: {unknown[:8]}")
+            except (TopologyError, RecursionError) as e:
+                problem = f"GPU state annotation {self.config.state_key} is unreadable: {e}"
+        elif state_text is not None:
+            problem = f"GPU state annotation {self.config.state_key} is not a string"
+        self._report(f"node/{name}", problem)
+        if problem is not None:
+            return make_entry(name, None, problem=problem, unschedulable=unschedulable)
+        return make_entry(name, topo, index=index, used=used, unhealthy=unhealthy, allocatable=allocatable,
+                          unschedulable=unschedulable, generation=generation)
+
+    def put_node(self, entry: NodeEntry) -> None:
+        """Install a node entry; remaps reservations if its topology changed, settles those its state shows used."""
+        with self.lock_for(entry.name):
+            old = self.nodes.get(entry.name)
+            self.nodes[entry.name] = entry
+            self._refresh_state(entry.name)
+            if old is None or old.topo is not entry.topo:
+                index = entry.index
+                if entry.topo is not None:
+                    dropped = self.reservations.remap(entry.name, index.get)
+                    for r in dropped:
+                        log.warning("extender.reservation.dropped", pod=f"{r.namespace}/{r.name}", node=r.node,
+                                    why="planned GPUs are not in the node's new topology")
+                    if dropped:
+                        self.on_reservation_end("topology_changed", len(dropped))
+            settled = self.reservations.settle(entry.name, entry.used_ids)
+            for r in settled:
+                self._settled[r.uid] = r.node
+                log.debug("extender.reservation.settled", pod=f"{r.namespace}/{r.name}", node=r.node)
+            if settled:
+                self.on_reservation_end("settled", len(settled))
+        self._bump()
+
+    def update_node(self, node: Mapping[str, Any]) -> NodeEntry | None:
+        entry = self.entry_from_node(node)
+        if not entry.name:
+            return None
+        self.put_node(entry)
+        return entry
+
+    def remove_node(self, name: str) -> None:
+        with self.lock_for(name):
+            self.nodes.pop(name, None)
+            self._refresh_state(name)
+        self._reported.pop(f"node/{name}", None)
+        self._bump()
+
+    def sync_nodes(self, items: Iterable[Any]) -> None:
+        """Replace every node with a fresh snapshot (first list, or re-list after 410)."""
+        seen = set()
+        for item in items:
+            if isinstance(item, dict):
+                entry = self.update_node(item)
+                if entry is not None:
+                    seen.add(entry.name)
+        for name in list(self.nodes):
+            if name not in seen:
+                self.remove_node(name)
+
+    # -- pods ------------------------------------------------------------------------------------------------
+
+    def record_from_pod(self, pod: Mapping[str, Any]) -> PodRecord | None:
+        """The pod as far as GPUs go, or None when it neither asks for the resource nor carries a plan."""
+        meta = _dict(pod.get("metadata"))
+        uid = meta.get("uid")
+        if not isinstance(uid, str) or not uid:
+            return None
+        namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+        ann = _dict(meta.get("annotations"))
+        plan_text = ann.get(self.config.plan_key)
+        plan = None
+        if plan_text is not None:
+            try:
+                plan = parse_plan(plan_text)
+                self._report(f"pod/{uid}", None)
+            except PlanFormatError as e:
+                self._report(f"pod/{uid}", f"plan annotation ignored: {e}", pod=f"{namespace}/{name}")
+        try:
+            needs: PodNeeds | None = pod_needs(pod, self.config.resource_name, self.config.require_nvlink_key,
+                                               self.config.min_gbps_key)
+        except PodSpecError as e:
+            self._report(f"pod/{uid}/spec", str(e), pod=f"{namespace}/{name}")
+            needs = None
+        if plan is None and (needs is None or needs.size == 0):
+            return None
+        spec, status = _dict(pod.get("spec")), _dict(pod.get("status"))
+        node = spec.get("nodeName")
+        return PodRecord(uid, namespace, name, node if isinstance(node, str) and node else None,
+                         str(status.get("phase") or ""), bool(meta.get("deletionTimestamp")), needs, plan,
+                         plan_text if isinstance(plan_text, str) else None)
+
+    def update_pod(self, pod: Mapping[str, Any]) -> PodRecord | None:
+        rec = self.record_from_pod(pod)
+        if rec is None:
+            uid = _dict(pod.get("metadata")).get("uid")
+            if isinstance(uid, str) and uid in self.pods:
+                self.remove_pod(uid)
+            return None
+        with self._pods_lock:
+            self.pods[rec.uid] = rec
+        self._reconcile(rec)
+        self._bump()
+        return rec
+
+    def remove_pod(self, uid: str) -> None:
+        with self._pods_lock:
+            self.pods.pop(uid, None)
+            self._settled.pop(uid, None)
+        self._reported.pop(f"pod/{uid}", None)
+        self._reported.pop(f"pod/{uid}/spec", None)
+        released = self.reservations.release(uid)
+        for r in released:
+            log.debug("extender.reservation.released", pod=f"{r.namespace}/{r.name}", node=r.node, why="pod gone")
+        if released:
+            self.on_reservation_end("pod_gone", len(released))
+        self._bump()
+
+    def sync_pods(self, items: Iterable[Any]) -> None:
+        """Replace every pod with a fresh snapshot. Reservations made by an in-flight bind are kept: their pod may
+        postdate the snapshot; they end by state, deletion event or timeout."""
+        seen = set()
+        for item in items:
+            if isinstance(item, dict):
+                rec = self.update_pod(item)
+                if rec is not None:
+                    seen.add(rec.uid)
+        for uid in list(self.pods):
+            if uid not in seen:
+                self.remove_pod(uid)
+        for r in self.reservations.all():
+            if r.source == POD and r.uid not in seen and self.reservations.release(r.uid, r.node):
+                self.on_reservation_end("pod_gone", 1)
+
+    def _reconcile(self, rec: PodRecord) -> None:
+        """Keep the pod's reservation in line with its plan: rebuilt after a restart, dropped when it ends."""
+        if rec.terminal:
+            self.remove_pod(rec.uid)
+            return
+        plan = rec.plan
+        if rec.node is None or plan is None:
+            return
+        if plan.node != rec.node:
+            self._report(f"pod/{rec.uid}", f"plan is for node {plan.node}, pod is on {rec.node}", pod=rec.key)
+            return
+        for other in [r for r in self.reservations.all() if r.uid == rec.uid and r.node != rec.node]:
+            self.reservations.release(other.uid, other.node)
+        with self.lock_for(rec.node):
+            if self.reservations.get(rec.uid, rec.node) is not None or self._settled.get(rec.uid) == rec.node:
+                return
+            ids = plan.ids
+            entry = self.nodes.get(rec.node)
+            if entry is not None and entry.topo is not None:
+                if ids <= entry.used_ids:
+                    self._settled[rec.uid] = rec.node
+                    return
+                missing = [i for i in ids if i not in entry.index]
+                if missing:
+                    self._report(f"pod/{rec.uid}", f"plan names GPUs not on node {rec.node}: {sorted(missing)[:8]}",
+                                 pod=rec.key)
+                    return
+                mask = mask_of(entry.index[i] for i in ids)
+            else:
+                mask = 0  # node not seen yet (pods listed first): the mask is computed when it arrives
+            self.reservations.add(rec.uid, rec.namespace, rec.name, rec.node, ids, mask, POD, plan)
+            log.info("extender.reservation.rebuilt", pod=rec.key, node=rec.node, gpus=sorted(ids))
+
+    def expire_reservations(self) -> list[Reservation]:
+        gone = self.reservations.expire()
+        for r in gone:
+            self._settled[r.uid] = r.node
+            log.warning("extender.reservation.expired", pod=f"{r.namespace}/{r.name}", node=r.node,
+                        gpus=sorted(r.ids), timeout_s=self.reservations.timeout_s)
+        if gone:
+            self.on_reservation_end("timeout", len(gone))
+            self._bump()
+        return gone
+
+    def remember_pod(self, rec: PodRecord) -> None:
+        """Record a pod placed without an apiserver (standalone mode); no reservation: the GPUs are marked used."""
+        with self._pods_lock:
+            self.pods[rec.uid] = rec

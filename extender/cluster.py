@@ -1,0 +1,70 @@
+"""Feeds the node cache from the apiserver: a Watcher on Nodes and one on Pods (list, watch, re-list on 410)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes.client
+import structlog
+
+from extender.cache import NodeCache
+from gpuplugin.kube import SYNC, Watcher
+
+log = structlog.get_logger(__name__)
+
+# Finished pods hold no GPUs; the apiserver sends DELETED when a watched pod stops matching the selector.
+POD_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+class ClusterSync:
+    def __init__(
+        self,
+        api: kubernetes.client.ApiClient,
+        cache: NodeCache,
+        *,
+        pod_field_selector: str | None = POD_FIELD_SELECTOR,
+        watch_timeout_s: int = 300,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+    ) -> None:
+        self.cache = cache
+        common: dict[str, Any] = {"timeout_seconds": watch_timeout_s, "backoff_initial_s": backoff_initial_s,
+                                  "backoff_max_s": backoff_max_s}
+        self.nodes = Watcher(api, "nodes", self._on_node, name="extender-nodes", **common)
+        self.pods = Watcher(api, "pods", self._on_pod, field_selector=pod_field_selector, name="extender-pods",
+                            **common)
+
+    def start(self) -> None:
+        self.nodes.start()
+        self.pods.start()
+
+    def stop(self) -> None:
+        self.pods.stop()
+        self.nodes.stop()
+
+    @property
+    def synced(self) -> bool:
+        return self.nodes.synced and self.pods.synced
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return self.nodes.wait_synced(timeout) and self.pods.wait_synced(timeout)
+
+    def _on_node(self, event_type: str, obj: dict[str, Any]) -> None:
+        if event_type == SYNC:
+            self.cache.sync_nodes(obj.get("items") or [])
+        elif event_type == "DELETED":
+            name = (obj.get("metadata") or {}).get("name")
+            if isinstance(name, str):
+                self.cache.remove_node(name)
+        else:
+            self.cache.update_node(obj)
+
+    def _on_pod(self, event_type: str, obj: dict[str, Any]) -> None:
+        if event_type == SYNC:
+            self.cache.sync_pods(obj.get("items") or [])
+        elif event_type == "DELETED":
+            uid = (obj.get("metadata") or {}).get("uid")
+            if isinstance(uid, str):
+                self.cache.remove_pod(uid)
+        else:
+            self.cache.update_pod(obj)

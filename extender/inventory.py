@@ -1,0 +1,197 @@
+"""Standalone mode: nodes, topologies and used GPUs from a YAML inventory instead of an apiserver.
+
+Used by the end-to-end demo and the benchmarks. Bind records the plan in memory and marks its GPUs used at once (no
+reservation is needed: nothing lags behind); GET /inventory shows the state, DELETE /inventory/pods/{uid} frees a
+pod's GPUs as if it had finished.
+
+Format (see examples/inventory.yaml):
+    nodes:
+      - name: dgx-1                       # required
+        topology: topologies/dgx.txt      # path, relative to the inventory file: any form load_topology_file reads
+        # or topology_inline: "<nvidia-smi topo -m text, or compact topology JSON>"
+        used: [GPU0, 1]                   # optional: GPU ids, or indices
+        unhealthy: []                     # optional
+        unschedulable: false              # optional
+        replicas: 3                       # optional: dgx-1-0, dgx-1-1, dgx-1-2 with the same spec
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+import structlog
+import yaml
+
+from extender.cache import NodeCache, NodeEntry, PodRecord, bits, make_entry
+from gpuplugin.core import Topology, TopologyError
+from gpuplugin.discovery.loader import load_topology_file, load_topology_text
+from gpuplugin.plan_watch import Plan, encode_plan
+
+log = structlog.get_logger(__name__)
+
+_NODE_KEYS = frozenset({"name", "topology", "topology_inline", "used", "unhealthy", "unschedulable", "replicas"})
+MAX_REPLICAS = 100_000
+
+
+class InventoryError(ValueError):
+    """The inventory file is unreadable or names something wrong; the message says which node and field."""
+
+
+def _ids(topo: Topology, values: Any, where: str) -> list[str]:
+    if values is None:
+        return []
+    if not isinstance(values, list):
+        raise InventoryError(f"{where} must be a list of GPU ids or indices")
+    out = []
+    for v in values:
+        if isinstance(v, bool):
+            raise InventoryError(f"{where}: {v!r} is not a GPU id or index")
+        if isinstance(v, int):
+            if not 0 <= v < topo.size:
+                raise InventoryError(f"{where}: GPU index {v} is outside 0..{topo.size - 1}")
+            out.append(topo.gpus[v].id)
+        elif isinstance(v, str) and v in topo.ids:
+            out.append(v)
+        else:
+            raise InventoryError(f"{where}: {v!r} is not a GPU of this node (ids: {', '.join(topo.ids)})")
+    return out
+
+
+def parse_inventory(data: Any, base_dir: Path) -> list[NodeEntry]:
+    """Node entries from the inventory's parsed YAML. Raises InventoryError."""
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+        raise InventoryError("inventory must be a mapping with a 'nodes' list")
+    topologies: dict[str, Topology] = {}
+    entries: list[NodeEntry] = []
+    names: set[str] = set()
+    for k, spec in enumerate(data["nodes"]):
+        where = f"nodes[{k}]"
+        if not isinstance(spec, dict):
+            raise InventoryError(f"{where} must be a mapping")
+        unknown = sorted(set(spec) - _NODE_KEYS)
+        if unknown:
+            raise InventoryError(f"{where} has unknown keys {unknown} (allowed: {sorted(_NODE_KEYS)})")
+        name = spec.get("name")
+        if not isinstance(name, str) or not name:
+            raise InventoryError(f"{where} needs a non-empty 'name'")
+        where = f"node {name}"
+        topo = _topology(spec, base_dir, where, topologies)
+        used = _ids(topo, spec.get("used"), f"{where} used")
+        unhealthy = _ids(topo, spec.get("unhealthy"), f"{where} unhealthy")
+        unschedulable = spec.get("unschedulable", False)
+        if not isinstance(unschedulable, bool):
+            raise InventoryError(f"{where} unschedulable must be true or false")
+        replicas = spec.get("replicas")
+        if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int)
+                                     or not 1 <= replicas <= MAX_REPLICAS):
+            raise InventoryError(f"{where} replicas must be an integer in 1..{MAX_REPLICAS}")
+        node_names = [name] if replicas is None else [f"{name}-{i}" for i in range(replicas)]
+        for n in node_names:
+            if n in names:
+                raise InventoryError(f"node name {n} appears twice")
+            names.add(n)
+            entries.append(make_entry(n, topo, used=used, unhealthy=unhealthy, unschedulable=unschedulable))
+    return entries
+
+
+def _topology(spec: Mapping[str, Any], base_dir: Path, where: str, seen: dict[str, Topology]) -> Topology:
+    path, inline = spec.get("topology"), spec.get("topology_inline")
+    if (path is None) == (inline is None):
+        raise InventoryError(f"{where} needs exactly one of 'topology' (a file) or 'topology_inline'")
+    try:
+        if path is not None:
+            if not isinstance(path, str) or not path:
+                raise InventoryError(f"{where} topology must be a file path")
+            full = (base_dir / path).resolve()
+            key = f"file:{full}"
+            if key not in seen:
+                seen[key] = load_topology_file(full)
+        else:
+            if not isinstance(inline, str) or not inline.strip():
+                raise InventoryError(f"{where} topology_inline must be non-empty text")
+            key = f"inline:{inline}"
+            if key not in seen:
+                seen[key] = load_topology_text(inline, source=f"{where} topology_inline")
+    except TopologyError as e:
+        raise InventoryError(f"{where}: {e}") from None
+    return seen[key]
+
+
+def load_inventory(path: str | Path) -> list[NodeEntry]:
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise InventoryError(f"cannot read inventory {p}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise InventoryError(f"inventory {p} is not valid YAML: {e}") from None
+    return parse_inventory(data, p.parent)
+
+
+class Inventory:
+    """The in-memory cluster of standalone mode: binds mark GPUs used, releases free them."""
+
+    def __init__(self, cache: NodeCache, entries: list[NodeEntry], source: str = "") -> None:
+        self.cache = cache
+        self.source = source
+        self._lock = threading.Lock()
+        self.bound: dict[str, PodRecord] = {}
+        for e in entries:
+            cache.put_node(e)
+
+    def commit(self, entry: NodeEntry, rec: PodRecord) -> None:
+        """Mark the plan's GPUs used on the node. The caller holds the node's lock."""
+        assert rec.plan is not None and entry.topo is not None
+        new = make_entry(entry.name, entry.topo, index=entry.index, used=entry.used_ids | rec.plan.ids,
+                         unhealthy=entry.unhealthy_ids, unschedulable=entry.unschedulable,
+                         generation=entry.generation + 1)
+        self.cache.put_node(new)
+        self.cache.remember_pod(rec)
+        with self._lock:
+            self.bound[rec.uid] = rec
+
+    def release(self, uid: str) -> PodRecord | None:
+        """Free a bound pod's GPUs (the pod finished). None if no such pod."""
+        with self._lock:
+            rec = self.bound.pop(uid, None)
+        if rec is None or rec.node is None:
+            return rec
+        with self.cache.lock_for(rec.node):
+            entry = self.cache.nodes.get(rec.node)
+            if entry is not None and entry.topo is not None and rec.plan is not None:
+                self.cache.put_node(make_entry(
+                    entry.name, entry.topo, index=entry.index, used=entry.used_ids - rec.plan.ids,
+                    unhealthy=entry.unhealthy_ids, unschedulable=entry.unschedulable,
+                    generation=entry.generation + 1))
+        self.cache.remove_pod(uid)
+        return rec
+
+    def snapshot(self) -> dict[str, Any]:
+        nodes = []
+        reserved = self.cache.reservations.masks
+        for name, e in sorted(self.cache.nodes.items()):
+            if e.topo is None:
+                nodes.append({"name": name, "problem": e.problem})
+                continue
+            free = e.base_free & ~reserved.get(name, 0)
+            nodes.append({
+                "name": name,
+                "gpus": e.topo.size,
+                "fabric": e.topo.fabric,
+                "used": sorted(e.used_ids),
+                "unhealthy": sorted(e.unhealthy_ids),
+                "free": [e.topo.gpus[i].id for i in bits(free)],
+                "unschedulable": e.unschedulable,
+            })
+        with self._lock:
+            pods = [{"uid": r.uid, "namespace": r.namespace, "name": r.name, "node": r.node,
+                     "plan": _plan_json(r.plan)} for r in self.bound.values()]
+        return {"source": self.source, "nodes": nodes, "pods": pods}
+
+
+def _plan_json(plan: Plan | None) -> Any:
+    return None if plan is None else orjson.loads(encode_plan(plan))

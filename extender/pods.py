@@ -1,0 +1,252 @@
+"""What a pod asks of a node: how many GPUs (counted as the kubelet counts them), per container, and its constraints.
+
+The kubelet's rule for a pod's effective request of a resource (k8s.io/component-helpers resource.PodRequests):
+app containers and sidecars (init containers with restartPolicy Always) run together, so their requests add up; a
+regular init container runs alone next to the sidecars started before it; the pod needs the larger of the two.
+Extended resources take the limit when one is set (requests must equal limits for them), else the request.
+
+Read straight from the Pod's JSON dict: this runs on the filter hot path, so no model classes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from gpuplugin.core import Topology, best_subset
+
+INIT, SIDECAR, APP = "init", "sidecar", "app"
+
+_QUANTITY = re.compile(r"^([+-]?[0-9]+(?:\.[0-9]*)?|[+-]?\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+_SUFFIX = {
+    None: Decimal(1), "m": Decimal("0.001"),
+    "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9, "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
+}
+MAX_GPUS_PER_POD = 4096
+
+
+class PodSpecError(ValueError):
+    """The pod's spec or annotations cannot be read for GPU placement; the message names the field."""
+
+
+@dataclass(frozen=True)
+class ContainerNeed:
+    name: str
+    count: int
+    kind: str  # INIT, SIDECAR or APP
+
+
+@dataclass(frozen=True)
+class Need:
+    """The part of a pod that decides placement; hashable, so answers can be memoised on it."""
+
+    size: int
+    require_nvlink: bool = False
+    min_gbps: float = 0.0
+
+    @property
+    def constrained(self) -> bool:
+        return self.size > 1 and (self.require_nvlink or self.min_gbps > 0)
+
+
+@dataclass(frozen=True)
+class PodNeeds:
+    uid: str
+    namespace: str
+    name: str
+    need: Need
+    containers: tuple[ContainerNeed, ...]
+
+    @property
+    def size(self) -> int:
+        return self.need.size
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def parse_quantity(value: Any, where: str) -> int:
+    """A whole-number resource quantity ("2", 2, "2000m"); extended resources cannot be fractional."""
+    if isinstance(value, bool):
+        raise PodSpecError(f"{where}: quantity {value!r} is not a number")
+    if isinstance(value, int):
+        number = Decimal(value)
+    elif isinstance(value, float) and math.isfinite(value):
+        number = Decimal(repr(value))
+    elif isinstance(value, str):
+        m = _QUANTITY.match(value.strip())
+        if not m:
+            raise PodSpecError(f"{where}: {value!r} is not a Kubernetes quantity")
+        try:
+            number = Decimal(m.group(1)) * _SUFFIX[m.group(2)]
+        except InvalidOperation:
+            raise PodSpecError(f"{where}: {value!r} is not a Kubernetes quantity") from None
+    else:
+        raise PodSpecError(f"{where}: quantity must be a string or number, got {type(value).__name__}")
+    if number < 0 or number != number.to_integral_value():
+        raise PodSpecError(f"{where}: {value!r} is not a whole, non-negative number of devices")
+    if number > MAX_GPUS_PER_POD:
+        raise PodSpecError(f"{where}: {value!r} devices is beyond any node")
+    return int(number)
+
+
+def _dict(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _container_count(container: Mapping[str, Any], resource: str, where: str) -> int:
+    res = _dict(container.get("resources"))
+    limits, requests = _dict(res.get("limits")), _dict(res.get("requests"))
+    if resource in limits:
+        return parse_quantity(limits[resource], f"{where} limits[{resource}]")
+    if resource in requests:
+        return parse_quantity(requests[resource], f"{where} requests[{resource}]")
+    return 0
+
+
+def container_needs(pod: Mapping[str, Any], resource: str) -> tuple[ContainerNeed, ...]:
+    """Every container's count, init containers first in spec order (sidecars marked), then app containers."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        raise PodSpecError("pod has no spec object")
+    out: list[ContainerNeed] = []
+    for field, kind in (("initContainers", INIT), ("containers", APP)):
+        items = spec.get(field)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise PodSpecError(f"spec.{field} must be a list")
+        for i, c in enumerate(items):
+            if not isinstance(c, dict):
+                raise PodSpecError(f"spec.{field}[{i}] must be an object")
+            name = c.get("name")
+            if not isinstance(name, str) or not name:
+                raise PodSpecError(f"spec.{field}[{i}] has no name")
+            k = SIDECAR if kind == INIT and c.get("restartPolicy") == "Always" else kind
+            out.append(ContainerNeed(name, _container_count(c, resource, f"{field}[{name}]"), k))
+    return tuple(out)
+
+
+def effective_count(containers: Sequence[ContainerNeed]) -> int:
+    """The kubelet's rule: max(sum of app containers + sidecars, each init container + sidecars started before it)."""
+    sidecars = 0
+    init_peak = 0
+    for c in containers:
+        if c.kind == SIDECAR:
+            sidecars += c.count
+            init_peak = max(init_peak, sidecars)
+        elif c.kind == INIT:
+            init_peak = max(init_peak, sidecars + c.count)
+    apps = sum(c.count for c in containers if c.kind == APP)
+    return max(init_peak, apps + sidecars)
+
+
+def _annotation_flag(value: Any, key: str) -> bool:
+    if value is None:
+        return False
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", ""):
+        return False
+    raise PodSpecError(f"annotation {key}={value!r} must be \"true\" or \"false\"")
+
+
+def _annotation_gbps(value: Any, key: str) -> float:
+    if value is None:
+        return 0.0
+    try:
+        gbps = float(str(value).strip())
+    except ValueError:
+        raise PodSpecError(f"annotation {key}={value!r} must be a number of GB/s") from None
+    if not math.isfinite(gbps) or gbps < 0:
+        raise PodSpecError(f"annotation {key}={value!r} must be a finite, non-negative number of GB/s")
+    return gbps
+
+
+def pod_needs(pod: Any, resource: str, require_nvlink_key: str, min_gbps_key: str) -> PodNeeds:
+    """Parse the few fields of a Pod dict that placement needs. Raises PodSpecError."""
+    if not isinstance(pod, dict):
+        raise PodSpecError("Pod must be an object")
+    meta = _dict(pod.get("metadata"))
+    containers = container_needs(pod, resource)
+    size = effective_count(containers)
+    ann = _dict(meta.get("annotations"))
+    need = Need(
+        size=size,
+        require_nvlink=_annotation_flag(ann.get(require_nvlink_key), require_nvlink_key),
+        min_gbps=_annotation_gbps(ann.get(min_gbps_key), min_gbps_key),
+    )
+    return PodNeeds(
+        uid=str(meta.get("uid") or ""),
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        need=need,
+        containers=tuple(c for c in containers if c.count > 0),
+    )
+
+
+def split_plan(topo: Topology, chosen: Sequence[int], containers: Sequence[ContainerNeed]) -> dict[str, list[int]]:
+    """Split the chosen GPUs (indices) among the containers the way the kubelet will hand them out.
+
+    Sidecars and app containers hold their GPUs together, so they get disjoint parts, each the best subset of what
+    is left (two 4-GPU containers on a DGX-1 get one NVLink quad each). A regular init container runs before the
+    app containers and the kubelet lets the next container reuse its devices, so its part lies inside the first app
+    container's part when it fits there (else inside what the sidecars started before it leave).
+    """
+    left = sorted(chosen)
+    parts: dict[str, list[int]] = {}
+    sidecars_before: list[int] = []
+    pending_inits: list[tuple[ContainerNeed, list[int]]] = []
+    for c in containers:
+        if c.count <= 0:
+            continue
+        if c.kind == INIT:
+            pending_inits.append((c, list(sidecars_before)))
+            continue
+        if c.count > len(left):
+            raise ValueError(f"container {c.name} needs {c.count} GPUs, {len(left)} left of the plan")
+        part = list(best_subset(topo, left, c.count).gpus) if c.count < len(left) else list(left)
+        parts[c.name] = part
+        left = [i for i in left if i not in part]
+        if c.kind == SIDECAR:
+            sidecars_before.extend(part)
+    first_app = next((parts[c.name] for c in containers if c.kind == APP and c.name in parts), [])
+    for c, taken in pending_inits:
+        pool = first_app if c.count <= len(first_app) else [i for i in chosen if i not in taken]
+        if c.count > len(pool):
+            raise ValueError(f"init container {c.name} needs {c.count} GPUs, {len(pool)} in the plan for it")
+        parts[c.name] = list(best_subset(topo, pool, c.count).gpus) if c.count < len(pool) else sorted(pool)
+    return parts
+
+
+class RecentPods:
+    """Pods seen in filter/prioritize/preempt bodies, by UID: bind gets only names, and in standalone mode (no
+    apiserver) these bodies are the only place a pod's GPU count comes from. Bounded, oldest forgotten first."""
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self.limit = limit
+        self._pods: OrderedDict[str, PodNeeds] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def remember(self, needs: PodNeeds) -> None:
+        if not needs.uid:
+            return
+        with self._lock:
+            self._pods[needs.uid] = needs
+            self._pods.move_to_end(needs.uid)
+            while len(self._pods) > self.limit:
+                self._pods.popitem(last=False)
+
+    def get(self, uid: str) -> PodNeeds | None:
+        return self._pods.get(uid)

@@ -1,0 +1,71 @@
+"""The preempt verb: keep a node's victims only if evicting them frees a GPU subset the pod can use.
+
+Rule (documented in docs and the OpenAPI description):
+- For each candidate node, the GPUs its victims free are the GPUs of their plans on that node (from the victim's
+  plan annotation in full-pod mode, or from the pod cache by UID in meta mode). A victim whose GPUs are unknown
+  (no plan: placed before the extender ran) frees none as far as this check goes: conservative, never optimistic.
+- After eviction the free set is: free now + freed GPUs that are healthy. If the best subset of that set meets the
+  pod's need (count, require-nvlink, min-allreduce-gbps), the node stays with its victims unchanged; otherwise the
+  node is dropped from the candidates (evicting there would not let the pod run well, or at all).
+- Victims are never trimmed: kube-scheduler already reprieved every victim it could by count and by its other
+  resources, so each remaining victim is needed by some filter; removing one would leave the pod unschedulable.
+Nodes the extender does not know or that publish no topology are dropped too (preemption there cannot help).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from extender.cache import NodeCache, mask_of
+from extender.placement import Placement
+from extender.pods import Need
+from gpuplugin.plan_watch import Plan
+
+
+@dataclass(frozen=True)
+class Victim:
+    uid: str
+    plan: Plan | None  # None: look it up by UID
+
+
+@dataclass(frozen=True)
+class NodeVictims:
+    victims: tuple[Victim, ...]
+    pdb_violations: int
+
+
+def keep_victims(
+    cache: NodeCache,
+    placement: Placement,
+    need: Need,
+    candidates: Mapping[str, NodeVictims],
+    plan_of: Callable[[str], Plan | None],
+) -> dict[str, NodeVictims]:
+    """The candidates whose eviction frees a suitable subset (see the module rule)."""
+    if need.size == 0:
+        return dict(candidates)
+    out: dict[str, NodeVictims] = {}
+    for node, nv in candidates.items():
+        entry = cache.nodes.get(node)
+        if entry is None or entry.topo is None or entry.total < need.size:
+            continue
+        freed = _freed_mask(entry.index, node, nv.victims, plan_of)
+        healthy = ((1 << entry.topo.size) - 1) & ~entry.unhealthy_mask
+        after = (cache.free_mask(entry) | freed) & healthy
+        if after.bit_count() < need.size:
+            continue
+        if placement.fit(entry, after, need).alloc is not None:
+            out[node] = nv
+    return out
+
+
+def _freed_mask(index: Mapping[str, int], node: str, victims: Sequence[Victim],
+                plan_of: Callable[[str], Plan | None]) -> int:
+    freed = 0
+    for v in victims:
+        plan = v.plan if v.plan is not None else plan_of(v.uid)
+        if plan is None or plan.node != node:
+            continue
+        freed |= mask_of(index[i] for i in plan.ids if i in index)
+    return freed

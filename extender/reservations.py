@@ -1,0 +1,151 @@
+"""GPUs promised to pods that are bound (or being bound) but not yet shown as used in their node's state.
+
+Between the extender's bind and the plugin republishing the node's state there is a window in which the node's
+annotation still shows the planned GPUs free. A reservation closes it: the node's free set is topology - used -
+unhealthy - reserved. A reservation ends when the node's state shows all its GPUs used, when its pod is gone, or
+after a timeout (a plan the kubelet never acted on must not hold GPUs forever).
+
+Reservations are keyed by (pod uid, node): two binds of one pod to different nodes never overwrite each other.
+Masks are bit sets of GPU indices on the node's current topology; ids stay the truth, so a node whose topology
+changes gets its masks recomputed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from gpuplugin.plan_watch import Plan
+
+BIND, POD = "bind", "pod"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    ids: frozenset[str]
+    mask: int
+    expires_at: float
+    source: str  # BIND: made by this process's bind; POD: rebuilt from a pod's plan annotation
+    plan: Plan | None = None
+
+
+class Reservations:
+    """Thread-safe store; `masks` is read lock-free by the filter hot path (dict reads are atomic)."""
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._by_node: dict[str, dict[str, Reservation]] = {}
+        self.masks: dict[str, int] = {}
+        self.on_change: Callable[[str], None] = lambda node: None  # called (under the lock) after a mask changes
+
+    def _recompute(self, node: str) -> None:
+        held = self._by_node.get(node)
+        if not held:
+            self._by_node.pop(node, None)
+            self.masks.pop(node, None)
+        else:
+            mask = 0
+            for r in held.values():
+                mask |= r.mask
+            self.masks[node] = mask
+        self.on_change(node)
+
+    def add(self, uid: str, namespace: str, name: str, node: str, ids: Iterable[str], mask: int,
+            source: str, plan: Plan | None = None) -> Reservation:
+        res = Reservation(uid, namespace, name, node, frozenset(ids), mask, self.clock() + self.timeout_s, source,
+                          plan)
+        with self._lock:
+            self._by_node.setdefault(node, {})[uid] = res
+            self._recompute(node)
+        return res
+
+    def get(self, uid: str, node: str) -> Reservation | None:
+        return self._by_node.get(node, {}).get(uid)
+
+    def on_node(self, node: str) -> list[Reservation]:
+        with self._lock:
+            return list(self._by_node.get(node, {}).values())
+
+    def all(self) -> list[Reservation]:
+        with self._lock:
+            return [r for held in self._by_node.values() for r in held.values()]
+
+    def count(self) -> int:
+        with self._lock:
+            return sum(len(h) for h in self._by_node.values())
+
+    def release(self, uid: str, node: str | None = None) -> list[Reservation]:
+        """Drop the pod's reservation on `node` (every node when None)."""
+        out = []
+        with self._lock:
+            nodes = [node] if node is not None else list(self._by_node)
+            for n in nodes:
+                held = self._by_node.get(n)
+                if held and uid in held:
+                    out.append(held.pop(uid))
+                    self._recompute(n)
+        return out
+
+    def release_if(self, uid: str, node: str, expected: Reservation) -> bool:
+        """Drop the reservation only if it is still the one the caller made (a retry may have replaced it)."""
+        with self._lock:
+            held = self._by_node.get(node)
+            if held and held.get(uid) is expected:
+                del held[uid]
+                self._recompute(node)
+                return True
+        return False
+
+    def settle(self, node: str, used_ids: frozenset[str]) -> list[Reservation]:
+        """End the node's reservations whose GPUs its state now shows used."""
+        out = []
+        with self._lock:
+            held = self._by_node.get(node)
+            if not held:
+                return out
+            for uid, r in list(held.items()):
+                if r.ids <= used_ids:
+                    out.append(held.pop(uid))
+            if out:
+                self._recompute(node)
+        return out
+
+    def remap(self, node: str, index_of: Callable[[str], int | None]) -> list[Reservation]:
+        """Recompute masks after the node's topology changed; reservations naming unknown GPUs are dropped."""
+        dropped = []
+        with self._lock:
+            held = self._by_node.get(node)
+            if not held:
+                return dropped
+            for uid, r in list(held.items()):
+                idx = [index_of(i) for i in r.ids]
+                if any(i is None for i in idx):
+                    dropped.append(held.pop(uid))
+                    continue
+                mask = 0
+                for i in idx:
+                    mask |= 1 << i  # type: ignore[operator]
+                held[uid] = Reservation(r.uid, r.namespace, r.name, r.node, r.ids, mask, r.expires_at, r.source,
+                                        r.plan)
+            self._recompute(node)
+        return dropped
+
+    def expire(self, now: float | None = None) -> list[Reservation]:
+        now = self.clock() if now is None else now
+        out = []
+        with self._lock:
+            for node, held in list(self._by_node.items()):
+                gone = [uid for uid, r in held.items() if r.expires_at <= now]
+                for uid in gone:
+                    out.append(held.pop(uid))
+                if gone:
+                    self._recompute(node)
+        return out

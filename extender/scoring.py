@@ -1,0 +1,50 @@
+"""The prioritize mapping: from (best subset's all-reduce GB/s, packing value) per node to kube-scheduler's 0-10.
+
+kube-scheduler multiplies the score by the extender's weight and by 10 and adds it to its own plugins' scores, so
+only the order within one request matters, and there are only 11 integer levels. They are spent like this:
+
+1. Quality band, from q = node's GB/s / the best GB/s among this request's nodes (q = 1 for single-GPU pods):
+       q >= 0.999  -> 6..10   (as good as the best node offers)
+       q >= 0.5    -> 3..5
+       otherwise   -> 0..2
+   Bands never overlap, so the score is monotone in absolute GB/s across bands: a node whose best subset is faster
+   never scores below a slower one from a lower band. For nodes of one topology GB/s orders them exactly as
+   placement efficiency (allreduce / best possible on the empty node) does, since the denominator is shared; across
+   topologies the absolute figure is what the job gets, so that is what is compared.
+2. Packing within a band: the node's packing value (placement.Fit.packing, higher is better: little lost
+   capability of the node's remainder for the common sizes, weighted by size, then a tight fit) ranked among the
+   distinct values in the band: the best gets the band's top level, the next one level lower, and so on; with more
+   distinct values than levels, ranks share levels proportionally. So among equally good nodes, the one that keeps
+   its remainder best shaped and fits most tightly always scores strictly higher when the band has room.
+Nodes that cannot take the pod (prioritize may see a node that stopped fitting since filter) score 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+MIN_SCORE, MAX_SCORE = 0, 10
+# (lowest q, first level, number of levels), best band first
+BANDS: tuple[tuple[float, int, int], ...] = ((0.999, 6, 5), (0.5, 3, 3), (0.0, 0, 3))
+def priority_scores(values: Sequence[tuple[float, float] | None]) -> list[int]:
+    """values[i] = (allreduce GB/s, packing in [0, 1]) for node i, or None when the pod does not fit there.
+    Packing values are compared as given (round them first: equal packings must be equal floats)."""
+    best = max((v[0] for v in values if v is not None), default=0.0)
+    top, mid = BANDS[0][0] * best, BANDS[1][0] * best
+    bands: list[int] = []
+    distinct: list[set[float]] = [set(), set(), set()]
+    for v in values:
+        if v is None:
+            bands.append(-1)
+            continue
+        g = v[0]
+        b = 0 if best <= 0 or g >= top else 1 if g >= mid else 2
+        bands.append(b)
+        distinct[b].add(v[1])
+    levels_of = []
+    for b, d in enumerate(distinct):
+        _, first, levels = BANDS[b]
+        n = len(d)
+        levels_of.append({p: first + levels - 1 - (r if n <= levels else r * levels // n)
+                          for r, p in enumerate(sorted(d, reverse=True))})
+    return [MIN_SCORE if b < 0 else levels_of[b][v[1]] for v, b in zip(values, bands, strict=True)]  # type: ignore[index]

@@ -1,0 +1,107 @@
+"""One extender instance: cache, reservations, placement, binder and metrics, fed by a cluster or an inventory."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import structlog
+
+from extender.binder import Binder
+from extender.cache import NodeCache
+from extender.cluster import ClusterSync
+from extender.config import ExtenderConfig
+from extender.inventory import Inventory, load_inventory
+from extender.metrics import ExtenderMetrics
+from extender.placement import Placement
+from extender.pods import RecentPods
+from extender.reservations import Reservations
+from gpuplugin.plan_watch import Plan
+
+log = structlog.get_logger(__name__)
+
+
+class Extender:
+    """Build with `Extender.standalone(path)` or `Extender.cluster(api)`; start() before serving, stop() after."""
+
+    def __init__(
+        self,
+        config: ExtenderConfig,
+        *,
+        api: kubernetes.client.ApiClient | None = None,
+        inventory: Inventory | None = None,
+        sync_options: dict[str, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        expiry_interval_s: float | None = None,
+        cache: NodeCache | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = ExtenderMetrics()
+        if cache is None:
+            cache = NodeCache(config, Reservations(config.reservation_timeout_s, clock))
+        self.cache = cache
+        self.reservations = self.cache.reservations
+        self.cache.on_reservation_end = lambda why, n: self.metrics.reservations_ended.labels(why).inc(n)
+        self.placement = Placement(self.cache)
+        self.recent = RecentPods()
+        self.inventory = inventory
+        self.sync = ClusterSync(api, self.cache, **(sync_options or {})) if api is not None else None
+        self.binder = Binder(config, self.cache, self.placement, self.metrics, self.recent, api=api,
+                             inventory=inventory)
+        self.mode = "standalone" if inventory is not None else "cluster"
+        self.expiry_interval_s = expiry_interval_s or max(0.05, min(5.0, config.reservation_timeout_s / 4))
+        self._stop = threading.Event()
+        self._expiry: threading.Thread | None = None
+        self.metrics.bind_gauges(
+            reservations=lambda: float(self.reservations.count()),
+            nodes=lambda: float(len(self.cache.nodes)),
+            nodes_without_topology=lambda: float(sum(1 for e in list(self.cache.nodes.values()) if e.topo is None)),
+            pods=lambda: float(len(self.cache.pods)),
+        )
+
+    @classmethod
+    def standalone(cls, path: str | Path, config: ExtenderConfig | None = None, **kwargs: Any) -> Extender:
+        """Nodes from a YAML inventory (raises InventoryError naming what is wrong)."""
+        config = config or ExtenderConfig()
+        entries = load_inventory(path)
+        cache = NodeCache(config, Reservations(config.reservation_timeout_s))
+        return cls(config, inventory=Inventory(cache, entries, str(path)), cache=cache, **kwargs)
+
+    @classmethod
+    def cluster(cls, api: kubernetes.client.ApiClient, config: ExtenderConfig | None = None,
+                **kwargs: Any) -> Extender:
+        return cls(config or ExtenderConfig(), api=api, **kwargs)
+
+    def start(self) -> Extender:
+        if self.sync is not None:
+            self.sync.start()
+        self._expiry = threading.Thread(target=self._expire_loop, name="extender-expiry", daemon=True)
+        self._expiry.start()
+        log.info("extender.started", mode=self.mode, nodes=len(self.cache.nodes))
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.sync is not None:
+            self.sync.stop()
+        if self._expiry is not None:
+            self._expiry.join(5)
+        log.info("extender.stopped", mode=self.mode)
+
+    def ready(self) -> bool:
+        return self.sync is None or self.sync.synced
+
+    def plan_of(self, uid: str) -> Plan | None:
+        rec = self.cache.pods.get(uid)
+        return rec.plan if rec is not None else None
+
+    def _expire_loop(self) -> None:
+        while not self._stop.wait(self.expiry_interval_s):
+            try:
+                self.cache.expire_reservations()
+            except Exception:
+                log.exception("extender.expiry.failed")

@@ -1,0 +1,205 @@
+"""Reading request bodies on the hot path: orjson into dicts, then only the fields the verbs need, shape-checked.
+
+The checks enforce exactly the shapes extender.models publishes (the declared fields of Pod and Node objects:
+metadata strings and string maps, spec/status objects; every other key is free), so a body that breaks the
+published schema is a BadRequest (HTTP 400) naming the field, and one that keeps it is answered 200. What lies
+deeper (containers, quantities, annotations' meaning) is judged by the verbs and answered in the body.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from extender.binder import BindRequest
+from extender.preempt import NodeVictims, Victim
+from gpuplugin.plan_watch import PlanFormatError, parse_plan
+
+INT32_MAX = 2**31 - 1  # NumPDBViolations is an int32 in kube-scheduler
+
+
+class BadRequest(ValueError):
+    """The body is not JSON or not the shape kube-scheduler sends; answered with HTTP 400."""
+
+
+class BodyTooLarge(ValueError):
+    """The body exceeds the configured limit; answered with HTTP 413."""
+
+
+def decode(body: bytes) -> Any:
+    if not body:
+        raise BadRequest("empty body: expected a JSON object")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"body is not valid JSON: {e}") from None
+
+
+def _type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return {dict: "object", list: "array", str: "string", int: "integer", float: "number"}.get(
+        type(value), type(value).__name__)
+
+
+def _object(data: Any, what: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise BadRequest(f"{what} must be a JSON object, got {_type(data)}")
+    return data
+
+
+def _opt(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    value = data.get(key)
+    if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+        raise BadRequest(f"{where}.{key} must be {_NAMES[kind]} or null, got {_type(value)}")
+    return value
+
+
+_NAMES = {str: "a string", dict: "an object", list: "an array", int: "an integer"}
+
+
+def _string_map(data: dict[str, Any], key: str, where: str) -> None:
+    value = _opt(data, key, dict, where)
+    if value:
+        for k, v in value.items():
+            if not isinstance(v, str):
+                raise BadRequest(f"{where}.{key}[{k!r}] must be a string, got {_type(v)}")
+
+
+def check_object(obj: Any, where: str, *, required_name: str | None = None) -> dict[str, Any]:
+    """A Pod or Node: the fields extender.models declares must have their types; other keys are free.
+    `required_name` names a metadata key that must be a non-empty string (Node: name, victim Pod: uid)."""
+    obj = _object(obj, where)
+    _opt(obj, "apiVersion", str, where)
+    _opt(obj, "kind", str, where)
+    _opt(obj, "spec", dict, where)
+    _opt(obj, "status", dict, where)
+    meta = obj.get("metadata")
+    if meta is None and required_name is None:
+        return obj
+    meta = _object(meta, f"{where}.metadata")
+    mw = f"{where}.metadata"
+    for key in ("name", "namespace", "uid", "deletionTimestamp"):
+        _opt(meta, key, str, mw)
+    _string_map(meta, "annotations", mw)
+    _string_map(meta, "labels", mw)
+    if required_name is not None:
+        value = meta.get(required_name)
+        if not isinstance(value, str) or not value:
+            raise BadRequest(f"{mw}.{required_name} must be a non-empty string")
+    return obj
+
+
+@dataclass
+class ExtenderArgs:
+    pod: dict[str, Any]
+    names: list[str]  # the nodes to judge, in request order
+    node_names: list[str] | None  # as sent (nodeCacheCapable)
+    nodes: dict[str, Any] | None  # the NodeList as sent (not nodeCacheCapable)
+    items: list[dict[str, Any]] | None
+
+
+def extender_args(data: Any) -> ExtenderArgs:
+    """Body of /filter and /prioritize."""
+    data = _object(data, "body")
+    if "Pod" not in data:
+        raise BadRequest("Pod is missing")
+    pod = check_object(data["Pod"], "Pod")
+    node_names = data.get("NodeNames")
+    nodes = data.get("Nodes")
+    if node_names is None and nodes is None:
+        node_names = []  # nothing to judge: answered as an empty nodeCacheCapable request
+    items: list[dict[str, Any]] | None = None
+    names: list[str] = []
+    if node_names is not None:
+        if not isinstance(node_names, list) or not set(map(type, node_names)) <= {str}:
+            raise BadRequest("NodeNames must be an array of strings or null")
+        names = node_names
+    if nodes is not None:
+        nodes = _object(nodes, "Nodes")
+        _opt(nodes, "apiVersion", str, "Nodes")
+        _opt(nodes, "kind", str, "Nodes")
+        _opt(nodes, "metadata", dict, "Nodes")
+        items = _opt(nodes, "items", list, "Nodes") or []
+        list_names = [check_object(item, f"Nodes.items[{i}]", required_name="name")["metadata"]["name"]
+                      for i, item in enumerate(items)]
+        if node_names is None:
+            names = list_names
+    return ExtenderArgs(pod, names, node_names, nodes, items)
+
+
+def binding_args(data: Any) -> BindRequest:
+    data = _object(data, "body")
+    values = {}
+    for key in ("PodName", "PodNamespace", "Node"):
+        v = data.get(key)
+        if not isinstance(v, str) or not v:
+            raise BadRequest(f"{key} must be a non-empty string, got {_type(v)}")
+        values[key] = v
+    uid = data.get("PodUID")
+    if not isinstance(uid, str):
+        raise BadRequest(f"PodUID must be a string, got {_type(uid)}")
+    return BindRequest(values["PodName"], values["PodNamespace"], uid, values["Node"])
+
+
+@dataclass
+class PreemptionArgs:
+    pod: dict[str, Any]
+    candidates: dict[str, NodeVictims]
+
+
+def _pdb(v: dict[str, Any], where: str) -> int:
+    if "NumPDBViolations" not in v:
+        return 0
+    value = v["NumPDBViolations"]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON Schema's integer includes 2.0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT32_MAX:
+        raise BadRequest(f"{where}.NumPDBViolations must be an integer in 0..{INT32_MAX}, got {value!r}")
+    return value
+
+
+def _victim_plan(pod: dict[str, Any], plan_key: str) -> Any:
+    text = (pod["metadata"].get("annotations") or {}).get(plan_key)
+    if text is None:
+        return None
+    try:
+        return parse_plan(text)
+    except PlanFormatError:
+        return None  # someone else's garbage: this victim frees no known GPUs
+
+
+def preemption_args(data: Any, plan_key: str) -> PreemptionArgs:
+    """Body of /preempt; full-pod victims carry their plan annotation, meta victims only a UID."""
+    data = _object(data, "body")
+    if "Pod" not in data:
+        raise BadRequest("Pod is missing")
+    pod = check_object(data["Pod"], "Pod")
+    candidates: dict[str, NodeVictims] = {}
+    meta = data.get("NodeNameToMetaVictims")
+    full = data.get("NodeNameToVictims")
+    if meta is not None:
+        for node, v in _object(meta, "NodeNameToMetaVictims").items():
+            where = f"NodeNameToMetaVictims[{node}]"
+            v = _object(v, where)
+            victims = []
+            for i, p in enumerate(_opt(v, "Pods", list, where) or []):
+                uid = _object(p, f"{where}.Pods[{i}]").get("UID")
+                if not isinstance(uid, str):
+                    raise BadRequest(f"{where}.Pods[{i}].UID must be a string, got {_type(uid)}")
+                victims.append(Victim(uid, None))
+            candidates[node] = NodeVictims(tuple(victims), _pdb(v, where))
+    if full is not None:
+        for node, v in _object(full, "NodeNameToVictims").items():
+            where = f"NodeNameToVictims[{node}]"
+            v = _object(v, where)
+            victims = []
+            for i, p in enumerate(_opt(v, "Pods", list, where) or []):
+                p = check_object(p, f"{where}.Pods[{i}]", required_name="uid")
+                victims.append(Victim(p["metadata"]["uid"], _victim_plan(p, plan_key)))
+            candidates[node] = NodeVictims(tuple(victims), _pdb(v, where))
+    return PreemptionArgs(pod, candidates)

@@ -1,0 +1,34 @@
+"""Run an ASGI app under uvicorn on 127.0.0.1 in a background thread, on a free port."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+
+
+@contextmanager
+def serve(app: Any, **config: Any) -> Iterator[str]:
+    """Yield the base URL of a live uvicorn serving `app`; shut it down (lifespan included) on exit."""
+    cfg = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False, lifespan="on",
+                         **config)
+    server = uvicorn.Server(cfg)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    scheme = "https" if config.get("ssl_certfile") else "http"
+    try:
+        yield f"{scheme}://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(20)

@@ -1,0 +1,89 @@
+"""`gpu-extender serve` as a real process: standalone inventory, HTTPS with client certificates; clear errors."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from extender.cli import main
+from tests.extender.conftest import A100, cache_args, pod_json, write_inventory
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _openssl_cert(directory: Path, name: str) -> tuple[Path, Path]:
+    cert, key = directory / f"{name}.pem", directory / f"{name}-key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", f"/CN={name}", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not Path("/usr/bin/openssl").exists(), reason="needs the openssl command")
+def test_serve_over_mutual_tls(tmp_path: Path) -> None:
+    server_cert, server_key = _openssl_cert(tmp_path, "server")
+    client_cert, client_key = _openssl_cert(tmp_path, "client")
+    inv = write_inventory(tmp_path / "inv.yaml", [{"name": "a100", "topology": A100}])
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "extender.cli", "serve", "--inventory", str(inv), "--port", str(port),
+         "--tls-cert", str(server_cert), "--tls-key", str(server_key), "--tls-client-ca", str(client_cert),
+         "--log-level", "info"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    trusted = ssl.create_default_context(cafile=str(server_cert))
+    trusted.load_cert_chain(str(client_cert), str(client_key))
+    anonymous = ssl.create_default_context(cafile=str(server_cert))
+    url = f"https://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        with httpx.Client(base_url=url, verify=trusted, timeout=5) as client:
+            while True:
+                try:
+                    if client.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+                assert time.monotonic() < deadline, "server did not come up"
+                time.sleep(0.1)
+            out = client.post("/filter", json=cache_args(pod_json(gpus=4), ["a100"])).json()
+            assert out["NodeNames"] == ["a100"]
+        with httpx.Client(base_url=url, verify=anonymous, timeout=5) as client, pytest.raises(httpx.TransportError):
+            client.get("/healthz")
+    finally:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=15)
+    # graceful shutdown ran (uvicorn then re-raises SIGTERM, so the status is 0 or -SIGTERM)
+    assert "extender.stopped" in output.decode() and proc.returncode in (0, -15)
+
+
+def test_bad_inventory_is_a_clear_error(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("nodes:\n  - name: a\n    topology: missing.txt\n")
+    result = CliRunner().invoke(main, ["serve", "--inventory", str(inv)])
+    assert result.exit_code == 1
+    assert "node a" in result.output and "missing.txt" in result.output and "cannot read" in result.output
+    inv.write_text("nodes:\n  - name: a\n    topolgy: x.txt\n")
+    result = CliRunner().invoke(main, ["serve", "--inventory", str(inv)])
+    assert result.exit_code == 1 and "unknown keys ['topolgy']" in result.output
+
+
+def test_tls_flags_go_together(tmp_path: Path) -> None:
+    cert, _ = _openssl_cert(tmp_path, "server") if Path("/usr/bin/openssl").exists() else (tmp_path / "c", None)
+    cert.touch()
+    result = CliRunner().invoke(main, ["serve", "--inventory", "x.yaml", "--tls-cert", str(cert)])
+    assert result.exit_code == 2 and "--tls-cert and --tls-key go together" in result.output

@@ -1,0 +1,259 @@
+"""Cluster mode against FakeKubeApi: the cache follows list/watch, bind POSTs Bindings, reservations hold and end."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import kubernetes.client
+
+from extender.config import ExtenderConfig
+from extender.service import Extender
+from gpuplugin.core import Topology
+from gpuplugin.plan_watch import parse_plan
+from tests.extender.conftest import A100, DGX1, PREFIX, bind_body, cache_args, node_annotations, running, topo
+from tests.fakes.kubeapi import FakeKubeApi
+
+PLAN = f"{PREFIX}/plan"
+SYNC_OPTIONS = {"watch_timeout_s": 60, "backoff_initial_s": 0.02, "backoff_max_s": 0.1}
+
+
+def k8s_node(name: str, t: Topology, used: list[int] | None = None, unhealthy: list[int] | None = None,
+             annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    ann = node_annotations(t, [t.gpus[i].id for i in used or []], [t.gpus[i].id for i in unhealthy or []])
+    ann.update(annotations or {})
+    return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": ann},
+            "status": {"capacity": {"nvidia.com/gpu": str(t.size)}, "allocatable": {"nvidia.com/gpu": str(t.size)}}}
+
+
+def k8s_pod(name: str, gpus: int, node: str | None = None, annotations: dict[str, str] | None = None
+            ) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "registry.invalid/none:0", "resources": {
+        "limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}}}]}
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name, "namespace": "default", "annotations": annotations or {}}, "spec": spec}
+
+
+def set_state(fake: FakeKubeApi, name: str, t: Topology, used: list[str], generation: int = 2) -> None:
+    state = json.dumps({"v": 1, "gen": generation, "used": sorted(used), "unhealthy": []})
+    fake.update_node(name, {"metadata": {"annotations": {f"{PREFIX}/state": state}}})
+
+
+@contextmanager
+def cluster(api: kubernetes.client.ApiClient, **config: Any) -> Iterator[tuple[Extender, httpx.Client]]:
+    ext = Extender.cluster(api, ExtenderConfig(**config), sync_options=SYNC_OPTIONS)
+    with running(ext) as client:
+        assert ext.sync is not None and ext.sync.wait_synced(10)
+        assert client.get("/readyz").status_code == 200
+        yield ext, client
+
+
+def filter_names(client: httpx.Client, pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    r = client.post("/filter", json=cache_args(pod, names))
+    assert r.status_code == 200
+    return r.json()
+
+
+def test_cache_follows_nodes_and_ignores_garbage(fake: FakeKubeApi, api) -> None:
+    a = topo(A100)
+    fake.add_node(k8s_node("n1", a, used=[0, 1]))
+    fake.add_node(k8s_node("garbage", a, annotations={f"{PREFIX}/topology": '{"v": 1, "gpus": "lots"}'}))
+    fake.add_node(k8s_node("bad-state", a, annotations={f"{PREFIX}/state": "not json"}))
+    fake.add_node(k8s_node("deep", a, annotations={f"{PREFIX}/topology": "[" * 100_000}))
+    fake.add_node({"metadata": {"name": "cpu-only"}})
+    four = k8s_node("allocatable-4", a)
+    four["status"]["allocatable"]["nvidia.com/gpu"] = "4"  # the kubelet offers fewer than the topology has
+    fake.add_node(four)
+    pod = fake.add_pod(k8s_pod("p", 7))
+    with cluster(api) as (ext, client):
+        out = filter_names(client, pod, ["n1", "garbage", "bad-state", "cpu-only", "allocatable-4", "deep"])
+        assert out["FailedNodes"] == {"n1": "needs 7 GPUs, 6 free: GPU 0,1 in use"}
+        unres = out["FailedAndUnresolvableNodes"]
+        assert unres["allocatable-4"] == "needs 7 GPUs, node has 4 in total"
+        assert "unreadable" in unres["deep"]
+        assert "topology annotation gpu-topology.io/topology is unreadable" in unres["garbage"]
+        assert "state annotation gpu-topology.io/state is unreadable" in unres["bad-state"]
+        assert "publishes no GPU topology" in unres["cpu-only"]
+
+        set_state(fake, "n1", a, ["GPU0"])
+        assert ext.cache.wait_for(lambda: ext.cache.nodes["n1"].used_ids == {"GPU0"}, 10)
+        assert filter_names(client, pod, ["n1"])["NodeNames"] == ["n1"]
+
+        fake.update_node("garbage", {"metadata": {"annotations": node_annotations(a)}})
+        fake.delete_node("n1")
+        assert ext.cache.wait_for(lambda: "n1" not in ext.cache.nodes and ext.cache.nodes["garbage"].topo, 10)
+        out = filter_names(client, pod, ["n1", "garbage"])
+        assert out["NodeNames"] == ["garbage"] and "unknown" in out["FailedAndUnresolvableNodes"]["n1"]
+
+
+def test_bind_posts_the_binding_with_the_plan_and_reserves_until_the_state_shows_it(fake: FakeKubeApi, api) -> None:
+    a = topo(A100)
+    fake.add_node(k8s_node("n1", a))
+    p1, p2 = fake.add_pod(k8s_pod("p1", 4)), fake.add_pod(k8s_pod("p2", 6))
+    with cluster(api) as (ext, client):
+        assert client.post("/bind", json=bind_body(p1, "n1")).json() == {"Error": ""}
+        bound = fake.pod("default", "p1")
+        assert bound["spec"]["nodeName"] == "n1"
+        plan = parse_plan(bound["metadata"]["annotations"][PLAN])
+        assert plan.node == "n1" and plan.resource == "nvidia.com/gpu" and len(plan.ids) == 4
+        assert bound["metadata"]["annotations"][f"{PREFIX}/allreduce-gbps"] == f"{plan.gbps:.1f}"
+        posts = [r for r in fake.requests if r.method == "POST"]
+        assert [r.path for r in posts] == ["/api/v1/namespaces/default/pods/p1/binding"]
+
+        # the node's state still shows nothing used: the reservation keeps the plan's GPUs away from p2
+        reason = filter_names(client, p2, ["n1"])["FailedNodes"]["n1"]
+        assert reason.startswith("needs 6 GPUs, 4 free:") and "reserved for pods being bound" in reason
+        set_state(fake, "n1", a, sorted(plan.ids))
+        assert ext.cache.wait_for(lambda: ext.reservations.count() == 0, 10)
+        reason = filter_names(client, p2, ["n1"])["FailedNodes"]["n1"]
+        assert "in use" in reason and "reserved" not in reason
+        text = client.get("/metrics").text
+    assert 'gpu_extender_reservations_ended_total{why="settled"} 1.0' in text
+    assert 'gpu_extender_bind_total{outcome="bound"} 1.0' in text
+
+
+def test_api_errors_release_the_reservation(fake: FakeKubeApi, api) -> None:
+    a = topo(A100)
+    fake.add_node(k8s_node("n1", a))
+    pods = [fake.add_pod(k8s_pod(f"p{i}", 8)) for i in range(3)]
+    with cluster(api) as (ext, client):
+        for status, pod, needle in ((409, pods[0], "conflicted"), (404, pods[1], "not found"),
+                                    (500, pods[2], "failed")):
+            fake.fail_next(1, status, path_regex="/binding")
+            error = client.post("/bind", json=bind_body(pod, "n1")).json()["Error"]
+            assert needle in error, error
+            assert ext.reservations.count() == 0
+            assert filter_names(client, pod, ["n1"])["NodeNames"] == ["n1"]  # all 8 GPUs free again
+        assert client.post("/bind", json=bind_body(pods[0], "n1")).json() == {"Error": ""}
+        text = client.get("/metrics").text
+    for outcome in ("conflict", "not_found", "api_error"):
+        assert f'gpu_extender_bind_total{{outcome="{outcome}"}} 1.0' in text
+
+
+def test_a_retried_bind_of_a_bound_pod_answers_consistently(fake: FakeKubeApi, api) -> None:
+    a = topo(A100)
+    fake.add_node(k8s_node("n1", a))
+    fake.add_node(k8s_node("n2", a))
+    p1, p2, p3 = (fake.add_pod(k8s_pod(f"p{i}", 2)) for i in (1, 2, 3))
+    with cluster(api) as (ext, client):
+        assert client.post("/bind", json=bind_body(p1, "n1")).json() == {"Error": ""}
+        plan = fake.pod("default", "p1")["metadata"]["annotations"][PLAN]
+        assert client.post("/bind", json=bind_body(p1, "n1")).json() == {"Error": ""}
+        assert fake.pod("default", "p1")["metadata"]["annotations"][PLAN] == plan
+
+        # a stale cache (watch cut and failing) meets pods that were bound meanwhile: the 409 is resolved by
+        # reading the pod back
+        fake.fail_next(10_000, 500, path_regex=r"/pods\?.*watch=true")
+        fake.drop_watches()
+        earlier = json.dumps({"v": 1, "node": "n1", "resource": "nvidia.com/gpu",
+                              "containers": {"main": ["GPU6", "GPU7"]}, "gbps": 240.0})
+        fake.update_pod("default", "p2", {"spec": {"nodeName": "n1"}, "metadata": {"annotations": {PLAN: earlier}}})
+        fake.update_pod("default", "p3", {"spec": {"nodeName": "n2"}})
+        assert client.post("/bind", json=bind_body(p2, "n1")).json() == {"Error": ""}
+        # its actual plan is reserved, not the one this attempt chose
+        assert {r.uid: r.ids for r in ext.reservations.on_node("n1")}[p2["metadata"]["uid"]] == {"GPU6", "GPU7"}
+        error = client.post("/bind", json=bind_body(p3, "n1")).json()["Error"]
+        assert "conflicted" in error and "it is bound to n2" in error
+        assert {r.uid for r in ext.reservations.all()} == {p1["metadata"]["uid"], p2["metadata"]["uid"]}
+
+
+def test_pods_that_go_away_or_time_out_release_their_gpus(fake: FakeKubeApi, api) -> None:
+    a = topo(A100)
+    fake.add_node(k8s_node("n1", a))
+    p1, p2, p3 = fake.add_pod(k8s_pod("p1", 2)), fake.add_pod(k8s_pod("p2", 2)), fake.add_pod(k8s_pod("p3", 2))
+    with cluster(api, reservation_timeout_s=600) as (ext, client):
+        for p in (p1, p2):
+            assert client.post("/bind", json=bind_body(p, "n1")).json() == {"Error": ""}
+        assert ext.reservations.count() == 2
+        fake.delete_pod("default", "p1")
+        fake.update_pod("default", "p2", {"status": {"phase": "Failed"}})
+        assert ext.cache.wait_for(lambda: ext.reservations.count() == 0, 10)
+    with cluster(api, reservation_timeout_s=0.2) as (ext, client):
+        assert client.post("/bind", json=bind_body(p3, "n1")).json() == {"Error": ""}
+        assert ext.cache.wait_for(lambda: ext.reservations.count() == 0, 10)
+        assert 'gpu_extender_reservations_ended_total{why="timeout"} 1.0' in client.get("/metrics").text
+        # an expired plan is not rebuilt from the pod's annotation on the next pod event
+        fake.update_pod("default", "p3", {"metadata": {"labels": {"touched": "yes"}}})
+        assert ext.cache.wait_for(lambda: ext.cache.pods[p3["metadata"]["uid"]].plan is not None, 10)
+        assert ext.reservations.count() == 0
+
+
+def test_relist_after_410_catches_up(fake: FakeKubeApi, api) -> None:
+    a = topo(A100)
+    fake.add_node(k8s_node("n1", a))
+    pod = fake.add_pod(k8s_pod("p", 8))
+    with cluster(api) as (ext, client):
+        fake.expire_history()
+        fake.fail_next(1, 410, path_regex=r"/nodes\?.*watch=true")
+        fake.add_node(k8s_node("n2", a))
+        fake.update_node("n1", {"spec": {"unschedulable": True}})
+        fake.drop_watches()
+        assert ext.cache.wait_for(lambda: "n2" in ext.cache.nodes and ext.cache.nodes["n1"].unschedulable, 10)
+        out = filter_names(client, pod, ["n1", "n2"])
+        assert ext.sync is not None and ext.sync.nodes.stats.relists >= 1
+    assert out["NodeNames"] == ["n2"] and "cordoned" in out["FailedAndUnresolvableNodes"]["n1"]
+
+
+def _plans_on(fake: FakeKubeApi) -> list[tuple[str, str, frozenset[str]]]:
+    out = []
+    for p in fake.pods():
+        text = (p["metadata"].get("annotations") or {}).get(PLAN)
+        if text:
+            plan = parse_plan(text)
+            assert plan.node == p["spec"]["nodeName"]
+            out.append((p["metadata"]["uid"], plan.node, plan.ids))
+    return out
+
+
+def test_restart_rebuilds_reservations_from_plan_annotations(fake: FakeKubeApi, api) -> None:
+    d = topo(DGX1)
+    fake.add_node(k8s_node("n1", d, used=[0]))
+    pods = [fake.add_pod(k8s_pod(f"p{i}", 2 if i < 3 else 1)) for i in range(4)]  # 7 free: 2+2+2+1
+    with cluster(api) as (ext, client):
+        for p in pods[:3]:
+            assert client.post("/bind", json=bind_body(p, "n1")).json() == {"Error": ""}
+    held = {uid: ids for uid, _, ids in _plans_on(fake)}
+    # the plugin published p0's GPUs as used; p1 and p2 are still in flight when the extender comes back
+    set_state(fake, "n1", d, sorted({"GPU0"} | held[pods[0]["metadata"]["uid"]]))
+    with cluster(api) as (ext, client):
+        assert {r.uid: r.ids for r in ext.reservations.all()} == {
+            p["metadata"]["uid"]: held[p["metadata"]["uid"]] for p in pods[1:3]}
+        assert client.post("/bind", json=bind_body(pods[3], "n1")).json() == {"Error": ""}
+        out = filter_names(client, k8s_pod("x", 1) | {"metadata": {"uid": "x", "name": "x"}}, ["n1"])
+    taken = Counter(g for _, _, ids in _plans_on(fake) for g in ids)
+    assert max(taken.values()) == 1 and "GPU0" not in taken
+    assert out["FailedNodes"]["n1"].startswith("needs 1 GPU, 0 free")
+
+
+def test_1000_concurrent_binds_on_100_nodes_with_a_restart_never_share_a_gpu(fake: FakeKubeApi, api) -> None:
+    a, d = topo(A100), topo(DGX1)
+    names = [f"n{i}" for i in range(100)]
+    for i, name in enumerate(names):
+        fake.add_node(k8s_node(name, a if i % 2 else d))
+    sizes = [1, 1, 2, 4]
+    pods = [fake.add_pod(k8s_pod(f"p{i}", sizes[i % 4])) for i in range(1000)]
+
+    def bind_all(client: httpx.Client, batch: list[dict[str, Any]]) -> list[str]:
+        def one(k: int) -> str:
+            return client.post("/bind", json=bind_body(batch[k], names[k % 100])).json()["Error"]
+
+        with ThreadPoolExecutor(32) as pool:
+            return list(pool.map(one, range(len(batch))))
+
+    with cluster(api) as (_, client):
+        first = bind_all(client, pods[:500])
+    with cluster(api) as (ext, client):  # restart with plans in flight: nothing shows them used
+        assert ext.reservations.count() == sum(1 for e in first if e == "")
+        second = bind_all(client, pods[500:])
+    errors = first + second
+    plans = _plans_on(fake)
+    assert len(plans) == errors.count("") > 500
+    assert all("cannot take pod" in e for e in errors if e), [e for e in errors if e][:3]
+    taken = Counter((node, g) for _, node, ids in plans for g in ids)
+    assert max(taken.values()) == 1  # zero GPUs assigned twice

@@ -1,0 +1,136 @@
+"""Filter and prioritize decisions on real topologies, over HTTP (standalone inventory)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.extender.conftest import A100, DGX1, H100X4, PCIE, cache_args, pod_json
+
+NVLINK = "gpu-topology.io/require-nvlink"
+MIN_GBPS = "gpu-topology.io/min-allreduce-gbps"
+
+
+def _filter(client, pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    r = client.post("/filter", json=cache_args(pod, names))
+    assert r.status_code == 200
+    return r.json()
+
+
+def _scores(client, pod: dict[str, Any], names: list[str]) -> dict[str, int]:
+    r = client.post("/prioritize", json=cache_args(pod, names))
+    assert r.status_code == 200
+    return {h["Host"]: h["Score"] for h in r.json()}
+
+
+def test_filter_reasons_name_the_gpus(standalone) -> None:
+    nodes = [{"name": "a", "topology": A100, "used": ["GPU0", "GPU1"], "unhealthy": ["GPU5"]},
+             {"name": "small", "topology": H100X4},
+             {"name": "cordoned", "topology": A100, "unschedulable": True}]
+    with standalone(nodes) as (_, client):
+        out = _filter(client, pod_json(gpus=6), ["a", "small", "cordoned"])
+        ok = _filter(client, pod_json(gpus=5), ["a"])
+    assert out["NodeNames"] == []
+    assert out["FailedNodes"] == {"a": "needs 6 GPUs, 5 free: GPU 0,1 in use, GPU 5 unhealthy"}
+    assert out["FailedAndUnresolvableNodes"] == {"small": "needs 6 GPUs, node has 4 in total",
+                                                 "cordoned": "node is cordoned (spec.unschedulable)"}
+    assert ok["NodeNames"] == ["a"]
+
+
+def test_require_nvlink(standalone) -> None:
+    nodes = [{"name": "pcie", "topology": PCIE},
+             {"name": "dgx-frag", "topology": DGX1, "used": [0, 2, 5, 7]},  # free 1,3,4,6: no NVLink ring of 4
+             {"name": "dgx", "topology": DGX1}]
+    with standalone(nodes) as (_, client):
+        out = _filter(client, pod_json(gpus=4, annotations={NVLINK: "true"}), ["pcie", "dgx-frag", "dgx"])
+        off = _filter(client, pod_json(gpus=4, annotations={NVLINK: "false"}), ["pcie", "dgx-frag", "dgx"])
+        one = _filter(client, pod_json(gpus=1, annotations={NVLINK: "true"}), ["pcie"])
+    assert out["NodeNames"] == ["dgx"]
+    assert out["FailedAndUnresolvableNodes"]["pcie"].startswith("requires NVLink")
+    assert out["FailedNodes"]["dgx-frag"].startswith("requires an NVLink ring of 4 GPUs: the best free ones")
+    assert off["NodeNames"] == ["pcie", "dgx-frag", "dgx"]
+    assert one["NodeNames"] == ["pcie"]  # one GPU needs no links
+
+
+def test_min_allreduce_gbps(standalone) -> None:
+    nodes = [{"name": "a100", "topology": A100}, {"name": "pcie", "topology": PCIE},
+             {"name": "h100", "topology": H100X4, "used": [0]}]
+    with standalone(nodes) as (_, client):
+        out = _filter(client, pod_json(gpus=2, annotations={MIN_GBPS: "100"}), ["a100", "pcie", "h100"])
+        high = _filter(client, pod_json(gpus=4, annotations={MIN_GBPS: "300"}), ["a100"])
+    assert out["NodeNames"] == ["a100", "h100"]
+    assert "even when empty" in out["FailedAndUnresolvableNodes"]["pcie"]
+    assert high["NodeNames"] == [] and "240.0 GB/s even when empty" in high["FailedAndUnresolvableNodes"]["a100"]
+
+
+def test_better_interconnect_scores_higher_than_tighter_fit(standalone) -> None:
+    nodes = [{"name": "a100", "topology": A100}, {"name": "pcie-tight", "topology": PCIE, "used": [0, 1, 2, 3]}]
+    with standalone(nodes) as (_, client):
+        s = _scores(client, pod_json(gpus=4), ["pcie-tight", "a100"])
+    assert s["a100"] == 10 and s["pcie-tight"] < s["a100"]
+
+
+def test_single_gpu_goes_to_the_tightest_node_not_a_whole_free_island(standalone) -> None:
+    nodes = [{"name": "empty", "topology": A100},
+             {"name": "one-left", "topology": A100, "used": [0, 1, 2, 3, 4, 5, 6]},
+             {"name": "half", "topology": A100, "used": [0, 1, 2, 3]}]
+    with standalone(nodes) as (_, client):
+        s = _scores(client, pod_json(gpus=1), ["empty", "one-left", "half"])
+    assert s["one-left"] > s["half"] > s["empty"]
+
+
+def test_four_gpus_prefer_the_node_with_exactly_four_free(standalone) -> None:
+    nodes = [{"name": "empty", "topology": A100}, {"name": "four-free", "topology": A100, "used": [0, 1, 2, 3]}]
+    with standalone(nodes) as (_, client):
+        s = _scores(client, pod_json(gpus=4), ["empty", "four-free"])
+    assert s["four-free"] > s["empty"]
+
+
+def test_pair_keeps_quads_whole_and_uses_a_leftover_pair(standalone) -> None:
+    # DGX-1: "pair" has only an NV2 pair free (0,3); "quad" has a whole quad free; "empty" has both quads free.
+    nodes = [{"name": "pair", "topology": DGX1, "used": [1, 2, 4, 5, 6, 7]},
+             {"name": "quad", "topology": DGX1, "used": [4, 5, 6, 7]},
+             {"name": "empty", "topology": DGX1}]
+    with standalone(nodes) as (_, client):
+        s = _scores(client, pod_json(gpus=2), ["empty", "quad", "pair"])
+    assert s["pair"] > s["quad"] > s["empty"]
+
+
+def test_fragmented_node_scores_below_an_intact_one_of_the_same_model(standalone) -> None:
+    nodes = [{"name": "frag", "topology": DGX1, "used": [0, 2, 5, 7]}, {"name": "quad", "topology": DGX1,
+                                                                          "used": [4, 5, 6, 7]}]
+    with standalone(nodes) as (_, client):
+        s = _scores(client, pod_json(gpus=4), ["frag", "quad"])
+    assert s["quad"] == 10 and s["frag"] < 6  # a worse ring is a lower band, whatever the packing
+
+
+def test_nodes_that_do_not_fit_score_zero(standalone) -> None:
+    nodes = [{"name": "full", "topology": A100, "used": list(range(8))}, {"name": "free", "topology": A100}]
+    with standalone(nodes) as (_, client):
+        s = _scores(client, pod_json(gpus=2), ["full", "free", "unknown"])
+    assert s == {"full": 0, "free": 10, "unknown": 0}
+
+
+def test_pods_without_gpus_pass_through(standalone) -> None:
+    with standalone([{"name": "a", "topology": A100}]) as (_, client):
+        out = _filter(client, pod_json(gpus=0), ["a", "unknown"])
+        s = _scores(client, pod_json(gpus=0), ["a", "unknown"])
+    assert out["NodeNames"] == ["a", "unknown"] and s == {"a": 0, "unknown": 0}
+
+
+def test_multi_container_and_init_container_pods_are_counted_as_the_kubelet_does(standalone) -> None:
+    nodes = [{"name": "n", "topology": A100, "used": [0, 1, 2]}]  # 5 free
+    cases = [
+        (pod_json(containers=[{"name": "a", "gpus": 2}, {"name": "b", "gpus": 2}]), 4),  # app containers add up
+        (pod_json(containers=[{"name": "a", "gpus": 2}], init_containers=[{"name": "i", "gpus": 6}]), 6),
+        (pod_json(containers=[{"name": "a", "gpus": 3}], init_containers=[{"name": "i", "gpus": 2}]), 3),
+        # a sidecar runs beside everything started after it: max(1 + init 4, 1 + apps 2+3) = 6
+        (pod_json(containers=[{"name": "a", "gpus": 2}, {"name": "b", "gpus": 3}],
+                  init_containers=[{"name": "side", "gpus": 1, "sidecar": True}, {"name": "i", "gpus": 4}]), 6),
+    ]
+    with standalone(nodes) as (_, client):
+        for pod, need in cases:
+            out = _filter(client, pod, ["n"])
+            if need <= 5:
+                assert out["NodeNames"] == ["n"], (need, out)
+            else:
+                assert out["FailedNodes"]["n"].startswith(f"needs {need} GPUs, 5 free"), (need, out)
