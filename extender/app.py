@@ -179,6 +179,33 @@ def _error_body(verb: str, message: str) -> Any:
     return {"Error": message}
 
 
+def _add_health_routes(app: FastAPI, ext: Extender) -> None:
+    """GET /healthz, /readyz and /metrics: read-only, nothing secret, the same on the API and the metrics port."""
+
+    @app.get("/healthz", summary="Liveness", response_class=Response)
+    async def healthz() -> Response:
+        return Response(b"ok", media_type="text/plain")
+
+    @app.get("/readyz", summary="Readiness: the node cache holds a full snapshot", response_class=Response)
+    async def readyz() -> Response:
+        if ext.ready():
+            return Response(b"ok", media_type="text/plain")
+        return Response(b"node cache not synced yet", status_code=503, media_type="text/plain")
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    async def metrics_() -> Response:
+        return Response(ext.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def create_metrics_app(ext: Extender) -> FastAPI:
+    """Health, readiness and metrics alone, for a second listener (`gpu-extender serve --metrics-port`): a sidecar
+    whose API stays on loopback can still be scraped by Prometheus and probed by the kubelet over plain HTTP, since
+    nothing here changes state or says anything secret. The extender's lifecycle belongs to the API app."""
+    app = FastAPI(title="gpu-extender metrics", version="1", openapi_url=None, docs_url=None, redoc_url=None)
+    _add_health_routes(app, ext)
+    return app
+
+
 def create_app(ext: Extender, *, manage_lifecycle: bool = True) -> FastAPI:
     """The FastAPI app. With manage_lifecycle the app starts and stops the extender (watches, expiry thread)."""
 
@@ -253,19 +280,7 @@ def create_app(ext: Extender, *, manage_lifecycle: bool = True) -> FastAPI:
     async def preempt(request: Request) -> Response:
         return await handle("preempt", request, verbs.preempt)
 
-    @app.get("/healthz", summary="Liveness", response_class=Response)
-    async def healthz() -> Response:
-        return Response(b"ok", media_type="text/plain")
-
-    @app.get("/readyz", summary="Readiness: the node cache holds a full snapshot", response_class=Response)
-    async def readyz() -> Response:
-        if ext.ready():
-            return Response(b"ok", media_type="text/plain")
-        return Response(b"node cache not synced yet", status_code=503, media_type="text/plain")
-
-    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
-    async def metrics_() -> Response:
-        return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    _add_health_routes(app, ext)
 
     if ext.inventory is not None:
         inventory = ext.inventory

@@ -2,8 +2,10 @@
 
 Choose+reserve runs under the node's lock and is synchronous (no await inside), so two binds to one node never see
 the same free GPUs; the apiserver call runs outside any lock, in a worker thread. If the call fails the reservation
-is released and kube-scheduler gets the Error (it retries the pod later). A bind retried for a pod that is already
-bound to that node answers success: the first attempt's plan stands.
+is released and kube-scheduler gets the Error (it retries the pod later), except when the apiserver may still apply
+the Binding (no answer after the request went out, or 504): the GPUs then stay reserved until the pod is seen bound
+or gone, or the reservation times out, so they are never planned for a second pod meanwhile. A bind retried for a
+pod that is already bound to that node answers success: the first attempt's plan stands.
 
 Standalone mode (no apiserver) commits the plan into the inventory under the same lock instead.
 """
@@ -17,6 +19,7 @@ from typing import Any
 import anyio
 import kubernetes.client
 import structlog
+import urllib3.exceptions
 
 from extender.cache import NodeCache, PodRecord, mask_of
 from extender.config import ExtenderConfig
@@ -25,7 +28,7 @@ from extender.metrics import ExtenderMetrics
 from extender.placement import NoFit, Placement
 from extender.pods import PodNeeds, PodSpecError, RecentPods, pod_needs, split_plan
 from extender.reservations import BIND, Reservation
-from gpuplugin.kube import Conflict, KubeApiError, KubeArgumentError, NotFound, bind_pod, get_pod
+from gpuplugin.kube import ApiUnavailable, Conflict, KubeApiError, KubeArgumentError, NotFound, bind_pod, get_pod
 from gpuplugin.plan_watch import Plan, encode_plan
 
 log = structlog.get_logger(__name__)
@@ -49,6 +52,17 @@ class BindRequest:
     def holder(self) -> str:
         """Who a reservation is held for: the pod's UID (kube-scheduler always sends it), else its name."""
         return self.uid or f"name:{self.key}"
+
+
+def maybe_applied(err: KubeApiError) -> bool:
+    """Whether the apiserver may have applied a request that did not succeed: no answer came after the request was
+    sent (read timeout, connection cut), or 504 (the apiserver's own timeout: it may still be processing it). A
+    connection that was never made sent nothing."""
+    if isinstance(err, ApiUnavailable):
+        cause = err.__cause__
+        cause = getattr(cause, "reason", None) or cause  # MaxRetryError wraps the last failure
+        return not isinstance(cause, urllib3.exceptions.ConnectTimeoutError)  # NewConnectionError is one
+    return err.status == 504
 
 
 class BindFailed(Exception):
@@ -204,7 +218,16 @@ class Binder:
         except NotFound:
             self._release(req, res)
             raise BindFailed("not_found", f"pod {req.key} not found: it was deleted") from None
-        except (KubeApiError, KubeArgumentError) as e:
+        except KubeApiError as e:
+            if res is not None and maybe_applied(e):
+                log.warning("extender.bind.outcome_unknown", pod=req.key, node=req.node, gpus=sorted(res.ids),
+                            error=str(e))
+                raise BindFailed("outcome_unknown", f"binding pod {req.key} to {req.node} failed: {e}; the "
+                                 "apiserver may still apply it, so its GPUs stay reserved until the pod is seen "
+                                 "bound or gone, or the reservation times out") from None
+            self._release(req, res)
+            raise BindFailed("api_error", f"binding pod {req.key} to {req.node} failed: {e}") from None
+        except KubeArgumentError as e:
             self._release(req, res)
             raise BindFailed("api_error", f"binding pod {req.key} to {req.node} failed: {e}") from None
         except BaseException:

@@ -12,11 +12,19 @@ Packing value of a choice (higher is better, in [0, 1]):
 Loss is weighted by size because a large free island is rarer and more valuable than a small one: taking 1 GPU
 from a whole free 8-GPU NVSwitch node loses the node's 8-GPU capability (loss 8), while taking the last free GPU of
 another node loses nothing; taking 2 GPUs out of 3 free loses less than breaking a node's only free pair.
+
+Value of a choice (what prioritize ranks nodes by, `island_values`):
+    value = its all-reduce GB/s - ISLAND_PENALTY x (GB/s of the best rings of the larger common sizes it breaks
+            where no other candidate node offers an equally fast free ring of that size)
+in absolute GB/s, floored at 1% of its GB/s. While whole NVSwitch nodes are plentiful a 2-GPU pod takes the fastest
+pair; once the last one is left, it prefers a node whose 8-GPU island is already broken, or a PCIe server whose
+8-GPU ring was slow anyway, keeping the island for the 8-GPU pod that needs it.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import compress, repeat
@@ -29,6 +37,13 @@ from extender.scoring import priority_scores
 from gpuplugin.core import Allocation, Topology, best_possible_gbps, best_subset
 
 COMMON_SIZES = (2, 4, 8)
+# How much of a scarce larger free island's all-reduce GB/s a choice must gain to be worth breaking it
+# (island_values). Chosen with bench/placement.py over three seeds and two fleets: greedy (no penalty) sends 2- and
+# 4-GPU jobs to whole NVSwitch nodes and starves 8-GPU jobs (57 GB/s mean vs 149 for blind placement); penalty 1.0
+# with 4 spare islands keeps every request size at or above the blind baselines and the cluster-wide mean above them.
+ISLAND_PENALTY = 1.0
+ISLAND_SPARE = 4  # other equally fast islands of that size that make breaking one free (scarcity threshold)
+VALUE_FLOOR = 0.01
 PACKING_DIGITS = 4
 MAX_LOSS = float(sum(COMMON_SIZES))
 _MEMO_LIMIT = 200_000
@@ -57,6 +72,8 @@ class Fit:
     packing: float
     failure: str | None = None
     unresolvable: bool = False
+    # (size, best ring GB/s of the free set, the same after the choice) for each common size above the request
+    islands: tuple[tuple[int, float, float], ...] = ()
 
 
 NO_FIT = Fit(None, 0.0, 0.0, "does not fit")
@@ -106,6 +123,26 @@ def gpu_list(mask: int) -> str:
 
 def _fmt(gbps: float) -> str:
     return f"{gbps:.1f} GB/s"
+
+
+def island_values(counts: Mapping[Fit, int]) -> list[float]:
+    """Each distinct fit's value: its GB/s, less ISLAND_PENALTY x the GB/s of every larger island it breaks that is
+    scarce, i.e. fewer than ISLAND_SPARE other candidate nodes still offer a free ring of that size at least as fast.
+    Breaking one of many equal islands costs nothing (a lightly loaded cluster stays greedy); breaking one of the
+    last few is paid for."""
+    supply: dict[int, list[tuple[float, int]]] = {}
+    for f, n in counts.items():
+        for s, before, _after in f.islands:
+            supply.setdefault(s, []).append((before, n))
+    values = []
+    for f in counts:
+        loss = 0.0
+        for s, before, after in f.islands:
+            others = sum(m for b, m in supply[s] if b >= before - _EPS) - 1  # nodes in the same state count too
+            if others < ISLAND_SPARE:
+                loss += max(before - after, 0.0)
+        values.append(max(f.gbps - ISLAND_PENALTY * loss, VALUE_FLOOR * f.gbps))
+    return values
 
 
 class Placement:
@@ -163,7 +200,22 @@ class Placement:
             problem = self._constraint_problem(topo, alloc, need)
             if problem is not None:
                 return Fit(None, gbps, 0.0, problem[0], problem[1])
-        return Fit(alloc, gbps, self._packing(topo, free, alloc))
+        return Fit(alloc, gbps, self._packing(topo, free, alloc), islands=self._islands(topo, free, alloc, size))
+
+    def _islands(self, topo: Topology, free: int, alloc: Allocation, size: int) -> tuple[tuple[int, float, float], ...]:
+        """For each common size above the request: the best ring of that size the free GPUs form, before and after
+        the choice (absolute GB/s: breaking an NVSwitch node's 8-GPU island costs more than a PCIe server's)."""
+        left = free & ~mask_of(alloc.gpus)
+        free_count, left_count = free.bit_count(), left.bit_count()
+        out = []
+        for s in COMMON_SIZES:
+            if s <= size or s > free_count:
+                continue
+            with _CORE_LOCK:
+                before = best_possible_gbps(topo, s, bits(free))
+                after = best_possible_gbps(topo, s, bits(left)) if left_count >= s else 0.0
+            out.append((s, before, after))
+        return tuple(out)
 
     def _constraint_problem(self, topo: Topology, alloc: Allocation, need: Need) -> tuple[str, bool] | None:
         size, gbps = need.size, alloc.allreduce_gbps
@@ -322,9 +374,10 @@ class Placement:
                     if states[i] is not None:
                         table[states[i]] = f
         # Nodes in equal states share one Fit object (hashed by identity): score the distinct ones, hand them out.
-        distinct = dict.fromkeys(fits)
-        distinct.pop(NO_FIT, None)
-        scores = priority_scores([(f.gbps, f.packing) for f in distinct])
+        counts = Counter(fits)
+        counts.pop(NO_FIT, None)
+        distinct = list(counts)
+        scores = priority_scores([(v, f.packing) for f, v in zip(distinct, island_values(counts), strict=True)])
         by_fit = dict(zip(distinct, scores, strict=True))
         by_fit[NO_FIT] = 0
         return list(map(by_fit.__getitem__, fits))

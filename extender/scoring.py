@@ -1,16 +1,17 @@
-"""The prioritize mapping: from (best subset's all-reduce GB/s, packing value) per node to kube-scheduler's 0-10.
+"""The prioritize mapping: from (node value, packing) per node to kube-scheduler's 0-10.
 
 kube-scheduler multiplies the score by the extender's weight and by 10 and adds it to its own plugins' scores, so
 only the order within one request matters, and there are only 11 integer levels. They are spent like this:
 
-1. Quality band, from q = node's GB/s / the best GB/s among this request's nodes (q = 1 for single-GPU pods):
+1. Band, from q = node's value / the best value among this request's nodes (q = 1 for single-GPU pods). The value
+   is the GB/s of the node's best subset, less what scarce larger islands the choice would break costs
+   (placement.island_values); while large islands are plentiful it is the GB/s itself.
        q >= 0.999  -> 6..10   (as good as the best node offers)
        q >= 0.5    -> 3..5
        otherwise   -> 0..2
-   Bands never overlap, so the score is monotone in absolute GB/s across bands: a node whose best subset is faster
-   never scores below a slower one from a lower band. For nodes of one topology GB/s orders them exactly as
-   placement efficiency (allreduce / best possible on the empty node) does, since the denominator is shared; across
-   topologies the absolute figure is what the job gets, so that is what is compared.
+   Bands never overlap, so the score is monotone in value across bands. For nodes of one topology GB/s orders them
+   exactly as placement efficiency does, since the denominator is shared; across topologies the absolute figure
+   is what the job gets, so that is what is compared.
 2. Packing within a band: the node's packing value (placement.Fit.packing, higher is better: little lost
    capability of the node's remainder for the common sizes, weighted by size, then a tight fit) ranked among the
    distinct values in the band: the best gets the band's top level, the next one level lower, and so on; with more
@@ -26,8 +27,10 @@ from collections.abc import Sequence
 MIN_SCORE, MAX_SCORE = 0, 10
 # (lowest q, first level, number of levels), best band first
 BANDS: tuple[tuple[float, int, int], ...] = ((0.999, 6, 5), (0.5, 3, 3), (0.0, 0, 3))
+
+
 def priority_scores(values: Sequence[tuple[float, float] | None]) -> list[int]:
-    """values[i] = (allreduce GB/s, packing in [0, 1]) for node i, or None when the pod does not fit there.
+    """values[i] = (value, packing in [0, 1]) for node i, or None when the pod does not fit there.
     Packing values are compared as given (round them first: equal packings must be equal floats)."""
     best = max((v[0] for v in values if v is not None), default=0.0)
     top, mid = BANDS[0][0] * best, BANDS[1][0] * best

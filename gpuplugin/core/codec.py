@@ -156,8 +156,8 @@ def topology_from_dict(data: Any) -> Topology:
 def topology_from_json(text: str | bytes) -> Topology:
     try:
         data = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise TopologyFormatError(f"topology annotation is not JSON: {e}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise TopologyFormatError(f"topology annotation is not JSON: {str(e)[:200]}") from None
     return topology_from_dict(data)
 
 
@@ -180,8 +180,8 @@ def state_to_json(state: NodeState) -> str:
 def state_from_json(text: str | bytes) -> NodeState:
     try:
         data = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise TopologyFormatError(f"state annotation is not JSON: {e}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise TopologyFormatError(f"state annotation is not JSON: {str(e)[:200]}") from None
     _expect(isinstance(data, dict), "state JSON must be an object")
     version = data.get("v")
     _expect(isinstance(version, int) and not isinstance(version, bool), "state JSON has no integer version 'v'")

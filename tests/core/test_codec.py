@@ -76,7 +76,7 @@ def test_malformed_topology_json_names_the_problem(mutate, message) -> None:
         topology_from_json(json.dumps(doc))
 
 
-@pytest.mark.parametrize("text", ["", "{", "[]", "null", "\xff", '{"v": "1"}'])
+@pytest.mark.parametrize("text", ["", "{", "[]", "null", "\xff", '{"v": "1"}', "[" * 100_000 + "]" * 100_000])
 def test_garbage_is_a_format_error(text) -> None:
     with pytest.raises(TopologyFormatError):
         topology_from_json(text)
@@ -91,3 +91,5 @@ def test_state_round_trip_and_errors() -> None:
         state_from_json('{"v": 1, "gen": 1, "used": "GPU-a"}')
     with pytest.raises(TopologyFormatError, match="not JSON"):
         state_from_json("used=GPU-a")
+    with pytest.raises(TopologyFormatError, match="not JSON"):
+        state_from_json("[" * 100_000)

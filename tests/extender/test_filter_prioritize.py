@@ -62,11 +62,24 @@ def test_min_allreduce_gbps(standalone) -> None:
     assert high["NodeNames"] == [] and "240.0 GB/s even when empty" in high["FailedAndUnresolvableNodes"]["a100"]
 
 
-def test_better_interconnect_scores_higher_than_tighter_fit(standalone) -> None:
+def test_better_interconnect_scores_higher_than_tighter_fit_while_islands_are_plentiful(standalone) -> None:
+    from extender.placement import ISLAND_SPARE
+
+    whole = [{"name": f"a100-{k}", "topology": A100} for k in range(ISLAND_SPARE + 1)]
+    nodes = [*whole, {"name": "pcie-tight", "topology": PCIE, "used": [0, 1, 2, 3]}]
+    names = ["pcie-tight", *(n["name"] for n in whole)]
+    with standalone(nodes) as (_, client):
+        s = _scores(client, pod_json(gpus=4), names)
+    assert s["a100-0"] == 10 and s["pcie-tight"] < s["a100-0"]
+
+
+def test_one_of_the_last_whole_nvswitch_nodes_is_kept_for_a_larger_pod(standalone) -> None:
+    """Breaking a scarce 8-GPU NVSwitch island for a 4-GPU pod costs that island's GB/s: the pod takes a tighter
+    node, and the island stays whole for the 8-GPU pod that only it can serve well."""
     nodes = [{"name": "a100", "topology": A100}, {"name": "pcie-tight", "topology": PCIE, "used": [0, 1, 2, 3]}]
     with standalone(nodes) as (_, client):
         s = _scores(client, pod_json(gpus=4), ["pcie-tight", "a100"])
-    assert s["a100"] == 10 and s["pcie-tight"] < s["a100"]
+    assert s["pcie-tight"] > s["a100"]
 
 
 def test_single_gpu_goes_to_the_tightest_node_not_a_whole_free_island(standalone) -> None:

@@ -92,7 +92,7 @@ def test_prioritize_answers_integer_scores_for_every_input_node(standalone, mode
     assert ".0" not in raw.replace('"', "")  # no 7.0: Go decodes Score as int64
     models.HostPriorityList.model_validate(out)
     scores = {h["Host"]: h["Score"] for h in out}
-    assert scores["a100-0"] > scores["pcie"]
+    assert scores["a100-0"] == scores["a100-1"]  # equal states, equal scores (the ranking is tested elsewhere)
 
 
 def test_bind_answers_the_recorded_shape(standalone) -> None:
