@@ -1,31 +1,9 @@
-"""Structured logging for the extender process: JSON lines when not on a terminal, readable lines otherwise."""
+"""Structured logging for the extender process: the same configuration as every `gpuplugin` command."""
 
 from __future__ import annotations
 
-import logging
-import sys
-from typing import Any, TextIO
-
-import structlog
+from gpuplugin.logs import configure_logging
 
 LEVELS = ("debug", "info", "warning", "error")
 
-
-def configure_logging(level: str = "info", stream: TextIO | None = None) -> None:
-    stream = stream or sys.stderr
-    shared: list[Any] = [
-        structlog.contextvars.merge_contextvars,
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-    ]
-    if stream.isatty():
-        processors = [*shared, structlog.dev.ConsoleRenderer()]
-    else:
-        processors = [*shared, structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer()]
-    structlog.configure(
-        processors=processors,
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
-        cache_logger_on_first_use=False,
-    )
-    logging.basicConfig(level=logging.WARNING, stream=stream)
+__all__ = ["LEVELS", "configure_logging"]
