@@ -21,6 +21,7 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 
 from extender import models, wire
 from extender.pods import PodSpecError, pod_needs
@@ -69,12 +70,24 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise wire.BodyTooLarge(f"body of {length} bytes exceeds the limit of {limit} bytes")
     chunks = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise wire.BodyTooLarge(f"body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise wire.BodyTooLarge(f"body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client went away or broke the framing mid-body: its fault, not an internal error
+        raise wire.BadRequest(f"the body ended early after {size} bytes (client disconnected)") from None
     return b"".join(chunks)
+
+
+def encode_answer(result: Any) -> bytes:
+    """orjson writes at most 255 levels of nesting; filter echoes Node objects, which may be deeper than that."""
+    try:
+        return orjson.dumps(result)
+    except orjson.JSONEncodeError as e:
+        raise wire.BadRequest(f"the answer would repeat an object of the request that cannot be written back ({e}: "
+                              "nested too deeply)") from None
 
 
 def _filter_result(passed: list[str] | None, nodes: dict[str, Any] | None, failed: dict[str, str],
@@ -239,7 +252,7 @@ def create_app(ext: Extender, *, manage_lifecycle: bool = True) -> FastAPI:
                 del body
                 pending = result if isinstance(result, Awaitable) else None
                 if pending is None:
-                    content = result if isinstance(result, bytes) else orjson.dumps(result)
+                    content = result if isinstance(result, bytes) else encode_answer(result)
                 del result  # the decoded body and the answer are freed by refcount before the collector is back
             if pending is not None:  # bind: awaits the apiserver with the collector running
                 content = orjson.dumps(await pending)

@@ -21,13 +21,14 @@ import kubernetes.client
 import structlog
 import urllib3.exceptions
 
-from extender.cache import NodeCache, PodRecord, mask_of
+from extender.cache import NodeCache, PodRecord
 from extender.config import ExtenderConfig
 from extender.inventory import Inventory
 from extender.metrics import ExtenderMetrics
 from extender.placement import NoFit, Placement
 from extender.pods import PodNeeds, PodSpecError, RecentPods, pod_needs, split_plan
 from extender.reservations import BIND, Reservation
+from gpuplugin.core.bitset import mask_of
 from gpuplugin.kube import ApiUnavailable, Conflict, KubeApiError, KubeArgumentError, NotFound, bind_pod, get_pod
 from gpuplugin.plan_watch import Plan, encode_plan
 

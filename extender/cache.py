@@ -22,6 +22,7 @@ from extender.config import ExtenderConfig
 from extender.pods import PodNeeds, PodSpecError, parse_quantity, pod_needs
 from extender.reservations import POD, Reservation, Reservations
 from gpuplugin.core import Topology, TopologyError, state_from_json, topology_from_json
+from gpuplugin.core.bitset import mask_of
 from gpuplugin.plan_watch import Plan, PlanFormatError, parse_plan
 
 log = structlog.get_logger(__name__)
@@ -35,22 +36,6 @@ CORDONED = "node is cordoned (spec.unschedulable)"
 
 def _dict(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def mask_of(indices: Iterable[int]) -> int:
-    m = 0
-    for i in indices:
-        m |= 1 << i
-    return m
-
-
-def bits(mask: int) -> list[int]:
-    out = []
-    while mask:
-        low = mask & -mask
-        out.append(low.bit_length() - 1)
-        mask ^= low
-    return out
 
 
 @dataclass(frozen=True, slots=True)

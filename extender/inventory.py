@@ -26,8 +26,9 @@ import orjson
 import structlog
 import yaml
 
-from extender.cache import NodeCache, NodeEntry, PodRecord, bits, make_entry
+from extender.cache import NodeCache, NodeEntry, PodRecord, make_entry
 from gpuplugin.core import Topology, TopologyError
+from gpuplugin.core.bitset import bits
 from gpuplugin.discovery.loader import load_topology_file, load_topology_text
 from gpuplugin.plan_watch import Plan, encode_plan
 

@@ -31,10 +31,11 @@ from itertools import compress, repeat
 from operator import is_
 from typing import Any
 
-from extender.cache import CORDONED, NodeCache, NodeEntry, PlacementState, bits, mask_of
+from extender.cache import CORDONED, NodeCache, NodeEntry, PlacementState
 from extender.pods import Need
 from extender.scoring import priority_scores
 from gpuplugin.core import Allocation, Topology, best_possible_gbps, best_subset
+from gpuplugin.core.bitset import bits, mask_of
 
 COMMON_SIZES = (2, 4, 8)
 # How much of a scarce larger free island's all-reduce GB/s a choice must gain to be worth breaking it

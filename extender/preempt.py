@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from extender.cache import NodeCache, mask_of
+from extender.cache import NodeCache
 from extender.placement import Placement
 from extender.pods import Need
+from gpuplugin.core.bitset import mask_of
 from gpuplugin.plan_watch import Plan
 
 

@@ -27,6 +27,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from gpuplugin.core.bitset import bits as _bits
+from gpuplugin.core.bitset import mask_of as _mask
 from gpuplugin.core.errors import AllocationError
 from gpuplugin.core.scoring import (
     SearchLimitExceeded,
@@ -141,22 +143,6 @@ def _combos(m: int, r: int) -> np.ndarray:
     return np.array(list(itertools.combinations(range(m), r)), dtype=np.int64).reshape(-1, r)
 
 
-def _mask(indices: Iterable[int]) -> int:
-    m = 0
-    for i in indices:
-        m |= 1 << i
-    return m
-
-
-def _bits(mask: int) -> list[int]:
-    out = []
-    while mask:
-        low = mask & -mask
-        out.append(low.bit_length() - 1)
-        mask ^= low
-    return out
-
-
 def _index_set(values: Iterable[int], n: int, what: str) -> frozenset[int]:
     items = list(values)
     if not all(type(v) is int for v in items):
@@ -256,7 +242,13 @@ def _ring_candidates(ctx: _Context, mem: np.ndarray, rowmask: np.ndarray, t_idx:
 
 
 def _remainder_quality(ctx: _Context, remainder: int) -> int:
-    left = remainder.bit_count()
+    return _quality(ctx, remainder, remainder.bit_count())
+
+
+def _quality(ctx: _Context, pool: int, left: int) -> int:
+    """Sum over the common sizes up to `left` of the best ring the GPUs of `pool` can form, relative to the empty
+    node's best: component (4) of the score for a remainder (pool = the remainder), or its ceiling (pool = the
+    whole free set, which no remainder of it can beat)."""
     full = (1 << ctx.n) - 1
     q = 0
     for s in COMMON_SIZES:
@@ -264,7 +256,7 @@ def _remainder_quality(ctx: _Context, remainder: int) -> int:
             break
         best = _max_ring(ctx, full, s)
         if best:
-            q += _max_ring(ctx, remainder, s) * _QUALITY_UNIT // best
+            q += _max_ring(ctx, pool, s) * _QUALITY_UNIT // best
     return q
 
 
@@ -359,16 +351,7 @@ def _remainder_quality_ceiling(ctx: _Context, avail: int, size: int, tight: bool
     """No remainder of `avail` can beat the free set itself at any size (nor the empty node: the loose form)."""
     if not tight:
         return _loose_ceiling(avail, size)
-    left = avail.bit_count() - size
-    full = (1 << ctx.n) - 1
-    q = 0
-    for s in COMMON_SIZES:
-        if s > left:
-            break
-        best = _max_ring(ctx, full, s)
-        if best:
-            q += _max_ring(ctx, avail, s) * _QUALITY_UNIT // best
-    return q
+    return _quality(ctx, avail, avail.bit_count() - size)
 
 
 # ---- beyond EXACT_LIMIT: greedy construction and swap search within a time budget ----
