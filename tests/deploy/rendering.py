@@ -104,6 +104,7 @@ CHART_VARIANTS: dict[str, ChartVariant] = {
                 "httpTimeout": "10s",
                 "nodeCacheCapable": False,
                 "extenderPort": 18888,
+                "extenderMetricsPort": 18889,
                 "leaderElection": {"resourceName": "topology-aware-leader"},
                 "podDisruptionBudget": {"minAvailable": 2},
             },

@@ -59,7 +59,12 @@ def test_custom_values_reach_their_objects() -> None:
     images = {c["name"]: c["image"] for _, c in containers(deployment)}
     assert images == {"kube-scheduler": "registry.k8s.io/kube-scheduler:v1.35.4",
                       "extender": "registry.acme.example/gpu-topology/extender:0.1.0-rc1"}
-    assert "--reservation-timeout=120" in next(c for _, c in containers(deployment) if c["name"] == "extender")["args"]
+    extender = next(c for _, c in containers(deployment) if c["name"] == "extender")
+    assert "--reservation-timeout=120" in extender["args"] and "--metrics-port=18889" in extender["args"]
+    assert extender["ports"] == [{"name": "http-metrics", "containerPort": 18889, "protocol": "TCP"}]
+    (service,) = find(objects, "Service", "prod-gpu-topology-scheduler-metrics")
+    assert {"name": "http-metrics", "port": 18889, "targetPort": "http-metrics", "protocol": "TCP"} in \
+        service["spec"]["ports"]
     (pdb,) = find(objects, "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 2
     for policy in find(objects, "NetworkPolicy"):
@@ -87,6 +92,7 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "typo": ({"scheduler": {"replica": 3}}, "replica"),
     "racing schedulers": ({"scheduler": {"leaderElection": {"enabled": False}}}, "leaderElection.enabled=true"),
     "undrainable": ({"scheduler": {"podDisruptionBudget": {"minAvailable": 2}}}, "minAvailable must be below"),
+    "metrics on the API port": ({"scheduler": {"extenderMetricsPort": 8888}}, "extenderMetricsPort must differ"),
 }
 
 

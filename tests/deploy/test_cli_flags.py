@@ -2,7 +2,7 @@
 
 `gpuplugin run --print-config` resolves the DaemonSet's arguments exactly as the pod would (NODE_NAME set as the
 downward API sets it); `gpu-extender serve` arguments go through its click parser with every mounted file present.
-The loopback sidecar's exec probes are run against a real extender.
+The loopback sidecar's HTTP probes (on its metrics port) are run against a real extender.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,7 +115,12 @@ def test_extender_arguments_parse_and_agree_with_the_plugin(rendering: str, tmp_
             assert tls_volume["secret"]["defaultMode"] & 0o040
         else:
             assert params["host"] == "127.0.0.1", f"{workload['metadata']['name']}: plain HTTP off loopback"
-            assert "ports" not in container, "the loopback sidecar publishes no port"
+            # The sidecar publishes its metrics listener only (GET /metrics, /healthz, /readyz), never the API.
+            (metrics,) = container["ports"]
+            assert metrics["name"] == "http-metrics" and params["metrics_port"] == metrics["containerPort"]
+            assert params["metrics_port"] != params["port"]
+            for probe in (container["livenessProbe"], container["readinessProbe"]):
+                assert probe["httpGet"]["port"] == "http-metrics" and probe["httpGet"].get("scheme", "HTTP") == "HTTP"
     for configmap in find(objects, "ConfigMap"):
         config = yaml.safe_load(configmap["data"]["scheduler-config.yaml"])
         names = [r["name"] for r in config["extenders"][0]["managedResources"]]
@@ -129,25 +135,27 @@ def _free_port() -> int:
 
 @pytest.fixture
 def standalone_extender() -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
-    """A real `gpu-extender serve` in standalone mode on a free loopback port."""
+    """A real `gpu-extender serve` in standalone mode, API and metrics listener on free loopback ports; yields the
+    metrics port."""
     tmp = Path(tempfile.mkdtemp(dir="/tmp"))
     inventory = tmp / "inventory.yaml"
     topology = ROOT / "gpuplugin" / "data" / "dgx1-v100-hybrid-cube-mesh.txt"
     inventory.write_text(yaml.safe_dump({"nodes": [{"name": "gpu-node-1", "topology": str(topology)}]}))
-    port = _free_port()
+    port, metrics_port = _free_port(), _free_port()
     process = subprocess.Popen([str(BIN / "gpu-extender"), "serve", "--inventory", str(inventory),
-                                "--host", "127.0.0.1", "--port", str(port)],
+                                "--host", "127.0.0.1", "--port", str(port), "--metrics-host", "127.0.0.1",
+                                "--metrics-port", str(metrics_port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(200):
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/healthz", timeout=1)
                 break
             except OSError:
                 if process.poll() is not None:
                     pytest.fail("gpu-extender exited before serving")
                 time.sleep(0.05)
-        yield port, process
+        yield metrics_port, process
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -155,24 +163,32 @@ def standalone_extender() -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
         tmp.rmdir()
 
 
-def _probe_command(probe: dict[str, Any], sidecar_port: int, port: int) -> list[str]:
-    command = [arg.replace(f"127.0.0.1:{sidecar_port}/", f"127.0.0.1:{port}/") for arg in probe["exec"]["command"]]
-    assert command[0] == "python", "the image's interpreter is on PATH as python"
-    return [sys.executable, *command[1:]]
+def _probe(probe: dict[str, Any], container: dict[str, Any], port: int) -> int:
+    """GET the probe's path the way the kubelet does, with its named port replaced by the test's metrics port;
+    the HTTP status, or 0 when nothing answers."""
+    get = probe["httpGet"]
+    (named,) = [p for p in container["ports"] if p["name"] == get["port"]]
+    assert named["containerPort"] != 0
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{get['path']}", timeout=5) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
 
 
 @pytest.mark.parametrize("rendering", ["kustomize:deploy/manifests", "helm:custom"])
-def test_sidecar_exec_probes_pass_against_a_live_extender_and_fail_without_one(
+def test_sidecar_http_probes_pass_against_a_live_extender_and_fail_without_one(
     rendering: str, standalone_extender: tuple[int, subprocess.Popen[bytes]]
 ) -> None:
     port, process = standalone_extender
     ((_, _, container),) = _container(all_renderings()[rendering], "extender")
-    sidecar_port = int(next(a for a in container["args"] if a.startswith("--port=")).split("=", 1)[1])
     probes = [container["livenessProbe"], container["readinessProbe"]]
+    assert [p["httpGet"]["path"] for p in probes] == ["/healthz", "/readyz"]
     for probe in probes:
-        assert subprocess.run(_probe_command(probe, sidecar_port, port), timeout=30).returncode == 0
+        assert _probe(probe, container, port) == 200
     process.terminate()
     process.wait(timeout=10)
     for probe in probes:
-        failed = subprocess.run(_probe_command(probe, sidecar_port, port), capture_output=True, timeout=30)
-        assert failed.returncode != 0
+        assert _probe(probe, container, port) == 0

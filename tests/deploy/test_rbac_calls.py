@@ -1,0 +1,328 @@
+"""deploy/rbac-calls.yaml is what the code really calls: the real plugin and extender processes run against the
+in-process kube-apiserver through every path that talks to it, each recorded request is turned into the
+(verb, API group, resource, subresource) the apiserver's RBAC authorizer checks, and the set per component must
+equal the table: every call the code makes is declared (so granted, by tests/deploy/test_rbac.py), and nothing is
+declared that the code never makes.
+
+kube-scheduler's entries (its Lease) belong to the upstream binary, which does not run here: they are left to the
+static test, which checks them against the KubeSchedulerConfiguration's leader election.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import httpx
+import pytest
+import yaml
+
+from gpuplugin.core import state_from_json
+from gpuplugin.sim.kubelet import KubeletSimulator
+from tests.conftest import SHARED
+from tests.deploy.rendering import DEPLOY
+from tests.extender.conftest import bind_body, cache_args, node_annotations, recorded, topo
+from tests.fakes.kubeapi import FakeKubeApi, RecordedRequest
+from tests.publisher.kubelet_podresources import PodResourcesServer
+
+CALLS_FILE = DEPLOY / "rbac-calls.yaml"
+DGX1 = SHARED / "topologies" / "dgx1-v100-ucxpy.txt"
+NODE = "dgx1-node"
+RESOURCE = "nvidia.com/gpu"
+PREFIX = "gpu-topology.io"
+WAIT = 30.0  # liveness bound of every wait on a loaded 2-core machine, never a performance figure
+
+
+class Call(NamedTuple):
+    """What RBAC authorizes: verb on group/resource[/subresource]."""
+
+    verb: str
+    group: str
+    resource: str
+    subresource: str = ""
+
+    def __str__(self) -> str:
+        group = f"{self.group}/" if self.group else ""
+        return f"{self.verb} {group}{self.resource}" + (f"/{self.subresource}" if self.subresource else "")
+
+
+class NonResourceRequest(ValueError):
+    """A request outside /api and /apis (RBAC's nonResourceURLs); the table has no such calls."""
+
+
+def declared(component: str) -> set[Call]:
+    table = yaml.safe_load(CALLS_FILE.read_text())
+    return {Call(c["verb"], c.get("group", ""), c["resource"], c.get("subresource", "")) for c in table[component]}
+
+
+_WATCH_VALUES = {"1", "true", "True"}
+
+
+def rbac_call(request: RecordedRequest) -> Call:
+    """The authorization attributes the apiserver derives from a request (its RequestInfoFactory):
+    /api/v1/... is the core group, /apis/<group>/<version>/... a named one; namespaces/<ns>/ scopes what follows;
+    GET on a collection is list (watch with watch=1), on a named object get; the legacy /watch/ prefix is watch;
+    POST create, PUT update, PATCH patch, DELETE delete (deletecollection on a collection)."""
+    parts = [p for p in request.path.split("/") if p]
+    if parts[:1] == ["api"] and len(parts) >= 2:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        raise NonResourceRequest(f"{request.method} {request.path}")
+    legacy_watch = rest[:1] == ["watch"]
+    if legacy_watch:
+        rest = rest[1:]
+    if len(rest) >= 3 and rest[0] == "namespaces":  # namespaces/<ns>/<resource>...; "namespaces/<ns>" alone is a
+        rest = rest[2:]  # namespace object
+    if not rest:
+        raise NonResourceRequest(f"{request.method} {request.path}")
+    resource, name, sub = rest[0], rest[1] if len(rest) > 1 else "", "/".join(rest[2:])
+    watching = legacy_watch or request.query.get("watch") in _WATCH_VALUES
+    verbs = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+    if request.method == "GET":
+        verb = "watch" if watching else ("get" if name else "list")
+    elif request.method == "DELETE":
+        verb = "delete" if name else "deletecollection"
+    elif request.method in verbs:
+        verb = verbs[request.method]
+    else:
+        raise ValueError(f"no RBAC verb for {request.method} {request.path}")
+    return Call(verb, group, resource, sub)
+
+
+def observed(requests: list[RecordedRequest]) -> set[Call]:
+    return {rbac_call(r) for r in requests}
+
+
+def assert_equals_table(component: str, requests: list[RecordedRequest]) -> None:
+    seen, table = observed(requests), declared(component)
+    shown = ", ".join(sorted(map(str, seen)))
+    assert seen - table == set(), f"{component} calls what rbac-calls.yaml does not declare; observed: {shown}"
+    assert table - seen == set(), f"rbac-calls.yaml declares calls {component} never made; observed: {shown}"
+
+
+def _wait(predicate: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    """Poll a fact no one notifies about (the kubelet simulator's answers, the Node's annotations)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _is_list(resource: str) -> Callable[[RecordedRequest], bool]:
+    return lambda r: r.method == "GET" and rbac_call(r) == Call("list", "", resource)
+
+
+def _relist(fake: FakeKubeApi, resources: tuple[str, ...]) -> None:
+    """A change no watcher is shown (a finished pod on another node), then the history compacted and every watch
+    cut: each watcher reconnects from a resourceVersion older than the compaction, gets 410 and lists again."""
+    lists = {r: sum(1 for q in list(fake.requests) if _is_list(r)(q)) for r in resources}
+    fake.add_pod({"metadata": {"name": f"finished-{len(fake.requests)}", "namespace": "default"},
+                  "spec": {"nodeName": "elsewhere", "containers": [{"name": "c", "image": "x"}]},
+                  "status": {"phase": "Failed"}})
+    fake.expire_history()
+    fake.drop_watches()
+    for resource, n in lists.items():
+        assert fake.wait_for_requests(_is_list(resource), n + 1, timeout=WAIT), f"no re-list of {resource}"
+        assert fake.wait_for_watches(1, timeout=WAIT, resource=resource), f"no new watch on {resource}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the mapping itself
+
+
+@pytest.mark.parametrize(("method", "path", "query", "call"), [
+    ("GET", "/api/v1/nodes", {"limit": "500"}, Call("list", "", "nodes")),
+    ("GET", "/api/v1/pods", {"watch": "1", "fieldSelector": "spec.nodeName=n"}, Call("watch", "", "pods")),
+    ("GET", "/api/v1/watch/namespaces/ns/pods", {}, Call("watch", "", "pods")),
+    ("GET", "/api/v1/namespaces/ns/pods/p", {}, Call("get", "", "pods")),
+    ("PATCH", "/api/v1/nodes/n", {}, Call("patch", "", "nodes")),
+    ("PATCH", "/api/v1/nodes/n/status", {}, Call("patch", "", "nodes", "status")),
+    ("POST", "/api/v1/namespaces/ns/pods/p/binding", {}, Call("create", "", "pods", "binding")),
+    ("POST", "/api/v1/namespaces/ns/bindings", {}, Call("create", "", "bindings")),
+    ("DELETE", "/api/v1/namespaces/ns/pods", {}, Call("deletecollection", "", "pods")),
+    ("GET", "/api/v1/namespaces/ns", {}, Call("get", "", "namespaces")),
+    ("PUT", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l", {}, Call("update", "coordination.k8s.io",
+                                                                           "leases")),
+])
+def test_requests_map_to_what_rbac_checks(method: str, path: str, query: dict[str, str], call: Call) -> None:
+    assert rbac_call(RecordedRequest(method, path, query)) == call
+
+
+def test_comparison_notices_an_undeclared_call_and_an_unused_one() -> None:
+    plugin = [RecordedRequest("GET", "/api/v1/nodes/n", {}), RecordedRequest("PATCH", "/api/v1/nodes/n", {}),
+              RecordedRequest("GET", "/api/v1/pods", {}), RecordedRequest("GET", "/api/v1/pods", {"watch": "1"})]
+    assert_equals_table("plugin", plugin)
+    with pytest.raises(AssertionError, match="does not declare"):
+        assert_equals_table("plugin", [*plugin, RecordedRequest("PUT", "/api/v1/nodes/n", {})])
+    with pytest.raises(AssertionError, match="never made"):
+        assert_equals_table("plugin", plugin[1:])
+    with pytest.raises(NonResourceRequest):
+        rbac_call(RecordedRequest("GET", "/version", {}))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the device plugin: publication, state change, plan watch, re-list
+
+
+@pytest.fixture
+def plugin_node() -> Iterator[dict[str, Any]]:
+    """`gpuplugin run` as on a GPU node: kubeconfig to the fake apiserver, NODE_NAME, the kubelet simulator and the
+    kubelet's PodResources socket."""
+    root = Path(tempfile.mkdtemp(prefix="rbac-", dir="/tmp"))
+    with FakeKubeApi() as fake, PodResourcesServer(str(root / "podres.sock")) as podres, \
+            KubeletSimulator(root / "dp") as kubelet:
+        fake.add_node({"metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
+                       "status": {"allocatable": {RESOURCE: "8"}, "capacity": {RESOURCE: "8"}}})
+        kubeconfig = root / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
+            "users": [{"name": "u", "user": {}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
+        }))
+        env = dict(os.environ, KUBECONFIG=str(kubeconfig), NODE_NAME=NODE)
+        with open(root / "plugin.log", "wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "gpuplugin.cli", "run", "--device-plugin-dir", str(root / "dp"),
+                 "--topology", str(DGX1), "--pod-resources-socket", str(root / "podres.sock"),
+                 "--metrics-port", "0", "--device-id-strategy", "index"],
+                env=env, stdout=out, stderr=subprocess.STDOUT,
+            )
+        try:
+            yield {"fake": fake, "podres": podres, "kubelet": kubelet, "process": process, "log": root / "plugin.log"}
+        finally:
+            _stop(process)
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def test_plugin_calls_exactly_its_declared_api(plugin_node: dict[str, Any]) -> None:
+    fake, podres, kubelet = plugin_node["fake"], plugin_node["podres"], plugin_node["kubelet"]
+    ids = [d.id for d in kubelet.wait_for_devices(RESOURCE, 8, timeout=WAIT)]
+
+    def annotations() -> dict[str, str]:
+        return (fake.node(NODE) or {}).get("metadata", {}).get("annotations", {})
+
+    try:
+        _wait(lambda: f"{PREFIX}/topology" in annotations(), "the topology annotation")
+        # A state change: the kubelet now holds GPUs 1 and 2 for a pod; the next poll publishes it.
+        podres.service.set_pod("default", "holder", {"main": {RESOURCE: ["1", "2"]}})
+        # The plan watch: a pod bound here with the extender's plan reaches GetPreferredAllocation.
+        assert fake.wait_for_watches(1, timeout=WAIT, resource="pods")
+        plan = {"v": 1, "node": NODE, "resource": RESOURCE, "containers": {"main": ["4", "7"]}, "gbps": 40.0}
+        fake.add_pod({
+            "metadata": {"name": "trainer", "namespace": "default",
+                         "annotations": {f"{PREFIX}/plan": json.dumps(plan)}},
+            "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x",
+                                                        "resources": {"limits": {RESOURCE: "2"}}}]},
+        })
+        _wait(lambda: kubelet.preferred_raw(RESOURCE, ids, [], 2) == ["4", "7"], "the plan at the kubelet")
+        _relist(fake, ("pods",))
+        _wait(lambda: state_from_json(annotations().get(f"{PREFIX}/state", '{"v":1}')).used == {"1", "2"},
+              "the new state on the Node")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{plugin_node['log'].read_text()[-4000:]}") from None
+    _stop(plugin_node["process"])
+    assert_equals_table("plugin", list(fake.requests))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the extender: cache sync, the four verbs, bind with 409, bind of an unknown pod, re-list
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _gpu_pod(name: str, gpus: int) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "default"},
+            "spec": {"schedulerName": "gpu-topology-scheduler", "containers": [{
+                "name": "main", "image": "registry.invalid/none:0",
+                "resources": {"limits": {RESOURCE: str(gpus)}, "requests": {RESOURCE: str(gpus)}}}]}}
+
+
+@pytest.fixture
+def extender_cluster() -> Iterator[dict[str, Any]]:
+    """`gpu-extender serve --api-server <fake>` on a free loopback port, with one DGX-1 node published."""
+    root = Path(tempfile.mkdtemp(prefix="rbac-ext-", dir="/tmp"))
+    with FakeKubeApi() as fake:
+        fake.add_node({"metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "n1"},
+                                    "annotations": node_annotations(topo(DGX1))},
+                       "status": {"allocatable": {RESOURCE: "8"}, "capacity": {RESOURCE: "8"}}})
+        port = _free_port()
+        with open(root / "extender.log", "wb") as out:
+            process = subprocess.Popen(
+                [str(Path(sys.executable).parent / "gpu-extender"), "serve", "--api-server", fake.url,
+                 "--host", "127.0.0.1", "--port", str(port)],
+                stdout=out, stderr=subprocess.STDOUT,
+            )
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+                _wait(lambda: _ready(client, process), "the extender's /readyz")
+                yield {"fake": fake, "client": client, "process": process, "log": root / "extender.log"}
+        finally:
+            _stop(process)
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _ready(client: httpx.Client, process: subprocess.Popen[bytes]) -> bool:
+    assert process.poll() is None, "gpu-extender exited"
+    try:
+        return client.get("/readyz").status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def test_extender_calls_exactly_its_declared_api(extender_cluster: dict[str, Any]) -> None:
+    fake, client = extender_cluster["fake"], extender_cluster["client"]
+    try:
+        p1, p2, p3 = (fake.add_pod(_gpu_pod(name, 4)) for name in ("p1", "p2", "p3"))
+        _wait(lambda: client.post("/filter", json=cache_args(p1, ["n1"])).json()["NodeNames"] == ["n1"],
+              "p1 to fit n1")
+        scores = client.post("/prioritize", json=cache_args(p1, ["n1"])).json()
+        assert scores == [{"Host": "n1", "Score": scores[0]["Score"]}]
+        assert client.post("/bind", json=bind_body(p1, "n1")).json() == {"Error": ""}
+        assert fake.pod("default", "p1")["spec"]["nodeName"] == "n1"
+
+        # 409 on the Binding: the extender reads the pod back to tell a lost race from its own earlier success.
+        fake.fail_next(1, 409, path_regex=r"/pods/p2/binding$", method="POST")
+        assert "conflict" in client.post("/bind", json=bind_body(p2, "n1")).json()["Error"]
+        # A pod deleted between filter and bind: not in the cache, so the extender asks the apiserver.
+        ghost = dict(p3, metadata={**p3["metadata"], "name": "ghost", "uid": "uid-of-a-deleted-pod"})
+        assert "not found" in client.post("/bind", json=bind_body(ghost, "n1")).json()["Error"]
+
+        body = recorded("preempt-nodecache.json")
+        body["Pod"] = p3
+        body["NodeNameToMetaVictims"] = {"n1": {"NumPDBViolations": 0, "Pods": [{"UID": p1["metadata"]["uid"]}]}}
+        assert client.post("/preempt", json=body).status_code == 200
+
+        _relist(fake, ("nodes", "pods"))
+        assert client.get("/readyz").status_code == 200
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{extender_cluster['log'].read_text()[-4000:]}") from None
+    _stop(extender_cluster["process"])
+    assert_equals_table("extender", list(fake.requests))
