@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import kubernetes.client
 import pytest
 import yaml
 
@@ -21,10 +20,8 @@ from extender.config import ExtenderConfig
 from extender.service import Extender
 from gpuplugin.core import Topology, topology_to_json
 from gpuplugin.discovery.loader import load_topology_file
-from gpuplugin.kube import make_api_client
 from tests.conftest import SHARED
 from tests.extender.server import serve
-from tests.fakes.kubeapi import FakeKubeApi
 
 RECORDED = SHARED / "recordings" / "kube-scheduler"
 TOPOLOGIES = SHARED / "topologies"
@@ -146,19 +143,6 @@ def standalone(tmp_path: Path) -> Callable[..., Any]:
             yield ext, client
 
     return make
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeKubeApi]:
-    with FakeKubeApi() as server:
-        yield server
-
-
-@pytest.fixture
-def api(fake: FakeKubeApi) -> Iterator[kubernetes.client.ApiClient]:
-    client = make_api_client(host=fake.url, timeout_s=5.0)
-    yield client
-    client.close()
 
 
 @pytest.fixture(autouse=True)

@@ -6,27 +6,11 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import kubernetes.client
 import pytest
 
-from gpuplugin.kube import make_api_client
 from tests.conftest import SHARED
-from tests.fakes.kubeapi import FakeKubeApi
 
 RECORDINGS = SHARED / "recordings" / "kube-apiserver"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeKubeApi]:
-    with FakeKubeApi() as server:
-        yield server
-
-
-@pytest.fixture
-def api(fake: FakeKubeApi) -> Iterator[kubernetes.client.ApiClient]:
-    client = make_api_client(host=fake.url, timeout_s=5.0)
-    yield client
-    client.close()
 
 
 def node(name: str, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> dict:

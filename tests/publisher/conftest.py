@@ -7,11 +7,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import kubernetes.client
 import pytest
 
-from gpuplugin.kube import make_api_client
-from tests.fakes.kubeapi import FakeKubeApi
 from tests.publisher.kubelet_podresources import PodResourcesServer
 
 NODE = "gpu-node-1"
@@ -37,15 +34,3 @@ def node_object(name: str = NODE) -> dict:
         "status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}},
     }
 
-
-@pytest.fixture
-def fake() -> Iterator[FakeKubeApi]:
-    with FakeKubeApi() as server:
-        yield server
-
-
-@pytest.fixture
-def api(fake: FakeKubeApi) -> Iterator[kubernetes.client.ApiClient]:
-    client = make_api_client(host=fake.url, timeout_s=5.0)
-    yield client
-    client.close()
