@@ -11,7 +11,6 @@ static test, which checks them against the KubeSchedulerConfiguration's leader e
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
@@ -28,12 +27,11 @@ import pytest
 import yaml
 
 from gpuplugin.core import state_from_json
-from gpuplugin.sim.kubelet import KubeletSimulator
 from tests.conftest import SHARED
 from tests.deploy.rendering import DEPLOY
 from tests.extender.conftest import bind_body, cache_args, node_annotations, recorded, topo
+from tests.fakes.gpunode import GpuNode, gpu_node
 from tests.fakes.kubeapi import FakeKubeApi, RecordedRequest
-from tests.publisher.kubelet_podresources import PodResourcesServer
 
 CALLS_FILE = DEPLOY / "rbac-calls.yaml"
 DGX1 = SHARED / "topologies" / "dgx1-v100-ucxpy.txt"
@@ -188,38 +186,14 @@ def test_comparison_notices_an_undeclared_call_and_an_unused_one() -> None:
 
 
 @pytest.fixture
-def plugin_node() -> Iterator[dict[str, Any]]:
-    """`gpuplugin run` as on a GPU node: kubeconfig to the fake apiserver, NODE_NAME, the kubelet simulator and the
-    kubelet's PodResources socket."""
-    root = Path(tempfile.mkdtemp(prefix="rbac-", dir="/tmp"))
-    with FakeKubeApi() as fake, PodResourcesServer(str(root / "podres.sock")) as podres, \
-            KubeletSimulator(root / "dp") as kubelet:
-        fake.add_node({"metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
-                       "status": {"allocatable": {RESOURCE: "8"}, "capacity": {RESOURCE: "8"}}})
-        kubeconfig = root / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
-            "users": [{"name": "u", "user": {}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
-        }))
-        env = dict(os.environ, KUBECONFIG=str(kubeconfig), NODE_NAME=NODE)
-        with open(root / "plugin.log", "wb") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "gpuplugin.cli", "run", "--device-plugin-dir", str(root / "dp"),
-                 "--topology", str(DGX1), "--pod-resources-socket", str(root / "podres.sock"),
-                 "--metrics-port", "0", "--device-id-strategy", "index"],
-                env=env, stdout=out, stderr=subprocess.STDOUT,
-            )
-        try:
-            yield {"fake": fake, "podres": podres, "kubelet": kubelet, "process": process, "log": root / "plugin.log"}
-        finally:
-            _stop(process)
-            shutil.rmtree(root, ignore_errors=True)
+def plugin_node() -> Iterator[GpuNode]:
+    """`gpuplugin run` as on a GPU node (tests/fakes/gpunode.py)."""
+    with gpu_node(NODE, DGX1, args=["--device-id-strategy", "index"]) as node:
+        yield node
 
 
-def test_plugin_calls_exactly_its_declared_api(plugin_node: dict[str, Any]) -> None:
-    fake, podres, kubelet = plugin_node["fake"], plugin_node["podres"], plugin_node["kubelet"]
+def test_plugin_calls_exactly_its_declared_api(plugin_node: GpuNode) -> None:
+    fake, podres, kubelet = plugin_node.fake, plugin_node.podres, plugin_node.kubelet
     ids = [d.id for d in kubelet.wait_for_devices(RESOURCE, 8, timeout=WAIT)]
 
     def annotations() -> dict[str, str]:
@@ -243,8 +217,8 @@ def test_plugin_calls_exactly_its_declared_api(plugin_node: dict[str, Any]) -> N
         _wait(lambda: state_from_json(annotations().get(f"{PREFIX}/state", '{"v":1}')).used == {"1", "2"},
               "the new state on the Node")
     except AssertionError as e:
-        raise AssertionError(f"{e}\n{plugin_node['log'].read_text()[-4000:]}") from None
-    _stop(plugin_node["process"])
+        raise AssertionError(f"{e}\n{plugin_node.log_tail()}") from None
+    plugin_node.stop()
     assert_equals_table("plugin", list(fake.requests))
 
 

@@ -5,24 +5,14 @@ topology and state, and hand the kubelet the extender's plan for a pod bound to 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import yaml
 
 from gpuplugin.core import state_from_json, topology_from_json
-from gpuplugin.sim.kubelet import KubeletSimulator
 from tests.conftest import SHARED
-from tests.fakes.kubeapi import FakeKubeApi
-from tests.publisher.kubelet_podresources import PodResourcesServer
+from tests.fakes.gpunode import GpuNode, gpu_node
 
 NODE = "dgx1-node"
 RESOURCE = "nvidia.com/gpu"
@@ -39,40 +29,13 @@ def _wait(pred, timeout: float = 20.0) -> bool:
 
 
 @pytest.fixture
-def node_env() -> Iterator[dict]:
-    root = Path(tempfile.mkdtemp(prefix="node-", dir="/tmp"))
-    with FakeKubeApi() as fake, PodResourcesServer(str(root / "podres.sock")) as podres, \
-            KubeletSimulator(root / "dp") as kubelet:
-        fake.add_node({"metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
-                       "status": {"allocatable": {RESOURCE: "8"}, "capacity": {RESOURCE: "8"}}})
-        kubeconfig = root / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
-            "users": [{"name": "u", "user": {}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
-        }))
-        env = dict(os.environ, KUBECONFIG=str(kubeconfig), NODE_NAME=NODE)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuplugin.cli", "run", "--device-plugin-dir", str(root / "dp"),
-             "--topology", str(DGX1), "--pod-resources-socket", str(root / "podres.sock"), "--metrics-port", "0",
-             "--device-id-strategy", "index"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        try:
-            yield {"fake": fake, "podres": podres, "kubelet": kubelet, "proc": proc}
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.communicate(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-            shutil.rmtree(root, ignore_errors=True)
+def node_env() -> Iterator[GpuNode]:
+    with gpu_node(NODE, DGX1, args=["--device-id-strategy", "index"]) as node:
+        yield node
 
 
-def test_publishes_topology_and_state_and_honours_a_plan(node_env: dict) -> None:
-    fake, podres, kubelet, proc = node_env["fake"], node_env["podres"], node_env["kubelet"], node_env["proc"]
+def test_publishes_topology_and_state_and_honours_a_plan(node_env: GpuNode) -> None:
+    fake, podres, kubelet, proc = node_env.fake, node_env.podres, node_env.kubelet, node_env.process
     devices = kubelet.wait_for_devices(RESOURCE, 8, timeout=30)
     ids = [d.id for d in devices]
     assert ids == [str(i) for i in range(8)]

@@ -5,24 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes.config.incluster_config import SERVICE_TOKEN_FILENAME
 
 from gpuplugin.kube import KubeConfigError, credentials_available, get_node, make_api_client, request_timeout
+from tests.fakes.gpunode import write_kubeconfig
 from tests.fakes.kubeapi import FakeKubeApi
 from tests.kube.conftest import node
-
-
-def write_kubeconfig(path: Path, server: str, token: str) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "fake", "cluster": {"server": server}}],
-        "users": [{"name": "tester", "user": {"token": token}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tester"}}],
-        "current-context": "fake",
-    }))
-    return path
 
 
 @pytest.fixture

@@ -24,10 +24,10 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from gpuplugin.sim.kubelet import KubeletSimulator
 from tests.extender.conftest import DGX1, bind_body, cache_args, node_annotations, topo
+from tests.fakes.gpunode import write_kubeconfig
 from tests.fakes.kubeapi import FakeKubeApi
 from tests.publisher.kubelet_podresources import PodResourcesServer
 
@@ -58,16 +58,6 @@ def test_leak_check_finds_a_fragment() -> None:
     secret = secrets.token_urlsafe(32)
     assert leaks(f"Authorization: Bearer {secret[5:5 + WINDOW]}", secret) == [secret[5:5 + WINDOW]]
     assert leaks(f"token {secret[:WINDOW - 1]}", secret) == []
-
-
-def write_kubeconfig(path: Path, server: str, secret: str) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": server}}],
-        "users": [{"name": "robot", "user": {"token": secret}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "robot"}}],
-    }))
-    return path
 
 
 def _wait(predicate: Callable[[], bool], what: str, log: Path) -> None:
