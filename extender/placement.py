@@ -24,10 +24,11 @@ pair; once the last one is left, it prefers a node whose 8-GPU island is already
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import accumulate, compress, repeat
 from operator import is_
 from typing import Any
 
@@ -131,15 +132,22 @@ def island_values(counts: Mapping[Fit, int]) -> list[float]:
     scarce, i.e. fewer than ISLAND_SPARE other candidate nodes still offer a free ring of that size at least as fast.
     Breaking one of many equal islands costs nothing (a lightly loaded cluster stays greedy); breaking one of the
     last few is paid for."""
-    supply: dict[int, list[tuple[float, int]]] = {}
+    raw: dict[int, list[tuple[float, int]]] = {}
     for f, n in counts.items():
         for s, before, _after in f.islands:
-            supply.setdefault(s, []).append((before, n))
+            raw.setdefault(s, []).append((before, n))
+    # per size: island GB/s ascending and how many nodes offer at least each, so a lookup is a bisection
+    supply: dict[int, tuple[list[float], list[int]]] = {}
+    for s, pairs in raw.items():
+        pairs.sort()
+        at_least = list(accumulate(reversed([n for _, n in pairs])))[::-1]
+        supply[s] = ([b for b, _ in pairs], at_least)
     values = []
     for f in counts:
         loss = 0.0
         for s, before, after in f.islands:
-            others = sum(m for b, m in supply[s] if b >= before - _EPS) - 1  # nodes in the same state count too
+            befores, at_least = supply[s]
+            others = at_least[bisect_left(befores, before - _EPS)] - 1  # nodes in the same state count too
             if others < ISLAND_SPARE:
                 loss += max(before - after, 0.0)
         values.append(max(f.gbps - ISLAND_PENALTY * loss, VALUE_FLOOR * f.gbps))
