@@ -1,6 +1,7 @@
 """Shared test setup. `SHARED` is the read-only fixture tree (../shared next to the repository); `fake` is an
 in-process kube-apiserver and `api` the official client pointed at it."""
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,3 +31,15 @@ def api(fake: FakeKubeApi) -> Iterator[kubernetes.client.ApiClient]:
     client = make_api_client(host=fake.url, timeout_s=5.0)
     yield client
     client.close()
+
+
+@pytest.fixture
+def no_leaked_threads() -> Iterator[None]:
+    """Fails a test that leaves threads running; suites that start servers and watchers use it autouse."""
+    before = set(threading.enumerate())
+    yield
+    leftover = [t for t in threading.enumerate() if t not in before]
+    for t in leftover:
+        t.join(5)
+    alive = [t.name for t in leftover if t.is_alive()]
+    assert not alive, f"threads left running: {alive}"

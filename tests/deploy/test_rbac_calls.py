@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from gpuplugin.core import state_from_json
 from tests.conftest import SHARED
 from tests.deploy.rendering import DEPLOY
 from tests.extender.conftest import bind_body, cache_args, node_annotations, recorded, topo
-from tests.fakes.gpunode import GpuNode, gpu_node
+from tests.fakes.gpunode import GpuNode, gpu_node, terminate
 from tests.fakes.kubeapi import FakeKubeApi, RecordedRequest
 
 CALLS_FILE = DEPLOY / "rbac-calls.yaml"
@@ -117,16 +116,6 @@ def _wait(predicate: Callable[[], bool], what: str, timeout: float = WAIT) -> No
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _is_list(resource: str) -> Callable[[RecordedRequest], bool]:
@@ -259,7 +248,7 @@ def extender_cluster() -> Iterator[dict[str, Any]]:
                 _wait(lambda: _ready(client, process), "the extender's /readyz")
                 yield {"fake": fake, "client": client, "process": process, "log": root / "extender.log"}
         finally:
-            _stop(process)
+            terminate(process)
             shutil.rmtree(root, ignore_errors=True)
 
 
@@ -298,5 +287,5 @@ def test_extender_calls_exactly_its_declared_api(extender_cluster: dict[str, Any
         assert client.get("/readyz").status_code == 200
     except AssertionError as e:
         raise AssertionError(f"{e}\n{extender_cluster['log'].read_text()[-4000:]}") from None
-    _stop(extender_cluster["process"])
+    terminate(extender_cluster["process"])
     assert_equals_table("extender", list(fake.requests))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -146,12 +145,5 @@ def standalone(tmp_path: Path) -> Callable[..., Any]:
 
 
 @pytest.fixture(autouse=True)
-def no_leaked_threads() -> Iterator[None]:
-    """Every server, watcher and worker thread a test starts must be gone when it ends."""
-    before = set(threading.enumerate())
-    yield
-    leftover = [t for t in threading.enumerate() if t not in before]
-    for t in leftover:
-        t.join(5)
-    alive = [t.name for t in leftover if t.is_alive()]
-    assert not alive, f"threads left running: {alive}"
+def _no_leaked_threads(no_leaked_threads: None) -> None:
+    """Every server, watcher and worker thread a test here starts must be gone when it ends (tests/conftest.py)."""

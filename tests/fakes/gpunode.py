@@ -35,6 +35,17 @@ def write_kubeconfig(path: Path, server: str, token: str | None = None) -> Path:
     return path
 
 
+def terminate(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, as the kubelet does on pod deletion, then SIGKILL after 20 s; idempotent."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 @dataclass
 class GpuNode:
     name: str
@@ -45,14 +56,7 @@ class GpuNode:
     log: Path
 
     def stop(self) -> None:
-        """SIGTERM, as the kubelet does on pod deletion; idempotent."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""

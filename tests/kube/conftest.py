@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -61,12 +61,5 @@ class Events:
 
 
 @pytest.fixture(autouse=True)
-def no_leaked_threads() -> Iterator[None]:
-    """Every server, connection and watcher thread a test starts must be gone when it ends."""
-    before = set(threading.enumerate())
-    yield
-    leftover = [t for t in threading.enumerate() if t not in before]
-    for t in leftover:
-        t.join(2)
-    alive = [t.name for t in leftover if t.is_alive()]
-    assert not alive, f"threads left running: {alive}"
+def _no_leaked_threads(no_leaked_threads: None) -> None:
+    """Every server, watcher and worker thread a test here starts must be gone when it ends (tests/conftest.py)."""

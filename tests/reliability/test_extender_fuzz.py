@@ -22,7 +22,6 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,13 +41,13 @@ from extender import models
 from extender.config import ExtenderConfig
 from extender.service import Extender
 from gpuplugin.core import TopologyError, state_from_json, topology_from_json, topology_to_json
-from gpuplugin.kube import make_api_client
 from gpuplugin.plan_watch import PlanFormatError, parse_plan
 from tests.extender.conftest import A100, DGX1, H100X4, PCIE, PREFIX, node_annotations, recorded, running, topo
 from tests.extender.conftest import write_inventory as _write_inventory
 from tests.extender.test_cluster import k8s_node, k8s_pod
 from tests.fakes.kubeapi import FakeKubeApi
 from tests.reliability.conftest import WAIT, ThreadBaseline
+from tests.reliability.test_extender_faults import cluster_extender
 
 JSON = "application/json"
 VERBS = ("filter", "prioritize", "bind", "preempt")
@@ -413,19 +412,6 @@ def test_schemathesis_on_every_other_operation(tmp_path: Path) -> None:
         assert_alive_and_clean(client)
 
 
-@contextmanager
-def cluster_extender(fake: FakeKubeApi, **config: Any) -> Iterator[tuple[Extender, httpx.Client]]:
-    api = make_api_client(host=fake.url, timeout_s=WAIT)
-    ext = Extender.cluster(api, ExtenderConfig(**config), sync_options=SYNC_OPTIONS)
-    try:
-        with running(ext) as client:
-            assert ext.sync is not None and ext.sync.wait_synced(WAIT)
-            assert fake.wait_for_watches(2), "both watch streams open"  # every scenario starts from steady state
-            yield ext, client
-    finally:
-        api.close()
-
-
 def test_schemathesis_on_the_verbs_in_cluster_mode(fake: FakeKubeApi) -> None:
     """Bind reaches the apiserver here (pods that do not exist, names the apiserver refuses), filter and
     prioritize read a cache fed by watches."""
@@ -433,7 +419,7 @@ def test_schemathesis_on_the_verbs_in_cluster_mode(fake: FakeKubeApi) -> None:
     for i in range(1, 6):
         fake.add_node(k8s_node(f"gpu-node-{i}", d, used=[0] if i == 2 else []))
     fake.add_pod(k8s_pod("gpu-pod-a", 2))
-    with cluster_extender(fake, max_body_bytes=64 * 1024) as (_, client):
+    with cluster_extender(fake, api_timeout_s=WAIT, max_body_bytes=64 * 1024) as (_, client):
         schema = schemathesis.openapi.from_dict(client.get("/openapi.json").json())
         base = str(client.base_url)
         for verb in VERBS:
@@ -453,7 +439,6 @@ def test_schemathesis_on_the_verbs_in_cluster_mode(fake: FakeKubeApi) -> None:
 # -- annotations written by someone else ---------------------------------------------------------------------------
 
 TOPOLOGY_KEY, STATE_KEY, PLAN_KEY = f"{PREFIX}/topology", f"{PREFIX}/state", f"{PREFIX}/plan"
-SYNC_OPTIONS = {"watch_timeout_s": 60, "backoff_initial_s": 0.02, "backoff_max_s": 0.2}
 UTF8 = st.characters(codec="utf-8")
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(UTF8, max_size=12),
@@ -521,7 +506,7 @@ def test_garbage_annotations_from_the_apiserver_are_ignored_with_a_reason(fake: 
     items = st.lists(st.sampled_from(["topology", "state", "plan"]).flatmap(
         lambda kind: st.tuples(st.just(kind), garbage(valid[kind]))), min_size=1, max_size=6)
 
-    with structlog.testing.capture_logs() as logs, cluster_extender(fake) as (ext, client):
+    with structlog.testing.capture_logs() as logs, cluster_extender(fake, api_timeout_s=WAIT) as (ext, client):
         assert ext.sync is not None
 
         @seed(5)

@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import pytest
 
 from gpuplugin.sim.kubelet import KubeletSimulator
 from tests.extender.conftest import DGX1, bind_body, cache_args, node_annotations, topo
-from tests.fakes.gpunode import write_kubeconfig
+from tests.fakes.gpunode import terminate, write_kubeconfig
 from tests.fakes.kubeapi import FakeKubeApi
 from tests.publisher.kubelet_podresources import PodResourcesServer
 
@@ -66,16 +65,6 @@ def _wait(predicate: Callable[[], bool], what: str, log: Path) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}; log tail:\n{log.read_text()[-3000:]}")
         time.sleep(0.05)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _events(log: Path) -> list[dict[str, Any]]:
@@ -134,7 +123,7 @@ def test_plugin_logs_no_token(token: str, workdir: Path) -> None:
             _relist(fake)
             assert fake.wait_for_watches(1, timeout=WAIT, resource="pods")
         finally:
-            _stop(process)
+            terminate(process)
     text = log.read_text()
     assert leaks(text, token) == [], "the plugin's log holds the token"
     events = {e.get("event") for e in _events(log)}
@@ -199,7 +188,7 @@ def test_extender_logs_and_answers_no_token(token: str, workdir: Path) -> None:
                 _wait(ready, "/readyz after the re-list", log)
                 answers.append(client.get("/metrics").text)
         finally:
-            _stop(process)
+            terminate(process)
     text = log.read_text()
     assert leaks(text, token) == [], "the extender's log holds the token"
     assert leaks("\n".join(answers), token) == [], "the extender's answers hold the token"
