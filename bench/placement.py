@@ -124,13 +124,13 @@ class ExtenderPolicy:
     """Policy (c): the extender's own filter, prioritize and bind choice (extender.placement), fed the cluster's
     free GPUs as the node cache would hold them; kube-scheduler's LeastAllocated breaks the extender's ties."""
 
-    def __init__(self) -> None:
+    def __init__(self, **config_options: float) -> None:
         from extender.cache import NodeCache
         from extender.config import ExtenderConfig
         from extender.placement import Placement
         from extender.reservations import Reservations
 
-        config = ExtenderConfig()
+        config = ExtenderConfig(**config_options)
         self.cache = NodeCache(config, Reservations(config.reservation_timeout_s))
         self.placement = Placement(self.cache)
         self._seen: dict[str, frozenset[int]] = {}

@@ -19,6 +19,8 @@ import structlog
 
 from extender.config import (
     DEFAULT_BODY_LIMIT,
+    DEFAULT_ISLAND_PENALTY,
+    DEFAULT_ISLAND_SPARE,
     DEFAULT_PREFIX,
     DEFAULT_RESERVATION_TIMEOUT_S,
     DEFAULT_RESOURCE,
@@ -119,6 +121,11 @@ def main() -> None:
               type=click.FloatRange(min=0, min_open=True), help="Seconds a bound plan holds its GPUs unconfirmed.")
 @click.option("--max-body-bytes", default=DEFAULT_BODY_LIMIT, show_default=True, type=click.IntRange(min=1),
               help="Requests larger than this get 413.")
+@click.option("--island-penalty", default=DEFAULT_ISLAND_PENALTY, show_default=True,
+              type=click.FloatRange(min=0),
+              help="Share of a scarce larger NVLink island's GB/s a placement is charged for breaking it; 0 = greedy.")
+@click.option("--island-spare", default=DEFAULT_ISLAND_SPARE, show_default=True, type=click.IntRange(min=0),
+              help="Equally fast larger islands other nodes must still offer for breaking one to cost nothing.")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--tls-client-ca", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -135,7 +142,8 @@ def main() -> None:
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(LEVELS))
 def serve(host: str, port: int, inventory: str | None, kubeconfig: str | None, api_server: str | None,
           resource_name: str, annotation_prefix: str, reservation_timeout: float, max_body_bytes: int,
-          tls_cert: str | None, tls_key: str | None, tls_client_ca: str | None, allow_insecure_remote: bool,
+          island_penalty: float, island_spare: int, tls_cert: str | None, tls_key: str | None,
+          tls_client_ca: str | None, allow_insecure_remote: bool,
           metrics_port: int, metrics_host: str, log_level: str) -> None:
     """Serve POST /filter /prioritize /bind /preempt and GET /healthz /readyz /metrics."""
     import uvicorn
@@ -155,7 +163,8 @@ def serve(host: str, port: int, inventory: str | None, kubeconfig: str | None, a
         raise click.UsageError(f"--metrics-port {metrics_port} is the API port: give it a port of its own")
     try:
         config = ExtenderConfig(annotation_prefix=annotation_prefix, resource_name=resource_name,
-                                reservation_timeout_s=reservation_timeout, max_body_bytes=max_body_bytes)
+                                reservation_timeout_s=reservation_timeout, max_body_bytes=max_body_bytes,
+                                island_penalty=island_penalty, island_spare=island_spare)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     try:

@@ -8,6 +8,9 @@ DEFAULT_PREFIX = "gpu-topology.io"
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 DEFAULT_BODY_LIMIT = 10 * 1024 * 1024
 DEFAULT_RESERVATION_TIMEOUT_S = 300.0
+# See extender.placement.island_values; chosen with bench/placement.py.
+DEFAULT_ISLAND_PENALTY = 1.0
+DEFAULT_ISLAND_SPARE = 4
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,8 @@ class ExtenderConfig:
     resource_name: str = DEFAULT_RESOURCE
     reservation_timeout_s: float = DEFAULT_RESERVATION_TIMEOUT_S
     max_body_bytes: int = DEFAULT_BODY_LIMIT
+    island_penalty: float = DEFAULT_ISLAND_PENALTY
+    island_spare: int = DEFAULT_ISLAND_SPARE
 
     def __post_init__(self) -> None:
         if not self.annotation_prefix or "/" in self.annotation_prefix:
@@ -28,6 +33,10 @@ class ExtenderConfig:
             raise ValueError(f"reservation timeout must be positive, got {self.reservation_timeout_s}")
         if self.max_body_bytes <= 0:
             raise ValueError(f"body size limit must be positive, got {self.max_body_bytes}")
+        if not self.island_penalty >= 0:
+            raise ValueError(f"island penalty must be 0 or more, got {self.island_penalty}")
+        if self.island_spare < 0:
+            raise ValueError(f"island spare count must be 0 or more, got {self.island_spare}")
 
     @property
     def topology_key(self) -> str:

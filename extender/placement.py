@@ -14,7 +14,7 @@ from a whole free 8-GPU NVSwitch node loses the node's 8-GPU capability (loss 8)
 another node loses nothing; taking 2 GPUs out of 3 free loses less than breaking a node's only free pair.
 
 Value of a choice (what prioritize ranks nodes by, `island_values`):
-    value = its all-reduce GB/s - ISLAND_PENALTY x (GB/s of the best rings of the larger common sizes it breaks
+    value = its all-reduce GB/s - island_penalty x (GB/s of the best rings of the larger common sizes it breaks
             where no other candidate node offers an equally fast free ring of that size)
 in absolute GB/s, floored at 1% of its GB/s. While whole NVSwitch nodes are plentiful a 2-GPU pod takes the fastest
 pair; once the last one is left, it prefers a node whose 8-GPU island is already broken, or a PCIe server whose
@@ -39,12 +39,11 @@ from gpuplugin.core import Allocation, Topology, best_possible_gbps, best_subset
 from gpuplugin.core.bitset import bits, mask_of
 
 COMMON_SIZES = (2, 4, 8)
-# How much of a scarce larger free island's all-reduce GB/s a choice must gain to be worth breaking it
-# (island_values). Chosen with bench/placement.py over three seeds and two fleets: greedy (no penalty) sends 2- and
-# 4-GPU jobs to whole NVSwitch nodes and starves 8-GPU jobs (57 GB/s mean vs 149 for blind placement); penalty 1.0
-# with 4 spare islands keeps every request size at or above the blind baselines and the cluster-wide mean above them.
-ISLAND_PENALTY = 1.0
-ISLAND_SPARE = 4  # other equally fast islands of that size that make breaking one free (scarcity threshold)
+# ExtenderConfig.island_penalty and island_spare (flags --island-penalty, --island-spare) say how much of a scarce
+# larger free island's all-reduce GB/s a choice must gain to be worth breaking it (island_values). Defaults chosen
+# with bench/placement.py over three seeds and two fleets: greedy (penalty 0) sends 2- and 4-GPU jobs to whole
+# NVSwitch nodes and starves 8-GPU jobs (57 GB/s mean vs 149 for blind placement); penalty 1.0 with 4 spare islands
+# keeps every request size at or above the blind baselines and the cluster-wide mean above them.
 VALUE_FLOOR = 0.01
 PACKING_DIGITS = 4
 MAX_LOSS = float(sum(COMMON_SIZES))
@@ -127,9 +126,9 @@ def _fmt(gbps: float) -> str:
     return f"{gbps:.1f} GB/s"
 
 
-def island_values(counts: Mapping[Fit, int]) -> list[float]:
-    """Each distinct fit's value: its GB/s, less ISLAND_PENALTY x the GB/s of every larger island it breaks that is
-    scarce, i.e. fewer than ISLAND_SPARE other candidate nodes still offer a free ring of that size at least as fast.
+def island_values(counts: Mapping[Fit, int], penalty: float, spare: int) -> list[float]:
+    """Each distinct fit's value: its GB/s, less `penalty` x the GB/s of every larger island it breaks that is
+    scarce, i.e. fewer than `spare` other candidate nodes still offer a free ring of that size at least as fast.
     Breaking one of many equal islands costs nothing (a lightly loaded cluster stays greedy); breaking one of the
     last few is paid for."""
     raw: dict[int, list[tuple[float, int]]] = {}
@@ -148,9 +147,9 @@ def island_values(counts: Mapping[Fit, int]) -> list[float]:
         for s, before, after in f.islands:
             befores, at_least = supply[s]
             others = at_least[bisect_left(befores, before - _EPS)] - 1  # nodes in the same state count too
-            if others < ISLAND_SPARE:
+            if others < spare:
                 loss += max(before - after, 0.0)
-        values.append(max(f.gbps - ISLAND_PENALTY * loss, VALUE_FLOOR * f.gbps))
+        values.append(max(f.gbps - penalty * loss, VALUE_FLOOR * f.gbps))
     return values
 
 
@@ -386,7 +385,9 @@ class Placement:
         counts = Counter(fits)
         counts.pop(NO_FIT, None)
         distinct = list(counts)
-        scores = priority_scores([(v, f.packing) for f, v in zip(distinct, island_values(counts), strict=True)])
+        config = self.cache.config
+        values = island_values(counts, config.island_penalty, config.island_spare)
+        scores = priority_scores([(v, f.packing) for f, v in zip(distinct, values, strict=True)])
         by_fit = dict(zip(distinct, scores, strict=True))
         by_fit[NO_FIT] = 0
         return list(map(by_fit.__getitem__, fits))

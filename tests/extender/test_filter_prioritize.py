@@ -63,9 +63,9 @@ def test_min_allreduce_gbps(standalone) -> None:
 
 
 def test_better_interconnect_scores_higher_than_tighter_fit_while_islands_are_plentiful(standalone) -> None:
-    from extender.placement import ISLAND_SPARE
+    from extender.config import DEFAULT_ISLAND_SPARE
 
-    whole = [{"name": f"a100-{k}", "topology": A100} for k in range(ISLAND_SPARE + 1)]
+    whole = [{"name": f"a100-{k}", "topology": A100} for k in range(DEFAULT_ISLAND_SPARE + 1)]
     nodes = [*whole, {"name": "pcie-tight", "topology": PCIE, "used": [0, 1, 2, 3]}]
     names = ["pcie-tight", *(n["name"] for n in whole)]
     with standalone(nodes) as (_, client):
@@ -75,11 +75,14 @@ def test_better_interconnect_scores_higher_than_tighter_fit_while_islands_are_pl
 
 def test_one_of_the_last_whole_nvswitch_nodes_is_kept_for_a_larger_pod(standalone) -> None:
     """Breaking a scarce 8-GPU NVSwitch island for a 4-GPU pod costs that island's GB/s: the pod takes a tighter
-    node, and the island stays whole for the 8-GPU pod that only it can serve well."""
+    node, and the island stays whole for the 8-GPU pod that only it can serve well. Penalty 0 is greedy."""
     nodes = [{"name": "a100", "topology": A100}, {"name": "pcie-tight", "topology": PCIE, "used": [0, 1, 2, 3]}]
     with standalone(nodes) as (_, client):
         s = _scores(client, pod_json(gpus=4), ["pcie-tight", "a100"])
     assert s["pcie-tight"] > s["a100"]
+    with standalone(nodes, island_penalty=0.0) as (_, client):
+        greedy = _scores(client, pod_json(gpus=4), ["pcie-tight", "a100"])
+    assert greedy["a100"] > greedy["pcie-tight"]
 
 
 def test_single_gpu_goes_to_the_tightest_node_not_a_whole_free_island(standalone) -> None:
