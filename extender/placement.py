@@ -208,22 +208,25 @@ class Placement:
             problem = self._constraint_problem(topo, alloc, need)
             if problem is not None:
                 return Fit(None, gbps, 0.0, problem[0], problem[1])
-        return Fit(alloc, gbps, self._packing(topo, free, alloc), islands=self._islands(topo, free, alloc, size))
+        rings = self._rings(topo, free, alloc)
+        islands = tuple((s, before, after) for s, before, after in rings if s > size and s <= free_count)
+        return Fit(alloc, gbps, self._packing(topo, free_count - size, rings), islands=islands)
 
-    def _islands(self, topo: Topology, free: int, alloc: Allocation, size: int) -> tuple[tuple[int, float, float], ...]:
-        """For each common size above the request: the best ring of that size the free GPUs form, before and after
-        the choice (absolute GB/s: breaking an NVSwitch node's 8-GPU island costs more than a PCIe server's)."""
+    def _rings(self, topo: Topology, free: int, alloc: Allocation) -> list[tuple[int, float, float]]:
+        """For each common size the node has: the best ring of that size its free GPUs form, before and after the
+        choice (absolute GB/s). Packing weighs the loss relative to the node; island value weighs it absolutely
+        (breaking an NVSwitch node's 8-GPU island costs more than a PCIe server's)."""
         left = free & ~mask_of(alloc.gpus)
         free_count, left_count = free.bit_count(), left.bit_count()
         out = []
         for s in COMMON_SIZES:
-            if s <= size or s > free_count:
-                continue
+            if s > topo.size:
+                break
             with _CORE_LOCK:
-                before = best_possible_gbps(topo, s, bits(free))
+                before = best_possible_gbps(topo, s, bits(free)) if free_count >= s else 0.0
                 after = best_possible_gbps(topo, s, bits(left)) if left_count >= s else 0.0
             out.append((s, before, after))
-        return tuple(out)
+        return out
 
     def _constraint_problem(self, topo: Topology, alloc: Allocation, need: Need) -> tuple[str, bool] | None:
         size, gbps = need.size, alloc.allreduce_gbps
@@ -249,23 +252,13 @@ class Placement:
                     f"{_fmt(gbps)}", False)
         return None
 
-    def _packing(self, topo: Topology, free: int, alloc: Allocation) -> float:
-        n = topo.size
-        free_count = free.bit_count()
-        left = free & ~mask_of(alloc.gpus)
-        left_count = free_count - len(alloc.gpus)
+    def _packing(self, topo: Topology, left_count: int, rings: list[tuple[int, float, float]]) -> float:
         loss = 0.0
-        for s in COMMON_SIZES:
-            if s > n:
-                break
+        for s, before, after in rings:
             full_best = self.best_empty(topo, s)
-            if full_best <= 0:
-                continue
-            with _CORE_LOCK:
-                before = best_possible_gbps(topo, s, bits(free)) if free_count >= s else 0.0
-                after = best_possible_gbps(topo, s, bits(left)) if left_count >= s else 0.0
-            loss += s * (before - after) / full_best
-        tight = 1.0 - left_count / n
+            if full_best > 0:
+                loss += s * (before - after) / full_best
+        tight = 1.0 - left_count / topo.size
         # rounded once here, so equal packings compare equal in prioritize without rounding per node
         return round(0.85 * (1.0 - min(max(loss, 0.0), MAX_LOSS) / MAX_LOSS) + 0.15 * tight, PACKING_DIGITS)
 
