@@ -78,11 +78,8 @@ def start_health(cfg: PluginConfig, found: Discovered, manager: Any) -> Any:
     if found.backend is None:
         log.info("health monitoring off: no NVML (running on a topology file)")
         return None
-    try:
-        from gpuplugin.health import HealthMonitor
-    except ImportError as e:
-        log.warning("health monitoring off: monitor unavailable", error=str(e))
-        return None
+    from gpuplugin.health import HealthMonitor
+
     kwargs: dict[str, Any] = {}
     if cfg.ignored_xids is not None:
         kwargs["ignored_xids"] = cfg.ignored_xids
@@ -97,24 +94,28 @@ def start_health(cfg: PluginConfig, found: Discovered, manager: Any) -> Any:
     return monitor
 
 
-def start_publication(cfg: PluginConfig, manager: Any) -> Any:
-    """The node publisher when publication is wanted and possible; otherwise say once why it is off."""
+def no_cluster_reason(cfg: PluginConfig) -> str | None:
+    """Why this plugin will not talk to the Kubernetes API (publication and plans), or None when it will."""
     if cfg.publish is False:
-        log.info("publication off: --no-publish")
-        return None
+        return "--no-publish"
     from gpuplugin.kube.client import credentials_available
 
     if not credentials_available():
-        log.info("publication off: no Kubernetes credentials")
-        return None
+        return "no Kubernetes credentials"
     if not cfg.node_name:
-        log.warning("publication off: no node name (set --node-name or NODE_NAME)")
+        return "no node name (set --node-name or NODE_NAME)"
+    return None
+
+
+def start_publication(cfg: PluginConfig, manager: Any) -> Any:
+    """The node publisher when publication is wanted and possible; otherwise say once why it is off."""
+    reason = no_cluster_reason(cfg)
+    if reason is not None:
+        # credentials without a node name is a misconfiguration; the other reasons are choices
+        (log.warning if reason.startswith("no node name") else log.info)(f"publication off: {reason}")
         return None
-    try:
-        from gpuplugin.publisher import start_publisher
-    except ImportError as e:
-        log.warning("publication off: publisher unavailable", error=str(e))
-        return None
+    from gpuplugin.publisher import start_publisher
+
     return start_publisher(cfg, manager)
 
 
@@ -187,14 +188,12 @@ def start_plan_watch(cfg: PluginConfig, manager: Any) -> Callable[[], None] | No
     """Plans from the scheduler extender: a watch on this node's pods feeding GetPreferredAllocation. Returns the
     function that stops it, or None (said once) when there is no cluster to watch; the plugin then answers with its
     own best subset, which on the same free set is the extender's choice anyway."""
-    if cfg.publish is False or not cfg.node_name:
-        log.info("plans from the extender off", reason="--no-publish" if cfg.publish is False else "no node name")
+    reason = no_cluster_reason(cfg)
+    if reason is not None:
+        log.info("plans from the extender off", reason=reason)
         return None
-    from gpuplugin.kube.client import KubeConfigError, credentials_available, make_api_client
+    from gpuplugin.kube.client import KubeConfigError, make_api_client
 
-    if not credentials_available():
-        log.info("plans from the extender off", reason="no Kubernetes credentials")
-        return None
     try:
         api = make_api_client()
     except KubeConfigError as e:
