@@ -16,22 +16,18 @@ import argparse
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from gpuplugin.sim.ports import free_port
+
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 MESSAGE_MIB = (1, 4, 16, 64, 256, 1024)
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, sizes_mib: list[int], iters: int, out: str) -> None:
@@ -76,7 +72,7 @@ def run_subset(gpus: list[int], host_path: bool, sizes_mib: list[int], iters: in
         env.pop("NCCL_P2P_DISABLE", None)
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
-    cmd = [sys.executable, "-m", "bench.nccl", "_worker", "--world", str(len(gpus)), "--port", str(_free_port()),
+    cmd = [sys.executable, "-m", "bench.nccl", "_worker", "--world", str(len(gpus)), "--port", str(free_port()),
            "--mib", ",".join(map(str, sizes_mib)), "--iters", str(iters), "--out", out]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import yaml
 from gpuplugin.core import Topology
 from gpuplugin.discovery.loader import load_topology_file
 from gpuplugin.sim.kubelet import KubeletSimulator
+from gpuplugin.sim.ports import free_port
 
 RESOURCE = "nvidia.com/gpu"
 
@@ -49,11 +49,6 @@ class SimNode:
         healthy = [d.id for d in self.kubelet.devices(RESOURCE) if d.healthy]
         return [x for x in healthy if x not in self.allocated]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _tail(path: Path | None, lines: int = 15) -> str:
@@ -113,7 +108,7 @@ class LocalCluster:
         inventory.write_text(
             yaml.safe_dump({"nodes": [{"name": n.name, "topology": str(n.topology_file)} for n in self.nodes.values()]})
         )
-        port = _free_port()
+        port = free_port()
         self._extender_log = self.workdir / "extender.log"
         with open(self._extender_log, "wb") as log:
             self.extender = subprocess.Popen(

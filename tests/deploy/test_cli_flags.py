@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import pytest
 import yaml
 
 from extender.cli import serve
+from gpuplugin.sim.ports import free_port
 from tests.deploy.rendering import ROOT, Obj, all_renderings, containers, find
 
 BIN = Path(sys.executable).parent
@@ -127,11 +127,6 @@ def test_extender_arguments_parse_and_agree_with_the_plugin(rendering: str, tmp_
         assert names == [plugins[0]["resource_name"]] if plugins else names
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture
 def standalone_extender() -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
@@ -141,7 +136,7 @@ def standalone_extender() -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
     inventory = tmp / "inventory.yaml"
     topology = ROOT / "gpuplugin" / "data" / "dgx1-v100-hybrid-cube-mesh.txt"
     inventory.write_text(yaml.safe_dump({"nodes": [{"name": "gpu-node-1", "topology": str(topology)}]}))
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     process = subprocess.Popen([str(BIN / "gpu-extender"), "serve", "--inventory", str(inventory),
                                 "--host", "127.0.0.1", "--port", str(port), "--metrics-host", "127.0.0.1",
                                 "--metrics-port", str(metrics_port)],

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,8 @@ import pytest
 import yaml
 
 from gpuplugin.core import state_from_json
+from gpuplugin.sim.ports import free_port
+from gpuplugin.sim.scheduler import gpu_pod
 from tests.conftest import SHARED
 from tests.deploy.rendering import DEPLOY
 from tests.extender.conftest import bind_body, cache_args, node_annotations, recorded, topo
@@ -215,17 +216,6 @@ def test_plugin_calls_exactly_its_declared_api(plugin_node: GpuNode) -> None:
 # the extender: cache sync, the four verbs, bind with 409, bind of an unknown pod, re-list
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _gpu_pod(name: str, gpus: int) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "default"},
-            "spec": {"schedulerName": "gpu-topology-scheduler", "containers": [{
-                "name": "main", "image": "registry.invalid/none:0",
-                "resources": {"limits": {RESOURCE: str(gpus)}, "requests": {RESOURCE: str(gpus)}}}]}}
 
 
 @pytest.fixture
@@ -236,7 +226,7 @@ def extender_cluster() -> Iterator[dict[str, Any]]:
         fake.add_node({"metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "n1"},
                                     "annotations": node_annotations(topo(DGX1))},
                        "status": {"allocatable": {RESOURCE: "8"}, "capacity": {RESOURCE: "8"}}})
-        port = _free_port()
+        port = free_port()
         with open(root / "extender.log", "wb") as out:
             process = subprocess.Popen(
                 [str(Path(sys.executable).parent / "gpu-extender"), "serve", "--api-server", fake.url,
@@ -263,7 +253,7 @@ def _ready(client: httpx.Client, process: subprocess.Popen[bytes]) -> bool:
 def test_extender_calls_exactly_its_declared_api(extender_cluster: dict[str, Any]) -> None:
     fake, client = extender_cluster["fake"], extender_cluster["client"]
     try:
-        p1, p2, p3 = (fake.add_pod(_gpu_pod(name, 4)) for name in ("p1", "p2", "p3"))
+        p1, p2, p3 = (fake.add_pod(gpu_pod(name, 4)) for name in ("p1", "p2", "p3"))
         _wait(lambda: client.post("/filter", json=cache_args(p1, ["n1"])).json()["NodeNames"] == ["n1"],
               "p1 to fit n1")
         scores = client.post("/prioritize", json=cache_args(p1, ["n1"])).json()

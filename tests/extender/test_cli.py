@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import ssl
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from extender.cli import main
+from gpuplugin.sim.ports import free_port
 from tests.extender.conftest import A100, cache_args, pod_json, write_inventory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,18 +27,13 @@ def _openssl_cert(directory: Path, name: str) -> tuple[Path, Path]:
     return cert, key
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.skipif(not Path("/usr/bin/openssl").exists(), reason="needs the openssl command")
 def test_serve_over_mutual_tls(tmp_path: Path) -> None:
     server_cert, server_key = _openssl_cert(tmp_path, "server")
     client_cert, client_key = _openssl_cert(tmp_path, "client")
     inv = write_inventory(tmp_path / "inv.yaml", [{"name": "a100", "topology": A100}])
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "extender.cli", "serve", "--inventory", str(inv), "--port", str(port),
          "--tls-cert", str(server_cert), "--tls-key", str(server_key), "--tls-client-ca", str(client_cert),

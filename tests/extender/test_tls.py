@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from extender.cli import is_loopback
+from gpuplugin.sim.ports import free_port
 from tests.extender.conftest import DGX1, cache_args, pod_json
 
 GPU_EXTENDER = Path(sys.executable).parent / "gpu-extender"
@@ -160,11 +161,6 @@ def pki(workdir: Path) -> Pki:
 # the process
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def _accepts(port: int) -> bool:
     try:
@@ -178,7 +174,7 @@ def _accepts(port: int) -> bool:
 def serving(workdir: Path, *args: str, env: dict[str, str] | None = None,
             wait_port: str = "port") -> Iterator[dict[str, int]]:
     """`gpu-extender serve` standalone on free ports ({"port", "metrics_port"}); stopped on exit."""
-    ports = {"port": _free_port(), "metrics_port": _free_port()}
+    ports = {"port": free_port(), "metrics_port": free_port()}
     command = [str(GPU_EXTENDER), "serve", "--inventory", str(workdir / "inventory.yaml"),
                "--port", str(ports["port"]), *args]
     command = [a.replace("{metrics_port}", str(ports["metrics_port"])) for a in command]
@@ -203,7 +199,7 @@ def serving(workdir: Path, *args: str, env: dict[str, str] | None = None,
 
 def _refused(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(GPU_EXTENDER), "serve", "--inventory", str(workdir / "inventory.yaml"),
-                           "--port", str(_free_port()), *args], capture_output=True, text=True, timeout=60)
+                           "--port", str(free_port()), *args], capture_output=True, text=True, timeout=60)
 
 
 def _client_context(pki: Pki, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
@@ -313,7 +309,7 @@ def test_metrics_listener_serves_health_and_metrics_only(workdir: Path, pki: Pki
 
 
 def test_metrics_port_must_differ_from_the_api_port(workdir: Path) -> None:
-    port = str(_free_port())
+    port = str(free_port())
     result = subprocess.run([str(GPU_EXTENDER), "serve", "--inventory", str(workdir / "inventory.yaml"),
                              "--port", port, "--metrics-port", port], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--metrics-port" in result.stderr

@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ import httpx
 import pytest
 
 from gpuplugin.sim.kubelet import KubeletSimulator
+from gpuplugin.sim.ports import free_port
+from gpuplugin.sim.scheduler import gpu_pod
 from tests.extender.conftest import DGX1, bind_body, cache_args, node_annotations, topo
 from tests.fakes.gpunode import terminate, write_kubeconfig
 from tests.fakes.kubeapi import FakeKubeApi
@@ -134,16 +135,6 @@ def test_plugin_logs_no_token(token: str, workdir: Path) -> None:
     assert fake.node(NODE)["metadata"]["annotations"][f"{PREFIX}/topology"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _gpu_pod(name: str, gpus: int) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "default"},
-            "spec": {"containers": [{"name": "main", "image": "registry.invalid/none:0", "resources": {
-                "limits": {RESOURCE: str(gpus)}, "requests": {RESOURCE: str(gpus)}}}]}}
 
 
 def test_extender_logs_and_answers_no_token(token: str, workdir: Path) -> None:
@@ -153,7 +144,7 @@ def test_extender_logs_and_answers_no_token(token: str, workdir: Path) -> None:
         fake.add_node({"metadata": {"name": NODE, "annotations": node_annotations(topo(DGX1))},
                        "status": {"allocatable": {RESOURCE: "8"}, "capacity": {RESOURCE: "8"}}})
         fake.fail_next(1, 500, path_regex=r"^/api/v1/nodes\?", method="GET")
-        port = _free_port()
+        port = free_port()
         with open(log, "wb") as out:
             process = subprocess.Popen(
                 [str(Path(sys.executable).parent / "gpu-extender"), "serve", "--kubeconfig",
@@ -171,7 +162,7 @@ def test_extender_logs_and_answers_no_token(token: str, workdir: Path) -> None:
                         return False
 
                 _wait(ready, "/readyz", log)
-                p1, p2, p3 = (fake.add_pod(_gpu_pod(n, 2)) for n in ("p1", "p2", "p3"))
+                p1, p2, p3 = (fake.add_pod(gpu_pod(n, 2)) for n in ("p1", "p2", "p3"))
 
                 def post(path: str, body: Any) -> dict[str, Any]:
                     reply = client.post(path, json=body)
