@@ -169,13 +169,19 @@ class ExtenderPolicy:
 PolicyFn = Callable[[Sequence[Node], Job, random.Random], tuple[Node, tuple[int, ...]] | None]
 
 
+_MIN_NVLINK_MBPS: dict[str, int | None] = {}
+
+
 def nvlink_ring(topo: Topology, gpus: Sequence[int]) -> bool:
     """Whether the subset's best ring runs on NVLink alone (its bottleneck is an NVLink-class estimate)."""
     if len(gpus) < 2:
         return False
-    nv = [topo.bandwidth_mbps[i][j] for i in range(topo.size) for j in range(topo.size)
-          if i != j and topo.link(i, j).kind.is_nvlink]
-    return bool(nv) and allreduce_gbps(topo, gpus) * 1000 >= min(nv)
+    if topo.fingerprint not in _MIN_NVLINK_MBPS:  # once per machine kind, not per placement
+        nv = [topo.bandwidth_mbps[i][j] for i in range(topo.size) for j in range(topo.size)
+              if i != j and topo.link(i, j).kind.is_nvlink]
+        _MIN_NVLINK_MBPS[topo.fingerprint] = min(nv) if nv else None
+    floor = _MIN_NVLINK_MBPS[topo.fingerprint]
+    return floor is not None and allreduce_gbps(topo, gpus) * 1000 >= floor
 
 
 def simulate(cluster: dict[str, int], policy: PolicyFn, jobs: Sequence[Job], seed: int) -> Outcome:
