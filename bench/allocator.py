@@ -23,11 +23,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from bench.common import RESULTS, machine_line, markdown_table, percentile, shared_topology_files
-from gpuplugin.core import Topology, best_subset
-from gpuplugin.core.allocator import clear_memo
-from gpuplugin.core.scoring import ring_at_least, ring_bottleneck_mbps
-from gpuplugin.discovery.loader import load_topology_file
-from gpuplugin.sim.machines import nvlink_domains, nvswitch_node, pcie_bridge_server
+from gputopo.core import Topology, best_subset
+from gputopo.core.allocator import clear_memo
+from gputopo.core.scoring import ring_at_least, ring_bottleneck_mbps
+from gputopo.discovery.loader import load_topology_file
+from sim.machines import nvlink_domains, nvswitch_node, pcie_bridge_server
 
 POLICIES = ("ours", "random", "lowest-index", "max-pair-sum")
 
@@ -118,7 +118,7 @@ def quality(quick: bool) -> list[tuple[str, int, Tally]]:
 
 
 def latency(quick: bool) -> list[tuple[str, int, float, float, float, float]]:
-    from gpuplugin.discovery.loader import load_topology_file as load
+    from gputopo.discovery.loader import load_topology_file as load
 
     shared = {p.stem: p for p in shared_topology_files()}
     machines = [

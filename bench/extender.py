@@ -39,7 +39,7 @@ from typing import Any
 import yaml
 
 from bench.common import RESULTS, ROOT, SHARED, machine_line, markdown_table, percentile, shared_topology_files
-from gpuplugin.discovery.loader import load_topology_file
+from gputopo.discovery.loader import load_topology_file
 
 RECORDED = SHARED / "recordings" / "kube-scheduler"
 SIZES = (1, 2, 4, 8)

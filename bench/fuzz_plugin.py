@@ -25,11 +25,11 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from bench.common import RESULTS, SHARED, machine_line, markdown_table, percentile
-from gpuplugin.core import Topology
-from gpuplugin.discovery.loader import load_topology_file
-from gpuplugin.logs import configure_logging
 from gpuplugin.proto import deviceplugin_pb2 as pb
-from gpuplugin.sim.machines import nvswitch_node
+from gputopo.core import Topology
+from gputopo.discovery.loader import load_topology_file
+from gputopo.logs import configure_logging
+from sim.machines import nvswitch_node
 from tests.reliability import grpc_fuzz as fz
 from tests.reliability.strategies import allocate_requests, preferred_requests
 

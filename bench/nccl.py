@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuplugin.sim.ports import free_port
+from sim.ports import free_port
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 MESSAGE_MIB = (1, 4, 16, 64, 256, 1024)
@@ -30,11 +30,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 
-def _worker(rank: int, world: int, port: int, sizes_mib: list[int], iters: int, out: str) -> None:
+def _worker(rank: int, world: int, port: int, sizes_mib: list[int], iters: int, out: str,
+            device: int | None = None) -> None:
+    """One rank's sweep. `device` is the CUDA index when it is not the rank: 0 in a process that sees only its own
+    GPU, as a pod does (bench.train runs the "N pods" case through here)."""
     import torch
     import torch.distributed as dist
 
-    torch.cuda.set_device(rank)
+    torch.cuda.set_device(rank if device is None else device)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     results = []
     for mib in sizes_mib:
@@ -81,7 +84,7 @@ def run_subset(gpus: list[int], host_path: bool, sizes_mib: list[int], iters: in
 
 
 def choose_subsets(topo, sizes: list[int], seed: int) -> list[tuple[int, str, list[int]]]:
-    from gpuplugin.core import best_subset
+    from gputopo.core import best_subset
 
     rng = random.Random(seed)
     picks = []
@@ -101,11 +104,11 @@ def choose_subsets(topo, sizes: list[int], seed: int) -> list[tuple[int, str, li
 
 def load_topology(path: str | None):
     if path:
-        from gpuplugin.discovery.loader import load_topology_file
+        from gputopo.discovery.loader import load_topology_file
 
         return load_topology_file(path)
-    from gpuplugin.discovery.nvml import discover
-    from gpuplugin.discovery.nvml_backend import LiveNvmlBackend
+    from gputopo.discovery.nvml import discover
+    from gputopo.discovery.nvml_backend import LiveNvmlBackend
 
     backend = LiveNvmlBackend()
     backend.init()
@@ -160,7 +163,7 @@ def main() -> None:
     topo = load_topology(args.topology)
     sizes = [int(s) for s in args.sizes.split(",")]
     name = args.name or f"{(topo.gpus[0].model or 'gpu').split()[-1].lower()}x{topo.size}"
-    from gpuplugin.core import allreduce_gbps
+    from gputopo.core import allreduce_gbps
 
     rows = []
     for size, policy, gpus in choose_subsets(topo, sizes, args.seed):

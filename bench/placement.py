@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from bench.common import RESULTS, SHARED, machine_line, markdown_table
-from gpuplugin.core import Topology, allreduce_gbps, best_possible_gbps, best_subset
-from gpuplugin.discovery.loader import load_topology_file
+from gputopo.core import Topology, allreduce_gbps, best_possible_gbps, best_subset
+from gputopo.discovery.loader import load_topology_file
 
 SIZES = (1, 2, 4, 8)
 SIZE_WEIGHTS = (0.3, 0.3, 0.25, 0.15)

@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 
 from bench.common import RESULTS, SHARED, machine_line, markdown_table, percentile
-from gpuplugin.core import Topology, topology_to_json
 from gpuplugin.deviceplugin.lifecycle import PluginRunner
 from gpuplugin.deviceplugin.resource import ResourceManager
-from gpuplugin.discovery.loader import load_topology_file
-from gpuplugin.sim.kubelet import KubeletSimulator
-from gpuplugin.sim.machines import nvswitch_node, pcie_bridge_server
+from gputopo.core import Topology, topology_to_json
+from gputopo.discovery.loader import load_topology_file
+from sim.kubelet import KubeletSimulator
+from sim.machines import nvswitch_node, pcie_bridge_server
 
 RESOURCE = "nvidia.com/gpu"
 WAIT = 30.0

@@ -28,9 +28,9 @@ from extender.metrics import ExtenderMetrics
 from extender.placement import NoFit, Placement
 from extender.pods import PodNeeds, PodSpecError, RecentPods, pod_needs, split_plan
 from extender.reservations import BIND, Reservation
-from gpuplugin.core.bitset import mask_of
-from gpuplugin.kube import ApiUnavailable, Conflict, KubeApiError, KubeArgumentError, NotFound, bind_pod, get_pod
-from gpuplugin.plan_watch import Plan, encode_plan
+from gputopo.contract import Plan, encode_plan
+from gputopo.core.bitset import mask_of
+from gputopo.kube import ApiUnavailable, Conflict, KubeApiError, KubeArgumentError, NotFound, bind_pod, get_pod
 
 log = structlog.get_logger(__name__)
 

@@ -21,9 +21,9 @@ import structlog
 from extender.config import ExtenderConfig
 from extender.pods import PodNeeds, PodSpecError, parse_quantity, pod_needs
 from extender.reservations import POD, Reservation, Reservations
-from gpuplugin.core import Topology, TopologyError, state_from_json, topology_from_json
-from gpuplugin.core.bitset import mask_of
-from gpuplugin.plan_watch import Plan, PlanFormatError, parse_plan
+from gputopo.contract import Plan, PlanFormatError, parse_plan
+from gputopo.core import Topology, TopologyError, state_from_json, topology_from_json
+from gputopo.core.bitset import mask_of
 
 log = structlog.get_logger(__name__)
 

@@ -151,7 +151,7 @@ def serve(host: str, port: int, inventory: str | None, kubeconfig: str | None, a
     from extender.app import create_app, create_metrics_app
     from extender.inventory import InventoryError
     from extender.service import Extender
-    from gpuplugin.kube import KubeConfigError, make_api_client
+    from gputopo.kube import KubeConfigError, make_api_client
 
     configure_logging(log_level)
     if (tls_cert is None) != (tls_key is None):

@@ -8,7 +8,7 @@ import kubernetes.client
 import structlog
 
 from extender.cache import NodeCache
-from gpuplugin.kube import SYNC, Watcher
+from gputopo.kube import SYNC, Watcher
 
 log = structlog.get_logger(__name__)
 

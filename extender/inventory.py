@@ -27,10 +27,10 @@ import structlog
 import yaml
 
 from extender.cache import NodeCache, NodeEntry, PodRecord, make_entry
-from gpuplugin.core import Topology, TopologyError
-from gpuplugin.core.bitset import bits
-from gpuplugin.discovery.loader import load_topology_file, load_topology_text
-from gpuplugin.plan_watch import Plan, encode_plan
+from gputopo.contract import Plan, encode_plan
+from gputopo.core import Topology, TopologyError
+from gputopo.core.bitset import bits
+from gputopo.discovery.loader import load_topology_file, load_topology_text
 
 log = structlog.get_logger(__name__)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuplugin.logs import configure_logging
+from gputopo.logs import configure_logging
 
 LEVELS = ("debug", "info", "warning", "error")
 

@@ -35,8 +35,8 @@ from typing import Any
 from extender.cache import CORDONED, NodeCache, NodeEntry, PlacementState
 from extender.pods import Need
 from extender.scoring import priority_scores
-from gpuplugin.core import Allocation, Topology, best_possible_gbps, best_subset
-from gpuplugin.core.bitset import bits, mask_of
+from gputopo.core import Allocation, Topology, best_possible_gbps, best_subset
+from gputopo.core.bitset import bits, mask_of
 
 COMMON_SIZES = (2, 4, 8)
 # ExtenderConfig.island_penalty and island_spare (flags --island-penalty, --island-spare) say how much of a scarce

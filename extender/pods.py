@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from gpuplugin.core import Topology, best_subset
+from gputopo.core import Topology, best_subset
 
 INIT, SIDECAR, APP = "init", "sidecar", "app"
 

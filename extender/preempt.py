@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from extender.cache import NodeCache
 from extender.placement import Placement
 from extender.pods import Need
-from gpuplugin.core.bitset import mask_of
-from gpuplugin.plan_watch import Plan
+from gputopo.contract import Plan
+from gputopo.core.bitset import mask_of
 
 
 @dataclass(frozen=True)

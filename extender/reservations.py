@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gpuplugin.plan_watch import Plan
+from gputopo.contract import Plan
 
 BIND, POD = "bind", "pod"
 

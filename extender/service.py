@@ -20,7 +20,7 @@ from extender.metrics import ExtenderMetrics
 from extender.placement import Placement
 from extender.pods import RecentPods
 from extender.reservations import Reservations
-from gpuplugin.plan_watch import Plan
+from gputopo.contract import Plan
 
 log = structlog.get_logger(__name__)
 

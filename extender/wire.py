@@ -15,7 +15,7 @@ import orjson
 
 from extender.binder import BindRequest
 from extender.preempt import NodeVictims, Victim
-from gpuplugin.plan_watch import PlanFormatError, parse_plan
+from gputopo.contract import PlanFormatError, parse_plan
 
 INT32_MAX = 2**31 - 1  # NumPDBViolations is an int32 in kube-scheduler
 

@@ -1,32 +1,41 @@
-"""`gpuplugin`: one click group; each subcommand lives in gpuplugin/commands/<name>.py as `command`."""
+"""`gpuplugin`: one click group. Its own subcommands live in gpuplugin/commands/<name>.py as `command`; other
+packages add theirs through the `gpuplugin.commands` entry point group (the simulator adds `demo`), so the node agent
+never imports them."""
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
+from importlib.metadata import entry_points
 
 import click
 
-_SUBCOMMANDS = ("topo", "plan", "run", "record", "demo")
+_BUILTIN = ("topo", "plan", "run", "record")
+ENTRY_POINT_GROUP = "gpuplugin.commands"
+
+
+def _extensions() -> dict[str, str]:
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in _BUILTIN}
 
 
 class _LazyGroup(click.Group):
     """Imports a subcommand only when it runs, so `gpuplugin topo` does not pay for gRPC or the Kubernetes client."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [name for name in _SUBCOMMANDS if importlib.util.find_spec(f"gpuplugin.commands.{name}")]
+        return [*_BUILTIN, *sorted(_extensions())]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in _SUBCOMMANDS or not importlib.util.find_spec(f"gpuplugin.commands.{cmd_name}"):
-            return None
-        return importlib.import_module(f"gpuplugin.commands.{cmd_name}").command
+        if cmd_name in _BUILTIN:
+            return importlib.import_module(f"gpuplugin.commands.{cmd_name}").command
+        for ep in entry_points(group=ENTRY_POINT_GROUP, name=cmd_name):
+            return ep.load()
+        return None
 
 
 @click.group(cls=_LazyGroup)
 @click.version_option(package_name="gpu-topology-scheduling")
 def main() -> None:
     """Topology-aware GPU device plugin: discovery, placement and the kubelet device plugin server."""
-    from gpuplugin.logs import configure_logging
+    from gputopo.logs import configure_logging
 
     configure_logging("warning")  # `run` raises it with --log-level
 

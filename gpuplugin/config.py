@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 from gpuplugin.deviceplugin.allocation import ListStrategy
 from gpuplugin.deviceplugin.devices import IdStrategy
 from gpuplugin.deviceplugin.lifecycle import DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME
-from gpuplugin.deviceplugin.naming import dns_subdomain_problem, extended_resource_problem
+from gputopo.contract import dns_subdomain_problem, extended_resource_problem
 
 ENV_PREFIX = "GPUPLUGIN_"
 # Extra environment names a field also reads, after GPUPLUGIN_<FIELD> (NODE_NAME from the downward API).

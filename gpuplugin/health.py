@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from gpuplugin.discovery.nvml_backend import NvmlBackend, NvmlError, XidEvent, XidEventSet
+from gputopo.discovery.nvml_backend import NvmlBackend, NvmlError, XidEvent, XidEventSet
 
 log = structlog.get_logger(__name__)
 

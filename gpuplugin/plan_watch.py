@@ -7,14 +7,11 @@ kubelet's available set and holds every must-include id. Plans on one node are d
 same-size pod's plan costs nothing (DESIGN.md); once the kubelet allocates a plan its GPUs leave the available set,
 which is why nothing has to be marked as used here.
 
-The plan annotation codec lives here too: the plugin is the reader the extender writes for, and the extender depends
-on gpuplugin (never the other way round).
+The plan annotation codec is part of the shared contract (gputopo.contract).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,13 +21,10 @@ import kubernetes.client
 import structlog
 from prometheus_client import Counter, Gauge
 
-from gpuplugin.kube.watching import SYNC, Watcher
+from gputopo.contract import Plan, PlanFormatError, parse_plan
+from gputopo.kube.watching import SYNC, Watcher
 
 log = structlog.get_logger(__name__)
-
-PLAN_VERSION = 1
-MAX_PLAN_CONTAINERS = 64
-MAX_PLAN_IDS = 1024
 
 PLAN_LOOKUPS = Counter(
     "gpu_topology_plan_lookups_total",
@@ -50,79 +44,6 @@ MISS_SIZE = "no_plan_of_size"
 MISS_AVAILABLE = "not_available"
 MISS_MUST_INCLUDE = "lacks_must_include"
 _MISS_ORDER = (MISS_NO_PLANS, MISS_SIZE, MISS_AVAILABLE, MISS_MUST_INCLUDE)
-
-
-class PlanFormatError(ValueError):
-    """A plan annotation that is not the versioned JSON of docs/contracts.md."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    """GPU ids per container on one node, with the all-reduce estimate of their union."""
-
-    node: str
-    resource: str
-    containers: tuple[tuple[str, tuple[str, ...]], ...]
-    gbps: float
-
-    @property
-    def ids(self) -> frozenset[str]:
-        return frozenset(i for _, ids in self.containers for i in ids)
-
-    def container_ids(self) -> dict[str, list[str]]:
-        return {name: list(ids) for name, ids in self.containers}
-
-
-def encode_plan(plan: Plan) -> str:
-    """Compact JSON for the `<prefix>/plan` pod annotation."""
-    body = {
-        "v": PLAN_VERSION,
-        "node": plan.node,
-        "resource": plan.resource,
-        "containers": {name: list(ids) for name, ids in plan.containers},
-        "gbps": round(plan.gbps, 3),
-    }
-    return json.dumps(body, separators=(",", ":"))
-
-
-def parse_plan(text: Any) -> Plan:
-    """Read a plan annotation; raises PlanFormatError naming what is wrong (someone else may have written it)."""
-    if not isinstance(text, (str, bytes)):
-        raise PlanFormatError(f"plan annotation must be a string, got {type(text).__name__}")
-    try:
-        data = json.loads(text)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise PlanFormatError(f"plan annotation is not JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise PlanFormatError("plan JSON must be an object")
-    version = data.get("v")
-    if version != PLAN_VERSION or isinstance(version, bool):
-        raise PlanFormatError(f"plan JSON version {version!r} is not {PLAN_VERSION}")
-    node, resource = data.get("node"), data.get("resource")
-    if not isinstance(node, str) or not node:
-        raise PlanFormatError("plan 'node' must be a non-empty string")
-    if not isinstance(resource, str) or not resource:
-        raise PlanFormatError("plan 'resource' must be a non-empty string")
-    raw = data.get("containers")
-    if not isinstance(raw, dict) or not raw or len(raw) > MAX_PLAN_CONTAINERS:
-        raise PlanFormatError(f"plan 'containers' must map 1-{MAX_PLAN_CONTAINERS} container names to id lists")
-    containers = []
-    total = 0
-    for name, ids in raw.items():
-        if not name:
-            raise PlanFormatError("plan container name must not be empty")
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) and i for i in ids):
-            raise PlanFormatError(f"plan container {name!r} must list non-empty GPU id strings")
-        if len(set(ids)) != len(ids):
-            raise PlanFormatError(f"plan container {name!r} lists a GPU twice")
-        total += len(ids)
-        containers.append((name, tuple(ids)))
-    if total > MAX_PLAN_IDS:
-        raise PlanFormatError(f"plan lists {total} GPU ids, more than {MAX_PLAN_IDS}")
-    gbps = data.get("gbps", 0.0)
-    if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not math.isfinite(gbps) or gbps < 0:
-        raise PlanFormatError("plan 'gbps' must be a non-negative number")
-    return Plan(node, resource, tuple(containers), float(gbps))
 
 
 @dataclass(frozen=True)

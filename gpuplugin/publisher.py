@@ -38,13 +38,13 @@ from typing import Any, Protocol
 import kubernetes.client
 import structlog
 
-from gpuplugin.core.codec import NodeState, state_from_json, state_to_json, topology_to_json
-from gpuplugin.core.errors import TopologyFormatError
-from gpuplugin.core.topology import Topology
-from gpuplugin.kube.errors import Conflict, KubeApiError, NotFound
-from gpuplugin.kube.fetching import get_node
-from gpuplugin.kube.patching import patch_node_metadata
 from gpuplugin.podresources import PodResourcesError
+from gputopo.core.codec import NodeState, state_from_json, state_to_json, topology_to_json
+from gputopo.core.errors import TopologyFormatError
+from gputopo.core.topology import Topology
+from gputopo.kube.errors import Conflict, KubeApiError, NotFound
+from gputopo.kube.fetching import get_node
+from gputopo.kube.patching import patch_node_metadata
 
 log = structlog.get_logger(__name__)
 
@@ -373,8 +373,8 @@ def start_publisher(
     cfg: _ConfigLike, manager: _ManagerLike, *, api: kubernetes.client.ApiClient | None = None, **options: Any
 ) -> Publication | None:
     """Publication for `gpuplugin run`; None (said once in the log) when no API client can be made."""
-    from gpuplugin.kube.client import KubeConfigError, make_api_client
     from gpuplugin.podresources import PodResourcesClient
+    from gputopo.kube.client import KubeConfigError, make_api_client
 
     closers: list[Callable[[], None]] = []
     if api is None:

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpuplugin.sim.kubelet import KubeletSimulator  # noqa: E402
+from sim.kubelet import KubeletSimulator  # noqa: E402
 
 RESOURCE = "nvidia.com/gpu"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import kubernetes.client
 import pytest
 
-from gpuplugin.kube import make_api_client
+from gputopo.kube import make_api_client
 from tests.fakes.kubeapi import FakeKubeApi
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from gpuplugin.core import CoreError, best_subset, placement_efficiency
-from gpuplugin.core.allocator import best_possible_gbps
+from gputopo.core import CoreError, best_subset, placement_efficiency
+from gputopo.core.allocator import best_possible_gbps
 
 
 def _indices(text: str | None, what: str) -> list[int] | None:

@@ -1,6 +1,6 @@
 """`gpuplugin record [-o FILE]`: write what live NVML says about this machine as a recording.
 
-The recording (format: gpuplugin.discovery.recording) replays anywhere through the same discovery code, so a machine
+The recording (format: gputopo.discovery.recording) replays anywhere through the same discovery code, so a machine
 recorded once can be simulated, tested and benchmarked without its GPUs. A summary of the topology the recording
 replays to goes to stderr, so the person recording sees at once whether the links came out right.
 """
@@ -15,15 +15,15 @@ import sys
 
 import click
 
-from gpuplugin.discovery.nvml_backend import LiveNvmlBackend, NvmlBackend, NvmlError, NvmlUnavailableError
-from gpuplugin.discovery.recording import (
+from gputopo.discovery.nvml_backend import LiveNvmlBackend, NvmlBackend, NvmlError, NvmlUnavailableError
+from gputopo.discovery.recording import (
     RecordingFormatError,
     discover_recording,
     dump_recording,
     record,
     replay_backend,
 )
-from gpuplugin.logs import configure_logging
+from gputopo.logs import configure_logging
 
 EXIT_NO_NVML = 2
 

@@ -18,7 +18,7 @@ import click
 import structlog
 
 from gpuplugin.config import ConfigError, PluginConfig, load_config
-from gpuplugin.logs import configure_logging
+from gputopo.logs import configure_logging
 
 log = structlog.get_logger("gpuplugin.run")
 
@@ -38,16 +38,16 @@ class Discovered:
 def discover(cfg: PluginConfig) -> Discovered:
     """The node's topology: from --topology, else live NVML (imported lazily: a topology file needs no driver)."""
     if cfg.topology is not None:
-        from gpuplugin.core.errors import CoreError
-        from gpuplugin.discovery.loader import load_topology_file
+        from gputopo.core.errors import CoreError
+        from gputopo.discovery.loader import load_topology_file
 
         try:
             return Discovered(load_topology_file(cfg.topology))
         except CoreError as e:
             raise StartupError(f"cannot load topology: {e}") from None
     try:
-        from gpuplugin.discovery.nvml import DiscoveryError, discover_node
-        from gpuplugin.discovery.nvml_backend import LiveNvmlBackend, NvmlError
+        from gputopo.discovery.nvml import DiscoveryError, discover_node
+        from gputopo.discovery.nvml_backend import LiveNvmlBackend, NvmlError
     except ImportError as e:
         raise StartupError(f"NVML discovery is unavailable ({e}); pass --topology FILE to run without NVML") from None
     backend = LiveNvmlBackend()
@@ -98,7 +98,7 @@ def no_cluster_reason(cfg: PluginConfig) -> str | None:
     """Why this plugin will not talk to the Kubernetes API (publication and plans), or None when it will."""
     if cfg.publish is False:
         return "--no-publish"
-    from gpuplugin.kube.client import credentials_available
+    from gputopo.kube.client import credentials_available
 
     if not credentials_available():
         return "no Kubernetes credentials"
@@ -192,7 +192,7 @@ def start_plan_watch(cfg: PluginConfig, manager: Any) -> Callable[[], None] | No
     if reason is not None:
         log.info("plans from the extender off", reason=reason)
         return None
-    from gpuplugin.kube.client import KubeConfigError, make_api_client
+    from gputopo.kube.client import KubeConfigError, make_api_client
 
     try:
         api = make_api_client()

@@ -6,15 +6,15 @@ from importlib import resources
 
 import click
 
-from gpuplugin.comparison import blind_pick
-from gpuplugin.core import CoreError, Topology, best_subset
-from gpuplugin.discovery.loader import load_topology_file, load_topology_text
+from gputopo.core import CoreError, Topology, best_subset
+from gputopo.core.blind import blind_pick
+from gputopo.discovery.loader import load_topology_file, load_topology_text
 
 DEFAULT_TOPOLOGY = "dgx1-v100-hybrid-cube-mesh.txt"
 
 
 def load_default() -> Topology:
-    text = resources.files("gpuplugin.data").joinpath(DEFAULT_TOPOLOGY).read_text()
+    text = resources.files("gputopo.data").joinpath(DEFAULT_TOPOLOGY).read_text()
     return load_topology_text(text, source=f"bundled {DEFAULT_TOPOLOGY}")
 
 

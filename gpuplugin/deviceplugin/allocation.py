@@ -14,9 +14,9 @@ from pathlib import Path
 
 import structlog
 
-from gpuplugin.core.allocator import allreduce_gbps
-from gpuplugin.core.topology import Topology
 from gpuplugin.deviceplugin.devices import Device, IdStrategy
+from gputopo.core.allocator import allreduce_gbps
+from gputopo.core.topology import Topology
 
 log = structlog.get_logger(__name__)
 

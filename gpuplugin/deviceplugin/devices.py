@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gpuplugin.core.topology import Topology
 from gpuplugin.deviceplugin.errors import DeviceIdError
+from gputopo.core.topology import Topology
 
 # The kubelet rejects device ids longer than this (validation of Device.ID).
 MAX_DEVICE_ID_LENGTH = 63

@@ -13,10 +13,10 @@ from enum import StrEnum
 
 import structlog
 
-from gpuplugin.core.allocator import best_subset
-from gpuplugin.core.topology import Topology
 from gpuplugin.deviceplugin.devices import Device
 from gpuplugin.deviceplugin.plans import PlanSource
+from gputopo.core.allocator import best_subset
+from gputopo.core.topology import Topology
 
 log = structlog.get_logger(__name__)
 

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import structlog
 
-from gpuplugin.core.allocator import best_subset
-from gpuplugin.core.topology import Topology
 from gpuplugin.deviceplugin.allocation import ContainerAllocation, ListStrategy, container_allocation
 from gpuplugin.deviceplugin.devices import Device, IdStrategy, build_devices
 from gpuplugin.deviceplugin.errors import AllocationRequestError, UnknownDeviceError
 from gpuplugin.deviceplugin.plans import PlanSource
 from gpuplugin.deviceplugin.preferred import Preference, Source, choose_preferred
 from gpuplugin.metrics import PluginMetrics
+from gputopo.core.allocator import best_subset
+from gputopo.core.topology import Topology
 
 log = structlog.get_logger(__name__)
 

@@ -1,6 +1,6 @@
 """Exhaustive reference for the allocator: every subset, every ring, the score of DESIGN.md computed the slow way.
 
-It shares no search code with gpuplugin.core.allocator: rings are enumerated as permutations, remainders by brute
+It shares no search code with gputopo.core.allocator: rings are enumerated as permutations, remainders by brute
 force. Only the bandwidth matrix and NUMA ids come from the topology.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from gpuplugin.core.topology import Topology
+from gputopo.core.topology import Topology
 
 COMMON_SIZES = (2, 4, 8)
 UNIT = 1_000_000

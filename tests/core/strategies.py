@@ -10,7 +10,7 @@ import random
 
 from hypothesis import strategies as st
 
-from gpuplugin.core.topology import Gpu, Link, LinkKind, Topology
+from gputopo.core.topology import Gpu, Link, LinkKind, Topology
 
 PCIE = [LinkKind.PIX, LinkKind.PXB, LinkKind.PHB, LinkKind.NODE, LinkKind.SYS]
 

@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from gpuplugin.core import AllocationError, best_subset, placement_efficiency
-from gpuplugin.core.allocator import best_possible_gbps
-from gpuplugin.core.topology import Gpu, Link, LinkKind, Topology
-from gpuplugin.discovery.loader import load_topology_file
-from gpuplugin.sim.machines import nvlink_domains, nvswitch_node, pcie_bridge_server
+from gputopo.core import AllocationError, best_subset, placement_efficiency
+from gputopo.core.allocator import best_possible_gbps
+from gputopo.core.topology import Gpu, Link, LinkKind, Topology
+from gputopo.discovery.loader import load_topology_file
+from sim.machines import nvlink_domains, nvswitch_node, pcie_bridge_server
 from tests.conftest import SHARED
 from tests.core.reference import exhaustive_best
 from tests.core.test_allocator_exact import check

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuplugin.core import best_subset
-from gpuplugin.core.allocator import clear_memo
+from gputopo.core import best_subset
+from gputopo.core.allocator import clear_memo
 from tests.core.reference import exhaustive_best
 from tests.core.strategies import requests, topologies
 

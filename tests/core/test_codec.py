@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpuplugin.core import (
+from gputopo.core import (
     NodeState,
     TopologyFormatError,
     state_from_json,
@@ -14,8 +14,8 @@ from gpuplugin.core import (
     topology_from_json,
     topology_to_json,
 )
-from gpuplugin.core.topology import Gpu, Link, LinkKind, Nic, Topology
-from gpuplugin.discovery.loader import load_topology_file
+from gputopo.core.topology import Gpu, Link, LinkKind, Nic, Topology
+from gputopo.discovery.loader import load_topology_file
 from tests.conftest import SHARED
 
 

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from extender.cli import serve
-from gpuplugin.sim.ports import free_port
+from sim.ports import free_port
 from tests.deploy.rendering import ROOT, Obj, all_renderings, containers, find
 
 BIN = Path(sys.executable).parent
@@ -134,7 +134,7 @@ def standalone_extender() -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
     metrics port."""
     tmp = Path(tempfile.mkdtemp(dir="/tmp"))
     inventory = tmp / "inventory.yaml"
-    topology = ROOT / "gpuplugin" / "data" / "dgx1-v100-hybrid-cube-mesh.txt"
+    topology = ROOT / "gputopo" / "data" / "dgx1-v100-hybrid-cube-mesh.txt"
     inventory.write_text(yaml.safe_dump({"nodes": [{"name": "gpu-node-1", "topology": str(topology)}]}))
     port, metrics_port = free_port(), free_port()
     process = subprocess.Popen([str(BIN / "gpu-extender"), "serve", "--inventory", str(inventory),

@@ -61,7 +61,7 @@ def test_build_context_is_small_and_holds_no_secrets_or_caches() -> None:
                  "bench/results/x.json", "deploy/manifests/kustomization.yaml"):
         assert dockerfiles.is_ignored(path, rules), path
     for path in ("pyproject.toml", "gpuplugin/cli.py", "extender/app.py", "deploy/requirements-runtime.txt",
-                 "gpuplugin/data/dgx1-v100-hybrid-cube-mesh.txt"):
+                 "gputopo/data/dgx1-v100-hybrid-cube-mesh.txt"):
         assert not dockerfiles.is_ignored(path, rules), path
 
 

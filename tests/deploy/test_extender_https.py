@@ -52,7 +52,7 @@ def https_extender() -> Iterator[dict[str, Any]]:
         for key in ("tls.crt", "tls.key", "ca.crt"):
             shutil.copyfile(certs / key, mounted / key)
         inventory = tmp / "inventory.yaml"
-        topology = ROOT / "gpuplugin" / "data" / "dgx1-v100-hybrid-cube-mesh.txt"
+        topology = ROOT / "gputopo" / "data" / "dgx1-v100-hybrid-cube-mesh.txt"
         inventory.write_text(yaml.safe_dump({"nodes": [{"name": "gpu-node-1", "topology": str(topology)}]}))
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -78,12 +78,12 @@ def test_both_dockerfiles_build_the_same_way() -> None:
 
 def test_wheel_holds_every_module_and_data_file(built: dict[str, Path]) -> None:
     names = set(zipfile.ZipFile(built["wheel"]).namelist())
-    for package in ("gpuplugin", "extender"):
+    for package in ("gputopo", "gpuplugin", "extender", "sim"):
         for path in (ROOT / package).rglob("*.py"):
             relative = path.relative_to(ROOT).as_posix()
             if "__pycache__" not in relative:
                 assert relative in names, f"{relative} is not in the wheel"
-    for path in (ROOT / "gpuplugin" / "data").iterdir():
+    for path in (ROOT / "gputopo" / "data").iterdir():
         assert path.relative_to(ROOT).as_posix() in names
 
 
@@ -93,9 +93,15 @@ def test_console_scripts_run_from_the_fresh_environment(built: dict[str, Path]) 
     assert "--device-list-strategy" in _run(bin_dir / "gpuplugin", "run", "--help")
     assert "serve" in _run(bin_dir / "gpu-extender", "--help")
     assert "--tls-client-ca" in _run(bin_dir / "gpu-extender", "serve", "--help")
-    where = _run(bin_dir / "python", "-c", "import gpuplugin, extender; print(gpuplugin.__file__); "
-                 "print(extender.__file__)", cwd=built["venv"]).split()
+    where = _run(bin_dir / "python", "-c", "import gputopo, gpuplugin, extender, sim\n"
+                 "for m in (gputopo, gpuplugin, extender, sim): print(m.__file__)", cwd=built["venv"]).split()
     assert all(Path(p).is_relative_to(built["site"]) for p in where), f"imported from outside the wheel: {where}"
+
+
+def test_demo_runs_from_the_fresh_environment(built: dict[str, Path], tmp_path: Path) -> None:
+    """`pip install .` (not editable) then `gpuplugin demo`: the simulator and its dependencies come with the wheel."""
+    out = _run(built["venv"] / "bin" / "gpuplugin", "demo", "--pods", "4", "--out", tmp_path / "demo", cwd=tmp_path)
+    assert "processes and sockets left behind: none" in out
 
 
 def test_locked_versions_satisfy_the_wheels_requirements(built: dict[str, Path]) -> None:

@@ -24,9 +24,9 @@ import httpx
 import pytest
 import yaml
 
-from gpuplugin.core import state_from_json
-from gpuplugin.sim.ports import free_port
-from gpuplugin.sim.scheduler import gpu_pod
+from gputopo.core import state_from_json
+from sim.ports import free_port
+from sim.scheduler import gpu_pod
 from tests.conftest import SHARED
 from tests.deploy.rendering import DEPLOY
 from tests.extender.conftest import bind_body, cache_args, node_annotations, recorded, topo

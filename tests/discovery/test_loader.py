@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from gpuplugin.core.codec import topology_to_dict, topology_to_json
-from gpuplugin.core.errors import TopologyFormatError, TopologyParseError
-from gpuplugin.core.topology import Topology
-from gpuplugin.discovery.loader import (
+from gputopo.core.codec import topology_to_dict, topology_to_json
+from gputopo.core.errors import TopologyFormatError, TopologyParseError
+from gputopo.core.topology import Topology
+from gputopo.discovery.loader import (
     RECORDING_FORMAT,
     load_topology_bytes,
     load_topology_file,
     load_topology_text,
 )
-from gpuplugin.discovery.smi_text import parse_nvidia_smi_topo
+from gputopo.discovery.smi_text import parse_nvidia_smi_topo
 from tests.conftest import SHARED
 
 TEXT_FIXTURES = [
@@ -77,7 +77,7 @@ def test_recording_json_goes_to_the_recording_loader(shared_dir: Path, tmp_path:
     probe = shared_dir / "recordings" / "h200x2-vm-nvml-probe.json"
     data = json.loads(probe.read_text())
     try:
-        from gpuplugin.discovery.recording import load_recording_dict
+        from gputopo.discovery.recording import load_recording_dict
     except ImportError:
         with pytest.raises(TopologyParseError, match="NVML recording") as err:
             load_topology_file(probe)
@@ -103,7 +103,7 @@ def test_recording_is_recognised_by_its_format_key(tmp_path: Path) -> None:
         load_topology_file(path)
     assert str(err.value).startswith(str(path)) and "neither" not in str(err.value)
     try:
-        from gpuplugin.discovery.recording import RECORDING_FORMAT as recording_format
+        from gputopo.discovery.recording import RECORDING_FORMAT as recording_format
     except ImportError:
         return
     assert recording_format == RECORDING_FORMAT

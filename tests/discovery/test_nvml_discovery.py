@@ -9,12 +9,12 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpuplugin.core.topology import Link, LinkKind
-from gpuplugin.discovery import nvml_backend as nb
-from gpuplugin.discovery.nvml import DiscoveryError, discover, discover_node, format_cpu_set
-from gpuplugin.discovery.nvml_backend import LiveNvmlBackend, NvmlError, NvmlUnavailableError, normalize_bus_id
-from gpuplugin.discovery.nvml_replay import ReplayNvmlBackend
-from gpuplugin.discovery.smi_text import parse_nvidia_smi_topo
+from gputopo.core.topology import Link, LinkKind
+from gputopo.discovery import nvml_backend as nb
+from gputopo.discovery.nvml import DiscoveryError, discover, discover_node, format_cpu_set
+from gputopo.discovery.nvml_backend import LiveNvmlBackend, NvmlError, NvmlUnavailableError, normalize_bus_id
+from gputopo.discovery.nvml_replay import ReplayNvmlBackend
+from gputopo.discovery.smi_text import parse_nvidia_smi_topo
 from tests.conftest import SHARED
 from tests.fixtures.nvml import DGX1, H200_PROBE, H200_RECORDED, HGX, canonical
 

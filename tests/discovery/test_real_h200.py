@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuplugin.core import best_subset
-from gpuplugin.core.topology import LinkKind
-from gpuplugin.discovery.loader import load_topology_file
+from gputopo.core import best_subset
+from gputopo.core.topology import LinkKind
+from gputopo.discovery.loader import load_topology_file
 from tests.conftest import SHARED
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

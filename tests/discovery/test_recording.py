@@ -11,11 +11,11 @@ import structlog
 from click.testing import CliRunner
 
 from gpuplugin.cli import main
-from gpuplugin.core.errors import TopologyParseError
-from gpuplugin.discovery.loader import load_topology_file
-from gpuplugin.discovery.nvml import discover
-from gpuplugin.discovery.nvml_backend import NvmlError
-from gpuplugin.discovery.recording import (
+from gputopo.core.errors import TopologyParseError
+from gputopo.discovery.loader import load_topology_file
+from gputopo.discovery.nvml import discover
+from gputopo.discovery.nvml_backend import NvmlError
+from gputopo.discovery.recording import (
     RecordingFormatError,
     dump_recording,
     is_probe_format,

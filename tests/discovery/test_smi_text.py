@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuplugin.core import bandwidth
-from gpuplugin.core.codec import topology_from_json, topology_to_json
-from gpuplugin.core.errors import TopologyParseError
-from gpuplugin.core.topology import LinkKind, Topology
-from gpuplugin.discovery.smi_text import AFFINITY_COLUMNS, infer_nvlink_generation, parse_nvidia_smi_topo
+from gputopo.core import bandwidth
+from gputopo.core.codec import topology_from_json, topology_to_json
+from gputopo.core.errors import TopologyParseError
+from gputopo.core.topology import LinkKind, Topology
+from gputopo.discovery.smi_text import AFFINITY_COLUMNS, infer_nvlink_generation, parse_nvidia_smi_topo
 from tests.conftest import SHARED
 
 TOPOLOGIES = SHARED / "topologies"

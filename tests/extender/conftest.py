@@ -17,8 +17,8 @@ import yaml
 from extender.app import create_app
 from extender.config import ExtenderConfig
 from extender.service import Extender
-from gpuplugin.core import Topology, topology_to_json
-from gpuplugin.discovery.loader import load_topology_file
+from gputopo.core import Topology, topology_to_json
+from gputopo.discovery.loader import load_topology_file
 from tests.conftest import SHARED
 from tests.extender.server import serve
 

@@ -7,7 +7,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from gpuplugin.core import allreduce_gbps
+from gputopo.core import allreduce_gbps
 from tests.extender.conftest import A100, DGX1, H100X4, bind_body, cache_args, pod_json, topo
 
 

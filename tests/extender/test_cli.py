@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from extender.cli import main
-from gpuplugin.sim.ports import free_port
+from sim.ports import free_port
 from tests.extender.conftest import A100, cache_args, pod_json, write_inventory
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ import kubernetes.client
 
 from extender.config import ExtenderConfig
 from extender.service import Extender
-from gpuplugin.core import Topology
-from gpuplugin.plan_watch import parse_plan
+from gputopo.contract import parse_plan
+from gputopo.core import Topology
 from tests.extender.conftest import A100, DGX1, PREFIX, bind_body, cache_args, node_annotations, running, topo
 from tests.fakes.kubeapi import FakeKubeApi
 

@@ -11,7 +11,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from gpuplugin.deviceplugin.plans import PlanSource
-from gpuplugin.plan_watch import Plan, PlanFormatError, PlanWatch, encode_plan, parse_plan
+from gpuplugin.plan_watch import PlanWatch
+from gputopo.contract import Plan, PlanFormatError, encode_plan, parse_plan
 from tests.fakes.kubeapi import FakeKubeApi
 
 PLAN = "gpu-topology.io/plan"

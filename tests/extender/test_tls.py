@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from extender.cli import is_loopback
-from gpuplugin.sim.ports import free_port
+from sim.ports import free_port
 from tests.extender.conftest import DGX1, cache_args, pod_json
 
 GPU_EXTENDER = Path(sys.executable).parent / "gpu-extender"

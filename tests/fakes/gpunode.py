@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from gpuplugin.sim.kubelet import KubeletSimulator
+from sim.kubelet import KubeletSimulator
 from tests.fakes.kubeapi import FakeKubeApi
 from tests.publisher.kubelet_podresources import PodResourcesServer
 

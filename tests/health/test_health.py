@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from gpuplugin.core.allocator import best_subset
-from gpuplugin.discovery.nvml import discover_node
-from gpuplugin.discovery.nvml_backend import NvmlBackend, NvmlError
-from gpuplugin.discovery.nvml_replay import EventStreamError, ReplayNvmlBackend, load_event_stream
 from gpuplugin.health import DEFAULT_IGNORED_XIDS, HealthMonitor
+from gputopo.core.allocator import best_subset
+from gputopo.discovery.nvml import discover_node
+from gputopo.discovery.nvml_backend import NvmlBackend, NvmlError
+from gputopo.discovery.nvml_replay import EventStreamError, ReplayNvmlBackend, load_event_stream
 from tests.fixtures.nvml import EVENTS, HGX, canonical, load_json
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuplugin.core import state_from_json, topology_from_json
+from gputopo.core import state_from_json, topology_from_json
 from tests.conftest import SHARED
 from tests.fakes.gpunode import GpuNode, gpu_node
 

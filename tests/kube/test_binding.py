@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuplugin.kube import Conflict, KubeArgumentError, NotFound, ServerError, bind_pod
+from gputopo.kube import Conflict, KubeArgumentError, NotFound, ServerError, bind_pod
 from tests.kube.conftest import pod
 
 

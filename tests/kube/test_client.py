@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from kubernetes.config.incluster_config import SERVICE_TOKEN_FILENAME
 
-from gpuplugin.kube import KubeConfigError, credentials_available, get_node, make_api_client, request_timeout
+from gputopo.kube import KubeConfigError, credentials_available, get_node, make_api_client, request_timeout
 from tests.fakes.gpunode import write_kubeconfig
 from tests.fakes.kubeapi import FakeKubeApi
 from tests.kube.conftest import node

@@ -8,7 +8,7 @@ import pytest
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from gpuplugin.kube import (
+from gputopo.kube import (
     ApiUnavailable,
     Conflict,
     Gone,

@@ -7,7 +7,7 @@ import socket
 import pytest
 import urllib3
 
-from gpuplugin.kube import (
+from gputopo.kube import (
     ApiUnavailable,
     BadRequest,
     Forbidden,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuplugin.kube import (
+from gputopo.kube import (
     Conflict,
     Invalid,
     KubeArgumentError,

@@ -9,7 +9,7 @@ import orjson
 import pytest
 import urllib3
 
-from gpuplugin.kube import KubeArgumentError, Watcher, bind_pod, iter_lines
+from gputopo.kube import KubeArgumentError, Watcher, bind_pod, iter_lines
 from tests.kube.conftest import Events, node, pod
 
 

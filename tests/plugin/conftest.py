@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuplugin.core.topology import Topology
 from gpuplugin.deviceplugin.lifecycle import PluginRunner
 from gpuplugin.deviceplugin.resource import ResourceManager
-from gpuplugin.discovery.loader import load_topology_file
-from gpuplugin.sim.kubelet import KubeletSimulator
+from gputopo.core.topology import Topology
+from gputopo.discovery.loader import load_topology_file
+from sim.kubelet import KubeletSimulator
 from tests.conftest import SHARED
 
 RESOURCE = "nvidia.com/gpu"

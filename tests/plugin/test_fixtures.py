@@ -8,10 +8,10 @@ import pytest
 
 from gpuplugin.commands.run import StartupError, discover
 from gpuplugin.config import PluginConfig
-from gpuplugin.core.allocator import best_subset
 from gpuplugin.deviceplugin.resource import ResourceManager
-from gpuplugin.discovery.loader import load_topology_file
-from gpuplugin.sim.kubelet import KubeletSimulator
+from gputopo.core.allocator import best_subset
+from gputopo.discovery.loader import load_topology_file
+from sim.kubelet import KubeletSimulator
 from tests.conftest import SHARED
 from tests.plugin.conftest import H200_RECORDING, RESOURCE, RunnerFactory
 

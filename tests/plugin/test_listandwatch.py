@@ -8,12 +8,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gpuplugin.core.topology import Topology
 from gpuplugin.deviceplugin.errors import UnknownDeviceError
 from gpuplugin.deviceplugin.resource import ResourceManager
 from gpuplugin.proto import deviceplugin_pb2 as pb
 from gpuplugin.proto import deviceplugin_pb2_grpc as pb_grpc
-from gpuplugin.sim.kubelet import KubeletSimulator
+from gputopo.core.topology import Topology
+from sim.kubelet import KubeletSimulator
 from tests.plugin.conftest import RESOURCE, RunnerFactory, sample
 
 WAIT = 10.0

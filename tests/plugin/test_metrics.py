@@ -8,11 +8,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpuplugin.core.topology import Topology
 from gpuplugin.deviceplugin.lifecycle import PluginRunner
 from gpuplugin.deviceplugin.resource import ResourceManager
 from gpuplugin.metrics import MetricsServer
-from gpuplugin.sim.kubelet import KubeletSimulator
+from gputopo.core.topology import Topology
+from sim.kubelet import KubeletSimulator
 from tests.plugin.conftest import RESOURCE, RunnerFactory
 
 WAIT = 10.0

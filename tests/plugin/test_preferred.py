@@ -10,13 +10,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gpuplugin.core.allocator import best_subset
-from gpuplugin.core.topology import Topology
 from gpuplugin.deviceplugin.plans import PlanSource
 from gpuplugin.deviceplugin.resource import ResourceManager
 from gpuplugin.proto import deviceplugin_pb2 as pb
 from gpuplugin.proto import deviceplugin_pb2_grpc as pb_grpc
-from gpuplugin.sim.kubelet import KubeletSimulator
+from gputopo.core.allocator import best_subset
+from gputopo.core.topology import Topology
+from sim.kubelet import KubeletSimulator
 from tests.plugin.conftest import RESOURCE, RunnerFactory, sample
 
 WAIT = 10.0

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpuplugin.sim.kubelet import KubeletSimulator
+from sim.kubelet import KubeletSimulator
 from tests.plugin.conftest import DGX_A100, RESOURCE
 
 WAIT = 20.0

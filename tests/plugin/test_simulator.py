@@ -13,7 +13,7 @@ import pytest
 
 from gpuplugin.proto import deviceplugin_pb2 as pb
 from gpuplugin.proto import deviceplugin_pb2_grpc as pb_grpc
-from gpuplugin.sim.kubelet import KubeletSimulator
+from sim.kubelet import KubeletSimulator
 
 WAIT = 10.0
 

@@ -10,14 +10,14 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from gpuplugin.core.codec import state_from_json, topology_from_json
-from gpuplugin.core.topology import Topology
-from gpuplugin.discovery.loader import load_topology_file
-from gpuplugin.discovery.nvml_replay import ReplayNvmlBackend, load_event_stream
 from gpuplugin.health import HealthMonitor
-from gpuplugin.kube.errors import NotFound
 from gpuplugin.podresources import PodResourcesClient, PodResourcesError
 from gpuplugin.publisher import NodePublisher, sanitize_label_value, start_publisher
+from gputopo.core.codec import state_from_json, topology_from_json
+from gputopo.core.topology import Topology
+from gputopo.discovery.loader import load_topology_file
+from gputopo.discovery.nvml_replay import ReplayNvmlBackend, load_event_stream
+from gputopo.kube.errors import NotFound
 from tests.fakes.kubeapi import FakeKubeApi
 from tests.fixtures.nvml import EVENTS, HGX, canonical, load_json
 from tests.publisher.conftest import NODE, node_object

@@ -1,7 +1,7 @@
 """Helpers of the reliability tests: a short plugin directory, the real plugin in a context manager, a raw
 ListAndWatch consumer that keeps every message, and the checks every fault scenario ends with (sockets, threads).
 
-Everything runs over real unix sockets; the kubelet is `gpuplugin.sim.kubelet.KubeletSimulator`.
+Everything runs over real unix sockets; the kubelet is `sim.kubelet.KubeletSimulator`.
 """
 
 from __future__ import annotations

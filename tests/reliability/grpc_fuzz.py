@@ -34,11 +34,11 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from gpuplugin.core.topology import Topology
 from gpuplugin.deviceplugin.lifecycle import DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME, PluginRunner
 from gpuplugin.deviceplugin.resource import ResourceManager
 from gpuplugin.proto import deviceplugin_pb2 as pb
-from gpuplugin.sim.kubelet import KubeletSimulator
+from gputopo.core.topology import Topology
+from sim.kubelet import KubeletSimulator
 
 MAX_RECEIVE = 4 * 1024 * 1024  # grpc's default server receive limit; the plugin keeps it
 MAX_DETAILS = 4096  # a refusal message must stay readable (and fit any client's metadata limit)

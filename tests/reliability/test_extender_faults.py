@@ -37,9 +37,9 @@ import pytest
 
 from extender.config import ExtenderConfig
 from extender.service import Extender
-from gpuplugin.core import Topology
-from gpuplugin.kube import make_api_client
-from gpuplugin.plan_watch import parse_plan
+from gputopo.contract import parse_plan
+from gputopo.core import Topology
+from gputopo.kube import make_api_client
 from tests.extender.conftest import A100, DGX1, PREFIX, bind_body, cache_args, running, topo
 from tests.extender.test_cluster import k8s_node, k8s_pod, set_state
 from tests.fakes.kubeapi import FakeKubeApi

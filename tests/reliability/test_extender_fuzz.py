@@ -40,8 +40,8 @@ from schemathesis.checks import not_a_server_error
 from extender import models
 from extender.config import ExtenderConfig
 from extender.service import Extender
-from gpuplugin.core import TopologyError, state_from_json, topology_from_json, topology_to_json
-from gpuplugin.plan_watch import PlanFormatError, parse_plan
+from gputopo.contract import PlanFormatError, parse_plan
+from gputopo.core import TopologyError, state_from_json, topology_from_json, topology_to_json
 from tests.extender.conftest import A100, DGX1, H100X4, PCIE, PREFIX, node_annotations, recorded, running, topo
 from tests.extender.conftest import write_inventory as _write_inventory
 from tests.extender.test_cluster import k8s_node, k8s_pod

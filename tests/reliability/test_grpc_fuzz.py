@@ -15,8 +15,8 @@ import pytest
 import structlog.testing
 from hypothesis import HealthCheck, given, settings
 
-from gpuplugin.discovery.loader import load_topology_file
 from gpuplugin.proto import deviceplugin_pb2 as pb
+from gputopo.discovery.loader import load_topology_file
 from tests.plugin.conftest import DGX1
 from tests.reliability import grpc_fuzz as fz
 from tests.reliability.conftest import ThreadBaseline

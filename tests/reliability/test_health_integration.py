@@ -24,10 +24,10 @@ import pytest
 from gpuplugin.commands.run import Discovered, start_health
 from gpuplugin.config import PluginConfig
 from gpuplugin.deviceplugin.resource import ResourceManager
-from gpuplugin.discovery.nvml import discover_node
-from gpuplugin.discovery.nvml_backend import XidEventSet
-from gpuplugin.discovery.nvml_replay import ReplayNvmlBackend, load_event_stream
-from gpuplugin.sim.kubelet import AdmissionError, KubeletSimulator, SimDevice
+from gputopo.discovery.nvml import discover_node
+from gputopo.discovery.nvml_backend import XidEventSet
+from gputopo.discovery.nvml_replay import ReplayNvmlBackend, load_event_stream
+from sim.kubelet import AdmissionError, KubeletSimulator, SimDevice
 from tests.fixtures.nvml import EVENTS, HGX, canonical, load_json
 from tests.plugin.conftest import RESOURCE, sample
 from tests.reliability.conftest import WAIT, RawStream, ThreadBaseline, options_call, running_plugin

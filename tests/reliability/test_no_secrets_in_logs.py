@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gpuplugin.sim.kubelet import KubeletSimulator
-from gpuplugin.sim.ports import free_port
-from gpuplugin.sim.scheduler import gpu_pod
+from sim.kubelet import KubeletSimulator
+from sim.ports import free_port
+from sim.scheduler import gpu_pod
 from tests.extender.conftest import DGX1, bind_body, cache_args, node_annotations, topo
 from tests.fakes.gpunode import terminate, write_kubeconfig
 from tests.fakes.kubeapi import FakeKubeApi

@@ -21,16 +21,16 @@ from pathlib import Path
 import pytest
 
 from gpuplugin.config import PluginConfig
-from gpuplugin.core.codec import state_from_json
-from gpuplugin.core.topology import Topology
 from gpuplugin.deviceplugin.lifecycle import PluginRunner
 from gpuplugin.deviceplugin.resource import ResourceManager
-from gpuplugin.discovery.loader import load_topology_file
-from gpuplugin.kube import make_api_client
 from gpuplugin.proto import deviceplugin_pb2 as pb
 from gpuplugin.publisher import start_publisher
-from gpuplugin.sim import kubelet as kubelet_sim
-from gpuplugin.sim.kubelet import KubeletSimulator
+from gputopo.core.codec import state_from_json
+from gputopo.core.topology import Topology
+from gputopo.discovery.loader import load_topology_file
+from gputopo.kube import make_api_client
+from sim import kubelet as kubelet_sim
+from sim.kubelet import KubeletSimulator
 from tests.fakes.kubeapi import FakeKubeApi
 from tests.fixtures.nvml import HGX
 from tests.plugin.conftest import DGX1, RESOURCE, sample

@@ -1,7 +1,7 @@
 """Low-level Kubernetes client helpers on the official client, decoding replies into plain dicts with orjson."""
 
-from gpuplugin.kube.binding import bind_pod
-from gpuplugin.kube.client import (
+from gputopo.kube.binding import bind_pod
+from gputopo.kube.client import (
     DEFAULT_TIMEOUT_S,
     KubeApiClient,
     KubeConfigError,
@@ -9,7 +9,7 @@ from gpuplugin.kube.client import (
     make_api_client,
     request_timeout,
 )
-from gpuplugin.kube.errors import (
+from gputopo.kube.errors import (
     ApiUnavailable,
     BadRequest,
     Conflict,
@@ -27,9 +27,9 @@ from gpuplugin.kube.errors import (
     error_from_status,
     to_kube_error,
 )
-from gpuplugin.kube.fetching import get_node, get_pod, list_nodes, list_objects, list_pods
-from gpuplugin.kube.patching import metadata_patch, patch_node_metadata, patch_pod_annotations
-from gpuplugin.kube.watching import SYNC, Watcher, WatchStats, iter_lines
+from gputopo.kube.fetching import get_node, get_pod, list_nodes, list_objects, list_pods
+from gputopo.kube.patching import metadata_patch, patch_node_metadata, patch_pod_annotations
+from gputopo.kube.watching import SYNC, Watcher, WatchStats, iter_lines
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",

@@ -1,7 +1,7 @@
 """The pure core shared by the plugin and the extender: topology model, bandwidth estimates, scoring, allocator."""
 
-from gpuplugin.core.allocator import Allocation, allreduce_gbps, best_possible_gbps, best_subset, placement_efficiency
-from gpuplugin.core.codec import (
+from gputopo.core.allocator import Allocation, allreduce_gbps, best_possible_gbps, best_subset, placement_efficiency
+from gputopo.core.codec import (
     NodeState,
     state_from_json,
     state_to_json,
@@ -10,8 +10,8 @@ from gpuplugin.core.codec import (
     topology_to_dict,
     topology_to_json,
 )
-from gpuplugin.core.errors import AllocationError, CoreError, TopologyError, TopologyFormatError, TopologyParseError
-from gpuplugin.core.topology import Gpu, Link, LinkKind, Nic, Topology
+from gputopo.core.errors import AllocationError, CoreError, TopologyError, TopologyFormatError, TopologyParseError
+from gputopo.core.topology import Gpu, Link, LinkKind, Nic, Topology
 
 __all__ = [
     "Allocation",

@@ -34,9 +34,9 @@ from pathlib import Path
 import grpc
 import structlog
 
-from gpuplugin.deviceplugin.naming import extended_resource_problem
 from gpuplugin.proto import deviceplugin_pb2 as pb
 from gpuplugin.proto import deviceplugin_pb2_grpc as pb_grpc
+from gputopo.contract import extended_resource_problem
 
 log = structlog.get_logger(__name__)
 

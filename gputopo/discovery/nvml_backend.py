@@ -2,7 +2,7 @@
 pynvml.
 
 Why a protocol: the same discovery and health code must run on a real node (pynvml, `LiveNvmlBackend`) and on
-a recording taken elsewhere (`gpuplugin.discovery.nvml_replay.ReplayNvmlBackend`), so that replaying a
+a recording taken elsewhere (`gputopo.discovery.nvml_replay.ReplayNvmlBackend`), so that replaying a
 recording gives exactly the topology live NVML gave on that machine. Each method is one NVML call (named in
 its docstring) addressed by NVML device index; handles stay inside the backend.
 

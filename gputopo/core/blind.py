@@ -13,7 +13,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuplugin.core import Topology, allreduce_gbps
+from gputopo.core import Topology, allreduce_gbps
 
 _EXACT_LIMIT = 5_000
 

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 import kubernetes.client
 import structlog
 
-from gpuplugin.kube.client import call_raw, decode_json_response, request_timeout
-from gpuplugin.kube.errors import KubeApiError, KubeArgumentError
+from gputopo.kube.client import call_raw, decode_json_response, request_timeout
+from gputopo.kube.errors import KubeApiError, KubeArgumentError
 
 log = structlog.get_logger(__name__)
 

@@ -27,17 +27,17 @@ from functools import lru_cache
 
 import numpy as np
 
-from gpuplugin.core.bitset import bits as _bits
-from gpuplugin.core.bitset import mask_of as _mask
-from gpuplugin.core.errors import AllocationError
-from gpuplugin.core.scoring import (
+from gputopo.core.bitset import bits as _bits
+from gputopo.core.bitset import mask_of as _mask
+from gputopo.core.errors import AllocationError
+from gputopo.core.scoring import (
     SearchLimitExceeded,
     numa_span,
     ring_at_least,
     ring_bottleneck_mbps,
     total_mbps,
 )
-from gpuplugin.core.topology import Topology
+from gputopo.core.topology import Topology
 
 EXACT_LIMIT = 16
 COMMON_SIZES = (2, 4, 8)

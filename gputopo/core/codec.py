@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplugin.core.errors import TopologyError, TopologyFormatError
-from gpuplugin.core.topology import Gpu, Link, LinkKind, Nic, Topology
+from gputopo.core.errors import TopologyError, TopologyFormatError
+from gputopo.core.topology import Gpu, Link, LinkKind, Nic, Topology
 
 TOPOLOGY_VERSION = 1
 STATE_VERSION = 1

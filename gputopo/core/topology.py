@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gpuplugin.core import bandwidth
-from gpuplugin.core.errors import TopologyError
+from gputopo.core import bandwidth
+from gputopo.core.errors import TopologyError
 
 
 class LinkKind(StrEnum):

@@ -10,16 +10,17 @@ that node's free GPUs). A few pods finish midway, so later pods land on partly u
 from __future__ import annotations
 
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from gpuplugin.comparison import blind_pick
-from gpuplugin.core import allreduce_gbps, best_possible_gbps
-from gpuplugin.sim.cluster import RESOURCE, LocalCluster
-from gpuplugin.sim.scheduler import SchedulerDriver, gpu_pod
+from gputopo.core import allreduce_gbps, best_possible_gbps
+from gputopo.core.blind import blind_pick
+from sim.cluster import RESOURCE, LocalCluster
+from sim.scheduler import SchedulerDriver, gpu_pod
 
 NODES = (
     ("dgx1-v100-a", "dgx1-v100-hybrid-cube-mesh.txt"),
@@ -46,7 +47,7 @@ class PodRow:
 
 
 def bundled(name: str) -> Path:
-    return Path(str(resources.files("gpuplugin.data").joinpath(name)))
+    return Path(str(resources.files("gputopo.data").joinpath(name)))
 
 
 def stream(seed: int, count: int) -> list[tuple[str, int, int | None]]:
@@ -130,8 +131,12 @@ def table(rows: list[PodRow]) -> str:
     return "\n".join(lines)
 
 
-def chart(rows: list[PodRow], path: Path) -> None:
-    import matplotlib
+def chart(rows: list[PodRow], path: Path) -> bool:
+    """Writes the bar chart; False when matplotlib (the `plot` extra) is not installed, which only skips the PNG."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -149,17 +154,27 @@ def chart(rows: list[PodRow], path: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def main(out_dir: Path, seed: int, pods: int) -> int:
     started = time.monotonic()
+    png = out_dir / "demo.png"
+    try:  # before the run, so an unwritable --out fails in a second, not after the whole demo
+        out_dir.mkdir(parents=True, exist_ok=True)
+        png.touch()
+    except OSError as e:
+        print(f"cannot write the chart to {png}: {e.strerror or e}", file=sys.stderr)
+        return 2
     rows, leftovers = run(seed=seed, pods=pods)
     print()
     print(table(rows))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    png = out_dir / "demo.png"
-    chart(rows, png)
-    print(f"\nchart: {png}")
+    if chart(rows, png):
+        print(f"\nchart: {png}")
+    else:
+        png.unlink(missing_ok=True)
+        print("\nchart skipped: matplotlib is not installed (pip install 'gpu-topology-scheduling[plot]')")
     print(f"finished in {time.monotonic() - started:.1f} s; processes and sockets left behind: "
           f"{', '.join(leftovers) if leftovers else 'none'}")
     bad = [r for r in rows if r.node and not r.plan_honoured]

@@ -5,7 +5,7 @@ Each builder states which real system it imitates; the shared fixtures stay the 
 
 from __future__ import annotations
 
-from gpuplugin.core import Gpu, Link, LinkKind, Topology
+from gputopo.core import Gpu, Link, LinkKind, Topology
 
 
 def nvswitch_node(n: int, lanes: int, generation: int, numa_nodes: int = 2, model: str | None = None) -> Topology:

@@ -1,4 +1,4 @@
-"""`gpuplugin demo`: the whole product on one machine, no GPU and no cluster (see gpuplugin.sim.demo)."""
+"""`gpuplugin demo`: the whole product on one machine, no GPU and no cluster (see sim.demo)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,6 @@ import click
 def command(out_dir: str, seed: int, pods: int) -> None:
     """Simulated GPU nodes with real plugin processes and kubelet simulators, the real extender on uvicorn, and a
     stream of pods scheduled through it: where each landed, and what topology-blind placement would have given."""
-    from gpuplugin.sim.demo import main
+    from sim.demo import main
 
     raise SystemExit(main(Path(out_dir), seed, pods))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpuplugin.core.topology import Link
+    from gputopo.core.topology import Link
 
 # NVLink generation -> effective GB/s per link per direction.
 NVLINK_LANE_GBPS: dict[int, float] = {1: 18.0, 2: 20.0, 3: 20.0, 4: 20.6, 5: 40.1}

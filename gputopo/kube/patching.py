@@ -11,8 +11,8 @@ from typing import Any
 
 import kubernetes.client
 
-from gpuplugin.kube.client import call_json, request_timeout
-from gpuplugin.kube.errors import KubeArgumentError
+from gputopo.kube.client import call_json, request_timeout
+from gputopo.kube.errors import KubeArgumentError
 
 MERGE_PATCH = "application/merge-patch+json"
 

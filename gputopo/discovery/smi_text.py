@@ -23,9 +23,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from gpuplugin.core import bandwidth
-from gpuplugin.core.errors import TopologyError, TopologyParseError
-from gpuplugin.core.topology import Gpu, Link, LinkKind, Nic, Topology
+from gputopo.core import bandwidth
+from gputopo.core.errors import TopologyError, TopologyParseError
+from gputopo.core.topology import Gpu, Link, LinkKind, Nic, Topology
 
 CPU_AFFINITY = "CPU Affinity"
 NUMA_AFFINITY = "NUMA Affinity"

@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpuplugin.core.codec import topology_from_dict
-from gpuplugin.core.errors import TopologyParseError
-from gpuplugin.core.topology import Topology
-from gpuplugin.discovery.smi_text import parse_nvidia_smi_topo
+from gputopo.core.codec import topology_from_dict
+from gputopo.core.errors import TopologyParseError
+from gputopo.core.topology import Topology
+from gputopo.discovery.smi_text import parse_nvidia_smi_topo
 
 # recording.RECORDING_FORMAT, spelled out so that telling the forms apart does not import NVML code.
 RECORDING_FORMAT = "gpuplugin.nvml-recording"
@@ -65,7 +65,7 @@ def _load_json(data: Any, source: str) -> Topology:
         raise TopologyParseError("JSON topology must be an object", source=source)
     if _looks_like_recording(data):
         try:
-            from gpuplugin.discovery.recording import load_recording_dict
+            from gputopo.discovery.recording import load_recording_dict
         except ImportError as e:
             raise TopologyParseError(
                 f"this looks like an NVML recording, but recording support is unavailable: {e}", source=source

@@ -1,7 +1,7 @@
 """NVML replayed from a recording, and from a recorded stream of health events, on a virtual clock.
 
 The replay answers each `NvmlBackend` call from a canonical recording dict (see
-`gpuplugin.discovery.recording`): a value, or the recorded failure ("ERR:<name>:<message>") raised as
+`gputopo.discovery.recording`): a value, or the recorded failure ("ERR:<name>:<message>") raised as
 `NvmlError(name)`, so that discovery's NotSupported and binding-mismatch paths run exactly as they did on the
 recorded machine. A field the recording lacks raises `NvmlError("NotRecorded")`; a link number it lacks raises
 NVMLError_InvalidArgument, as NVML does for links a GPU does not have.
@@ -29,8 +29,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gpuplugin.core.errors import TopologyFormatError
-from gpuplugin.discovery.nvml_backend import (
+from gputopo.core.errors import TopologyFormatError
+from gputopo.discovery.nvml_backend import (
     ERR_INVALID_ARGUMENT,
     NvmlError,
     XidEvent,

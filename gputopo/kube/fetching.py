@@ -12,8 +12,8 @@ from typing import Any, Literal
 import kubernetes.client
 import structlog
 
-from gpuplugin.kube.client import call_json, request_timeout
-from gpuplugin.kube.errors import Gone, KubeApiError, KubeArgumentError
+from gputopo.kube.client import call_json, request_timeout
+from gputopo.kube.errors import Gone, KubeApiError, KubeArgumentError
 
 log = structlog.get_logger(__name__)
 

@@ -23,10 +23,10 @@ from typing import Any, TypeVar
 
 import structlog
 
-from gpuplugin.core import bandwidth
-from gpuplugin.core.errors import CoreError
-from gpuplugin.core.topology import Gpu, Link, LinkKind, Topology
-from gpuplugin.discovery.nvml_backend import (
+from gputopo.core import bandwidth
+from gputopo.core.errors import CoreError
+from gputopo.core.topology import Gpu, Link, LinkKind, Topology
+from gputopo.discovery.nvml_backend import (
     ERR_INVALID_ARGUMENT,
     ERR_NOT_SUPPORTED,
     NVML_DEVICE_MIG_ENABLE,

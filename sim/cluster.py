@@ -22,10 +22,10 @@ from pathlib import Path
 import httpx
 import yaml
 
-from gpuplugin.core import Topology
-from gpuplugin.discovery.loader import load_topology_file
-from gpuplugin.sim.kubelet import KubeletSimulator
-from gpuplugin.sim.ports import free_port
+from gputopo.core import Topology
+from gputopo.discovery.loader import load_topology_file
+from sim.kubelet import KubeletSimulator
+from sim.ports import free_port
 
 RESOURCE = "nvidia.com/gpu"
 

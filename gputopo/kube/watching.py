@@ -20,9 +20,9 @@ import orjson
 import structlog
 from prometheus_client import Counter
 
-from gpuplugin.kube.client import call_raw, request_timeout
-from gpuplugin.kube.errors import Gone, KubeApiError, KubeArgumentError, error_from_status, to_kube_error
-from gpuplugin.kube.fetching import KINDS, list_method, list_objects
+from gputopo.kube.client import call_raw, request_timeout
+from gputopo.kube.errors import Gone, KubeApiError, KubeArgumentError, error_from_status, to_kube_error
+from gputopo.kube.fetching import KINDS, list_method, list_objects
 
 log = structlog.get_logger(__name__)
 

@@ -20,7 +20,7 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import SERVICE_HOST_ENV_NAME, SERVICE_TOKEN_FILENAME
 from urllib3.util.retry import Retry
 
-from gpuplugin.kube.errors import KubeApiError, to_kube_error
+from gputopo.kube.errors import KubeApiError, to_kube_error
 
 log = structlog.get_logger(__name__)
 

@@ -45,10 +45,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
-from gpuplugin.core.errors import TopologyParseError
-from gpuplugin.core.topology import Topology
-from gpuplugin.discovery.nvml import DiscoveryError, NodeDiscovery, discover_node
-from gpuplugin.discovery.nvml_backend import (
+from gputopo.core.errors import TopologyParseError
+from gputopo.core.topology import Topology
+from gputopo.discovery.nvml import DiscoveryError, NodeDiscovery, discover_node
+from gputopo.discovery.nvml_backend import (
     ERR_INVALID_ARGUMENT,
     ERR_NOT_SUPPORTED,
     NVML_NVLINK_MAX_LINKS,
@@ -56,7 +56,7 @@ from gpuplugin.discovery.nvml_backend import (
     NvmlBackend,
     NvmlError,
 )
-from gpuplugin.discovery.nvml_replay import ERR_NOT_RECORDED, ReplayNvmlBackend, is_err
+from gputopo.discovery.nvml_replay import ERR_NOT_RECORDED, ReplayNvmlBackend, is_err
 
 RECORDING_FORMAT = "gpuplugin.nvml-recording"
 RECORDING_VERSION = 1

@@ -1,0 +1,199 @@
+"""The contract between the node agent and the extender: names on the cluster, their defaults, and the plan format.
+
+Both halves read and write the same annotations and labels; a name spelled in two places drifts, so every key is
+built here from one prefix (`Keys`), and every default is defined once. The plan codec lives here because the
+extender writes what the plugin reads: neither half owns it. docs/contracts.md shows the shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_PREFIX = "gpu-topology.io"
+DEFAULT_RESOURCE = "nvidia.com/gpu"
+
+PLAN_VERSION = 1
+MAX_PLAN_CONTAINERS = 64
+MAX_PLAN_IDS = 1024
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN_RE = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
+_QUALIFIED_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def dns_subdomain_problem(value: str) -> str | None:
+    """Why `value` is not a DNS subdomain (the form of an annotation prefix and a resource domain), or None."""
+    if not value or len(value) > 253:
+        return f"{value!r} must be 1-253 characters"
+    if not _DNS_SUBDOMAIN_RE.match(value):
+        return f"{value!r} is not a DNS subdomain (lowercase letters, digits, '-' and '.')"
+    return None
+
+
+def prefix_problem(prefix: str) -> str | None:
+    """Why `prefix` cannot prefix annotation and label keys, or None (the part before '/' must be a DNS subdomain)."""
+    problem = dns_subdomain_problem(prefix)
+    return f"annotation prefix {problem}" if problem else None
+
+
+def extended_resource_problem(name: str) -> str | None:
+    """Why `name` is not an extended resource name (what the kubelet's Register accepts), or None.
+
+    Extended resources are `domain/name`, outside the kubernetes.io domains, and `requests.` + name must still be
+    a qualified name (the kubelet checks that form for quota)."""
+    if "/" not in name:
+        return f"resource name {name!r} needs a domain: domain/name"
+    if "kubernetes.io/" in name:
+        return f"resource name {name!r} is in a kubernetes.io domain, reserved for native resources"
+    if name.startswith("requests."):
+        return f"resource name {name!r} must not start with 'requests.'"
+    prefix, _, local = name.rpartition("/")
+    if "/" in prefix:
+        return f"resource name {name!r} has more than one '/'"
+    problem = dns_subdomain_problem(prefix)
+    if problem:
+        return f"resource name domain {problem}"
+    if len(local) > 63 or not _QUALIFIED_NAME_RE.match(local):
+        return (
+            f"resource name {name!r}: {local!r} must be 1-63 alphanumerics, '-', '_' or '.', alphanumeric at both ends"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Every annotation and label key of the product, from one validated prefix."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        problem = prefix_problem(self.prefix)
+        if problem:
+            raise ValueError(problem)
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}"
+
+    # Node annotations (written by the plugin).
+    @property
+    def topology(self) -> str:
+        return self._key("topology")
+
+    @property
+    def state(self) -> str:
+        return self._key("state")
+
+    # Node labels (for humans and selectors).
+    @property
+    def fabric_label(self) -> str:
+        return self._key("fabric")
+
+    @property
+    def model_label(self) -> str:
+        return self._key("gpu-model")
+
+    @property
+    def count_label(self) -> str:
+        return self._key("gpu-count")
+
+    # Pod annotations written by the extender at bind, and by the plugin at Allocate.
+    @property
+    def plan(self) -> str:
+        return self._key("plan")
+
+    @property
+    def gbps(self) -> str:
+        return self._key("allreduce-gbps")
+
+    @property
+    def gpus(self) -> str:
+        return self._key("gpus")
+
+    # Pod annotations a user may set.
+    @property
+    def require_nvlink(self) -> str:
+        return self._key("require-nvlink")
+
+    @property
+    def min_gbps(self) -> str:
+        return self._key("min-allreduce-gbps")
+
+
+# -- the plan -----------------------------------------------------------------------------------------------------
+
+
+class PlanFormatError(ValueError):
+    """A plan annotation that is not the versioned JSON of docs/contracts.md."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """GPU ids per container on one node, with the all-reduce estimate of their union."""
+
+    node: str
+    resource: str
+    containers: tuple[tuple[str, tuple[str, ...]], ...]
+    gbps: float
+
+    @property
+    def ids(self) -> frozenset[str]:
+        return frozenset(i for _, ids in self.containers for i in ids)
+
+    def container_ids(self) -> dict[str, list[str]]:
+        return {name: list(ids) for name, ids in self.containers}
+
+
+def encode_plan(plan: Plan) -> str:
+    """Compact JSON for the `<prefix>/plan` pod annotation."""
+    body = {
+        "v": PLAN_VERSION,
+        "node": plan.node,
+        "resource": plan.resource,
+        "containers": {name: list(ids) for name, ids in plan.containers},
+        "gbps": round(plan.gbps, 3),
+    }
+    return json.dumps(body, separators=(",", ":"))
+
+
+def parse_plan(text: Any) -> Plan:
+    """Read a plan annotation; raises PlanFormatError naming what is wrong (someone else may have written it)."""
+    if not isinstance(text, (str, bytes)):
+        raise PlanFormatError(f"plan annotation must be a string, got {type(text).__name__}")
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise PlanFormatError(f"plan annotation is not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise PlanFormatError("plan JSON must be an object")
+    version = data.get("v")
+    if version != PLAN_VERSION or isinstance(version, bool):
+        raise PlanFormatError(f"plan JSON version {version!r} is not {PLAN_VERSION}")
+    node, resource = data.get("node"), data.get("resource")
+    if not isinstance(node, str) or not node:
+        raise PlanFormatError("plan 'node' must be a non-empty string")
+    if not isinstance(resource, str) or not resource:
+        raise PlanFormatError("plan 'resource' must be a non-empty string")
+    raw = data.get("containers")
+    if not isinstance(raw, dict) or not raw or len(raw) > MAX_PLAN_CONTAINERS:
+        raise PlanFormatError(f"plan 'containers' must map 1-{MAX_PLAN_CONTAINERS} container names to id lists")
+    containers = []
+    total = 0
+    for name, ids in raw.items():
+        if not name:
+            raise PlanFormatError("plan container name must not be empty")
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) and i for i in ids):
+            raise PlanFormatError(f"plan container {name!r} must list non-empty GPU id strings")
+        if len(set(ids)) != len(ids):
+            raise PlanFormatError(f"plan container {name!r} lists a GPU twice")
+        total += len(ids)
+        containers.append((name, tuple(ids)))
+    if total > MAX_PLAN_IDS:
+        raise PlanFormatError(f"plan lists {total} GPU ids, more than {MAX_PLAN_IDS}")
+    gbps = data.get("gbps", 0.0)
+    if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not math.isfinite(gbps) or gbps < 0:
+        raise PlanFormatError("plan 'gbps' must be a non-negative number")
+    return Plan(node, resource, tuple(containers), float(gbps))
