@@ -108,7 +108,7 @@ class Verbs:
     def __init__(self, ext: Extender) -> None:
         self.ext = ext
         cfg = ext.config
-        self._needs_args = (cfg.resource_name, cfg.require_nvlink_key, cfg.min_gbps_key)
+        self._needs_args = (cfg.resource_name, cfg.keys)
 
     def filter(self, data: Any) -> dict[str, Any]:
         args = wire.extender_args(data)
@@ -160,7 +160,7 @@ class Verbs:
         return {"Error": await self.ext.binder.bind(req)}
 
     def preempt(self, data: Any) -> dict[str, Any]:
-        args = wire.preemption_args(data, self.ext.config.plan_key)
+        args = wire.preemption_args(data, self.ext.config.keys.plan)
         try:
             needs = pod_needs(args.pod, *self._needs_args)
         except PodSpecError as e:

@@ -149,8 +149,7 @@ class Binder:
         if fetched is not None and fetched.node is not None:
             return self._already_bound(req, fetched)
         try:
-            return pod_needs(pod, self.config.resource_name, self.config.require_nvlink_key,
-                             self.config.min_gbps_key)
+            return pod_needs(pod, self.config.resource_name, self.config.keys)
         except PodSpecError as e:
             raise BindFailed("bad_pod", f"pod {req.key}: {e}") from None
 
@@ -201,7 +200,7 @@ class Binder:
     def _annotations(self, plan: Plan | None) -> dict[str, str]:
         if plan is None:
             return {}
-        return {self.config.plan_key: encode_plan(plan), self.config.gbps_key: f"{plan.gbps:.1f}"}
+        return {self.config.keys.plan: encode_plan(plan), self.config.keys.gbps: f"{plan.gbps:.1f}"}
 
     async def _api_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs), limiter=self._api_limiter)

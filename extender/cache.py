@@ -221,7 +221,7 @@ class NodeCache:
             value: tuple[Topology | None, Mapping[str, int], str | None] = (
                 topo, {g.id: g.index for g in topo.gpus}, None)
         except (TopologyError, RecursionError) as e:  # RecursionError: absurdly nested JSON
-            value = (None, {}, f"GPU topology annotation {self.config.topology_key} is unreadable: {e}")
+            value = (None, {}, f"GPU topology annotation {self.config.keys.topology} is unreadable: {e}")
         with self._topo_lock:
             if len(self._parsed_topologies) >= _TOPOLOGY_CACHE_LIMIT:
                 self._parsed_topologies.clear()
@@ -242,10 +242,10 @@ class NodeCache:
                 allocatable = parse_quantity(raw_alloc, f"node {name} allocatable")
             except PodSpecError:
                 allocatable = None
-        text = ann.get(self.config.topology_key)
+        text = ann.get(self.config.keys.topology)
         if not isinstance(text, str) or not text:
             entry = make_entry(name, None, problem=f"publishes no GPU topology (annotation "
-                               f"{self.config.topology_key} missing)", unschedulable=unschedulable)
+                               f"{self.config.keys.topology} missing)", unschedulable=unschedulable)
             self._report(f"node/{name}", None)
             return entry
         topo, index, problem = self.parse_topology(text)
@@ -255,7 +255,7 @@ class NodeCache:
         used: frozenset[str] = frozenset()
         unhealthy: frozenset[str] = frozenset()
         generation = 0
-        state_text = ann.get(self.config.state_key)
+        state_text = ann.get(self.config.keys.state)
         problem = None
         if isinstance(state_text, str) and state_text:
             try:
@@ -265,9 +265,9 @@ class NodeCache:
                 if unknown:
                     self._report(f"node/{name}/ids", f"state names GPUs not in the topology: {unknown[:8]}")
             except (TopologyError, RecursionError) as e:
-                problem = f"GPU state annotation {self.config.state_key} is unreadable: {e}"
+                problem = f"GPU state annotation {self.config.keys.state} is unreadable: {e}"
         elif state_text is not None:
-            problem = f"GPU state annotation {self.config.state_key} is not a string"
+            problem = f"GPU state annotation {self.config.keys.state} is not a string"
         self._report(f"node/{name}", problem)
         if problem is not None:
             return make_entry(name, None, problem=problem, unschedulable=unschedulable)
@@ -333,7 +333,7 @@ class NodeCache:
             return None
         namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
         ann = _dict(meta.get("annotations"))
-        plan_text = ann.get(self.config.plan_key)
+        plan_text = ann.get(self.config.keys.plan)
         plan = None
         if plan_text is not None:
             try:
@@ -342,8 +342,7 @@ class NodeCache:
             except PlanFormatError as e:
                 self._report(f"pod/{uid}", f"plan annotation ignored: {e}", pod=f"{namespace}/{name}")
         try:
-            needs: PodNeeds | None = pod_needs(pod, self.config.resource_name, self.config.require_nvlink_key,
-                                               self.config.min_gbps_key)
+            needs: PodNeeds | None = pod_needs(pod, self.config.resource_name, self.config.keys)
         except PodSpecError as e:
             self._report(f"pod/{uid}/spec", str(e), pod=f"{namespace}/{name}")
             needs = None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_PREFIX = "gpu-topology.io"
-DEFAULT_RESOURCE = "nvidia.com/gpu"
+from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys, prefix_problem
+
 DEFAULT_BODY_LIMIT = 10 * 1024 * 1024
 DEFAULT_RESERVATION_TIMEOUT_S = 300.0
 # See extender.placement.island_values; chosen with bench/placement.py.
@@ -25,8 +25,9 @@ class ExtenderConfig:
     island_spare: int = DEFAULT_ISLAND_SPARE
 
     def __post_init__(self) -> None:
-        if not self.annotation_prefix or "/" in self.annotation_prefix:
-            raise ValueError(f"annotation prefix must be a DNS-style name without '/', got {self.annotation_prefix!r}")
+        problem = prefix_problem(self.annotation_prefix)
+        if problem:
+            raise ValueError(problem)
         if not self.resource_name:
             raise ValueError("resource name must not be empty")
         if not self.reservation_timeout_s > 0:
@@ -39,25 +40,5 @@ class ExtenderConfig:
             raise ValueError(f"island spare count must be 0 or more, got {self.island_spare}")
 
     @property
-    def topology_key(self) -> str:
-        return f"{self.annotation_prefix}/topology"
-
-    @property
-    def state_key(self) -> str:
-        return f"{self.annotation_prefix}/state"
-
-    @property
-    def plan_key(self) -> str:
-        return f"{self.annotation_prefix}/plan"
-
-    @property
-    def gbps_key(self) -> str:
-        return f"{self.annotation_prefix}/allreduce-gbps"
-
-    @property
-    def require_nvlink_key(self) -> str:
-        return f"{self.annotation_prefix}/require-nvlink"
-
-    @property
-    def min_gbps_key(self) -> str:
-        return f"{self.annotation_prefix}/min-allreduce-gbps"
+    def keys(self) -> Keys:
+        return Keys(self.annotation_prefix)

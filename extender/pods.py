@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from gputopo.contract import Keys
 from gputopo.core import Topology, best_subset
 
 INIT, SIDECAR, APP = "init", "sidecar", "app"
@@ -174,7 +175,7 @@ def _annotation_gbps(value: Any, key: str) -> float:
     return gbps
 
 
-def pod_needs(pod: Any, resource: str, require_nvlink_key: str, min_gbps_key: str) -> PodNeeds:
+def pod_needs(pod: Any, resource: str, keys: Keys) -> PodNeeds:
     """Parse the few fields of a Pod dict that placement needs. Raises PodSpecError."""
     if not isinstance(pod, dict):
         raise PodSpecError("Pod must be an object")
@@ -184,8 +185,8 @@ def pod_needs(pod: Any, resource: str, require_nvlink_key: str, min_gbps_key: st
     ann = _dict(meta.get("annotations"))
     need = Need(
         size=size,
-        require_nvlink=_annotation_flag(ann.get(require_nvlink_key), require_nvlink_key),
-        min_gbps=_annotation_gbps(ann.get(min_gbps_key), min_gbps_key),
+        require_nvlink=_annotation_flag(ann.get(keys.require_nvlink), keys.require_nvlink),
+        min_gbps=_annotation_gbps(ann.get(keys.min_gbps), keys.min_gbps),
     )
     return PodNeeds(
         uid=str(meta.get("uid") or ""),

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 from gpuplugin.deviceplugin.allocation import ListStrategy
 from gpuplugin.deviceplugin.devices import IdStrategy
 from gpuplugin.deviceplugin.lifecycle import DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME
-from gputopo.contract import dns_subdomain_problem, extended_resource_problem
+from gputopo.contract import Keys, dns_subdomain_problem, extended_resource_problem, prefix_problem
 
 ENV_PREFIX = "GPUPLUGIN_"
 # Extra environment names a field also reads, after GPUPLUGIN_<FIELD> (NODE_NAME from the downward API).
@@ -70,7 +70,7 @@ class PluginConfig(BaseModel):
     @field_validator("annotation_prefix")
     @classmethod
     def _prefix(cls, v: str) -> str:
-        problem = dns_subdomain_problem(v)
+        problem = prefix_problem(v)
         if problem:
             raise ValueError(problem)
         return v
@@ -148,6 +148,10 @@ class PluginConfig(BaseModel):
         if isinstance(v, float) and v < 0:
             raise ValueError(f"{v} must be >= 0 seconds, or 'never'")
         return v
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.annotation_prefix)
 
     @model_validator(mode="after")
     def _socket_path_length(self) -> PluginConfig:

@@ -21,7 +21,7 @@ import kubernetes.client
 import structlog
 from prometheus_client import Counter, Gauge
 
-from gputopo.contract import Plan, PlanFormatError, parse_plan
+from gputopo.contract import DEFAULT_KEYS, DEFAULT_RESOURCE, Keys, Plan, PlanFormatError, parse_plan
 from gputopo.kube.watching import SYNC, Watcher
 
 log = structlog.get_logger(__name__)
@@ -70,8 +70,8 @@ class PlanWatch:
         api: kubernetes.client.ApiClient,
         node_name: str,
         *,
-        annotation_prefix: str = "gpu-topology.io",
-        resource_name: str = "nvidia.com/gpu",
+        keys: Keys = DEFAULT_KEYS,
+        resource_name: str = DEFAULT_RESOURCE,
         watch_timeout_s: int = 300,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
@@ -80,7 +80,7 @@ class PlanWatch:
             raise ValueError("node name must not be empty")
         self.node_name = node_name
         self.resource_name = resource_name
-        self.plan_key = f"{annotation_prefix}/plan"
+        self.plan_key = keys.plan
         self._lock = threading.Lock()
         self._pending: dict[str, PendingPlan] = {}
         self._seq = 0

@@ -39,6 +39,7 @@ import kubernetes.client
 import structlog
 
 from gpuplugin.podresources import PodResourcesError
+from gputopo.contract import Keys
 from gputopo.core.codec import NodeState, state_from_json, state_to_json, topology_to_json
 from gputopo.core.errors import TopologyFormatError
 from gputopo.core.topology import Topology
@@ -48,7 +49,6 @@ from gputopo.kube.patching import patch_node_metadata
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_PREFIX = "gpu-topology.io"
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 _LABEL_VALUE_MAX = 63
 
@@ -80,7 +80,7 @@ class NodePublisher:
         self,
         api: kubernetes.client.ApiClient,
         node_name: str,
-        prefix: str,
+        keys: Keys,
         topology: Topology,
         device_ids: Sequence[str] | None,
         used_ids: IdsProvider,
@@ -95,11 +95,9 @@ class NodePublisher:
     ) -> None:
         if not node_name:
             raise ValueError("node name is required to publish (set NODE_NAME from the downward API)")
-        if not prefix or "/" in prefix:
-            raise ValueError(f"annotation prefix must be a DNS subdomain without '/', got {prefix!r}")
         self._api = api
         self.node_name = node_name
-        self.prefix = prefix
+        self.keys = keys
         self.topology = relabel(topology, device_ids) if device_ids is not None else topology
         # Health monitors and the kubelet may name GPUs by UUID or by advertised id: accept both.
         self._to_id: dict[str, str] = {g.id: a.id for g, a in zip(topology.gpus, self.topology.gpus, strict=True)}
@@ -113,8 +111,8 @@ class NodePublisher:
         self._resync = resync_s
         self._clock = clock
 
-        self.topology_key = f"{prefix}/topology"
-        self.state_key = f"{prefix}/state"
+        self.topology_key = keys.topology
+        self.state_key = keys.state
         self._topology_json = topology_to_json(self.topology)
         self._labels = self._desired_labels()
 
@@ -133,9 +131,9 @@ class NodePublisher:
         models = {g.model for g in self.topology.gpus if g.model}
         model = sanitize_label_value(models.pop()) if len(models) == 1 else ("mixed" if models else "")
         return {
-            f"{self.prefix}/fabric": self.topology.fabric,
-            f"{self.prefix}/gpu-model": model or None,
-            f"{self.prefix}/gpu-count": str(self.topology.size),
+            self.keys.fabric_label: self.topology.fabric,
+            self.keys.model_label: model or None,
+            self.keys.count_label: str(self.topology.size),
         }
 
     def _ids(self, provider: IdsProvider, what: str) -> frozenset[str]:
@@ -333,7 +331,7 @@ class _ManagerLike(Protocol):
 
 class _ConfigLike(Protocol):
     node_name: str | None
-    annotation_prefix: str
+    keys: Keys
     resource_name: str
     pod_resources_socket: Any
 
@@ -390,7 +388,7 @@ def start_publisher(
     publisher = NodePublisher(
         api,
         cfg.node_name or "",
-        cfg.annotation_prefix,
+        cfg.keys,
         manager.topology,
         [d.id for d in manager.devices],
         lambda: pods.used_ids(resource),
@@ -398,6 +396,6 @@ def start_publisher(
         **options,
     )
     log.info(
-        "publication on", node=cfg.node_name, prefix=cfg.annotation_prefix, pod_resources=str(cfg.pod_resources_socket)
+        "publication on", node=cfg.node_name, prefix=cfg.keys.prefix, pod_resources=str(cfg.pod_resources_socket)
     )
     return Publication(publisher, manager, closers).start()

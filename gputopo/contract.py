@@ -123,6 +123,9 @@ class Keys:
         return self._key("min-allreduce-gbps")
 
 
+DEFAULT_KEYS = Keys()
+
+
 # -- the plan -----------------------------------------------------------------------------------------------------
 
 

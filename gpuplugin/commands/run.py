@@ -137,7 +137,7 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
                 found.topology,
                 id_strategy=cfg.device_id_strategy,
                 list_strategy=cfg.device_list_strategy,
-                annotation_prefix=cfg.annotation_prefix,
+                keys=cfg.keys,
                 dev_root=cfg.dev_root,
                 minors=found.minors,
                 nvml_indices=found.nvml_indices,
@@ -201,7 +201,7 @@ def start_plan_watch(cfg: PluginConfig, manager: Any) -> Callable[[], None] | No
         return None
     from gpuplugin.plan_watch import PlanWatch
 
-    watch = PlanWatch(api, cfg.node_name, annotation_prefix=cfg.annotation_prefix,
+    watch = PlanWatch(api, cfg.node_name, keys=cfg.keys,
                       resource_name=cfg.resource_name).start()
     manager.set_plan_source(watch)
     log.info("plans from the extender on", node=cfg.node_name)

@@ -15,6 +15,7 @@ from pathlib import Path
 import structlog
 
 from gpuplugin.deviceplugin.devices import Device, IdStrategy
+from gputopo.contract import Keys
 from gputopo.core.allocator import allreduce_gbps
 from gputopo.core.topology import Topology
 
@@ -94,14 +95,14 @@ def container_allocation(
     devices: Sequence[Device],
     strategy: ListStrategy,
     id_strategy: IdStrategy,
-    annotation_prefix: str,
+    keys: Keys,
     dev_root: Path,
 ) -> ContainerAllocation:
     """The response for one container. `devices` must be valid and healthy (the resource manager checks)."""
     ordered = sorted(devices, key=lambda d: d.index)
     ids = ",".join(d.id for d in ordered)
     gbps = allreduce_gbps(topo, [d.index for d in ordered])
-    annotations = {f"{annotation_prefix}/gpus": ids, f"{annotation_prefix}/allreduce-gbps": f"{gbps:.1f}"}
+    annotations = {keys.gpus: ids, keys.gbps: f"{gbps:.1f}"}
     envs: dict[str, str] = {}
     cdi: tuple[str, ...] = ()
     if strategy is ListStrategy.ENVVAR:

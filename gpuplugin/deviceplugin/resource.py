@@ -21,6 +21,7 @@ from gpuplugin.deviceplugin.errors import AllocationRequestError, UnknownDeviceE
 from gpuplugin.deviceplugin.plans import PlanSource
 from gpuplugin.deviceplugin.preferred import Preference, Source, choose_preferred
 from gpuplugin.metrics import PluginMetrics
+from gputopo.contract import DEFAULT_KEYS, Keys
 from gputopo.core.allocator import best_subset
 from gputopo.core.topology import Topology
 
@@ -78,7 +79,7 @@ class ResourceManager:
         *,
         id_strategy: IdStrategy | str = IdStrategy.UUID,
         list_strategy: ListStrategy | str = ListStrategy.ENVVAR,
-        annotation_prefix: str = "gpu-topology.io",
+        keys: Keys = DEFAULT_KEYS,
         dev_root: Path | str = "/",
         minors: Mapping[int, int] | None = None,
         nvml_indices: Mapping[int, int] | None = None,
@@ -88,7 +89,7 @@ class ResourceManager:
         self.topology = topology
         self.id_strategy = IdStrategy(id_strategy)
         self.list_strategy = ListStrategy(list_strategy)
-        self.annotation_prefix = annotation_prefix
+        self.keys = keys
         self.dev_root = Path(dev_root)
         self.devices = build_devices(topology, self.id_strategy, minors, nvml_indices)
         self.metrics = metrics if metrics is not None else PluginMetrics()
@@ -251,7 +252,7 @@ class ResourceManager:
         if sick:
             raise AllocationRequestError(f"unhealthy device ids: {brief_ids(sick)}")
         return container_allocation(
-            self.topology, devices, self.list_strategy, self.id_strategy, self.annotation_prefix, self.dev_root
+            self.topology, devices, self.list_strategy, self.id_strategy, self.keys, self.dev_root
         )
 
 

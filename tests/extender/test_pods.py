@@ -15,10 +15,11 @@ from extender.pods import (
     pod_needs,
     split_plan,
 )
+from gputopo.contract import Keys
 from tests.extender.conftest import DGX1, pod_json, topo
 
 RES = "nvidia.com/gpu"
-KEYS = ("gpu-topology.io/require-nvlink", "gpu-topology.io/min-allreduce-gbps")
+KEYS = (Keys(),)
 
 
 @pytest.mark.parametrize(("containers", "expected"), [

@@ -11,6 +11,7 @@ import pytest
 from gpuplugin.deviceplugin.resource import ResourceManager
 from gpuplugin.proto import deviceplugin_pb2 as pb
 from gpuplugin.proto import deviceplugin_pb2_grpc as pb_grpc
+from gputopo.contract import Keys
 from gputopo.core.allocator import allreduce_gbps
 from gputopo.core.topology import Topology
 from sim.kubelet import AdmissionError, KubeletSimulator
@@ -55,7 +56,7 @@ def test_envvar_with_uuids(
 
 
 def test_envvar_with_indices(kubelet: KubeletSimulator, start_plugin: RunnerFactory, dgx1: Topology) -> None:
-    _serve(kubelet, start_plugin, ResourceManager(dgx1, id_strategy="index", annotation_prefix="example.org"))
+    _serve(kubelet, start_plugin, ResourceManager(dgx1, id_strategy="index", keys=Keys("example.org")))
     resp = kubelet.allocate(RESOURCE, ["5", "4"])
     assert dict(resp.envs) == {"NVIDIA_VISIBLE_DEVICES": "4,5"}
     assert resp.annotations["example.org/gpus"] == "4,5"

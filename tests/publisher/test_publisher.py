@@ -13,6 +13,7 @@ import pytest
 from gpuplugin.health import HealthMonitor
 from gpuplugin.podresources import PodResourcesClient, PodResourcesError
 from gpuplugin.publisher import NodePublisher, sanitize_label_value, start_publisher
+from gputopo.contract import Keys
 from gputopo.core.codec import state_from_json, topology_from_json
 from gputopo.core.topology import Topology
 from gputopo.discovery.loader import load_topology_file
@@ -61,7 +62,7 @@ def make(api: kubernetes.client.ApiClient, topo: Topology, pods: PodResourcesCli
     options.setdefault("min_interval_s", 0.0)
     options.setdefault("backoff_initial_s", 0.01)
     options.setdefault("backoff_max_s", 0.05)
-    return NodePublisher(api, NODE, PREFIX, topo, device_ids, lambda: pods.used_ids(GPU),
+    return NodePublisher(api, NODE, Keys(PREFIX), topo, device_ids, lambda: pods.used_ids(GPU),
                          unhealthy or (lambda: []), **options)
 
 
@@ -254,7 +255,7 @@ def test_start_publisher_follows_the_resource_managers_health(
 
     fake.add_node(node_object())
     manager = ResourceManager(topo)
-    cfg = SimpleNamespace(node_name=NODE, annotation_prefix=PREFIX, resource_name=GPU,
+    cfg = SimpleNamespace(node_name=NODE, keys=Keys(PREFIX), resource_name=GPU,
                           pod_resources_socket=kubelet.socket_path)
     publication = start_publisher(cfg, manager, api=api, poll_interval_s=30.0, min_interval_s=0.0)
     assert publication is not None
@@ -278,8 +279,8 @@ def test_model_names_become_valid_label_values(raw: str, clean: str) -> None:
 
 def test_bad_arguments_are_refused(api: Any, topo: Topology, pods: PodResourcesClient) -> None:
     with pytest.raises(ValueError, match="node name"):
-        NodePublisher(api, "", PREFIX, topo, None, lambda: [], lambda: [])
+        NodePublisher(api, "", Keys(PREFIX), topo, None, lambda: [], lambda: [])
     with pytest.raises(ValueError, match="prefix"):
-        NodePublisher(api, NODE, "a/b", topo, None, lambda: [], lambda: [])
+        NodePublisher(api, NODE, Keys("a/b"), topo, None, lambda: [], lambda: [])
     with pytest.raises(ValueError, match="device ids"):
-        NodePublisher(api, NODE, PREFIX, topo, ["0"], lambda: [], lambda: [])
+        NodePublisher(api, NODE, Keys(PREFIX), topo, ["0"], lambda: [], lambda: [])
