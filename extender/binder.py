@@ -185,7 +185,7 @@ class Binder:
                 gbps=alloc.allreduce_gbps,
             )
             self.metrics.plan_efficiency.observe(self.placement.efficiency(topo, alloc))
-            self.metrics.plan_gbps.observe(alloc.allreduce_gbps)
+            self.metrics.plan_bandwidth.observe(alloc.allreduce_gbps * 1e9)
             if self.inventory is not None:
                 self.inventory.commit(entry, PodRecord(req.uid, req.namespace, req.name, req.node, "Running", False,
                                                        needs, plan, encode_plan(plan)))

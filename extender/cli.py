@@ -50,7 +50,7 @@ def check_plain_http(host: str, tls: bool, allow_insecure_remote: bool) -> None:
     if tls or is_loopback(host):
         return
     if allow_insecure_remote:
-        log.warning("extender.insecure_remote", host=host,
+        log.warning("extender.server.insecure_remote", host=host,
                     hint="plain HTTP on a non-loopback address: anyone who reaches it can bind pods")
         return
     raise click.UsageError(
@@ -150,8 +150,10 @@ def serve(host: str, port: int, inventory: str | None, kubeconfig: str | None, a
 
     from extender.app import create_app, create_metrics_app
     from extender.inventory import InventoryError
+    from extender.metrics import ExtenderMetrics
     from extender.service import Extender
     from gputopo.kube import KubeConfigError, make_api_client
+    from gputopo.metrics import process_registry
 
     configure_logging(log_level)
     if (tls_cert is None) != (tls_key is None):
@@ -168,11 +170,12 @@ def serve(host: str, port: int, inventory: str | None, kubeconfig: str | None, a
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     try:
+        metrics = ExtenderMetrics(process_registry())
         if inventory:
-            ext = Extender.standalone(inventory, config)
+            ext = Extender.standalone(inventory, config, metrics=metrics)
         else:
             api = make_api_client(kubeconfig=kubeconfig, host=api_server)
-            ext = Extender.cluster(api, config)
+            ext = Extender.cluster(api, config, metrics=metrics)
     except (InventoryError, KubeConfigError) as e:
         raise click.ClickException(str(e)) from None
     # Long-lived state (topologies, inventory, imported modules) never becomes garbage: freezing it keeps the cyclic
@@ -184,6 +187,7 @@ def serve(host: str, port: int, inventory: str | None, kubeconfig: str | None, a
         host=host,
         port=port,
         log_level=log_level,
+        log_config=None,  # uvicorn's lines go through our structured logging (gputopo.logs)
         access_log=False,
         lifespan="on",
         ssl_certfile=tls_cert,
@@ -192,14 +196,15 @@ def serve(host: str, port: int, inventory: str | None, kubeconfig: str | None, a
         ssl_cert_reqs=ssl.CERT_REQUIRED if tls_client_ca else ssl.CERT_NONE,
     )
     main_server = uvicorn.Server(server_config)
-    log.info("extender.serve", host=host, port=port, mode=ext.mode, tls=bool(tls_cert), mutual_tls=bool(tls_client_ca),
+    log.info("extender.server.listening", host=host, port=port, mode=ext.mode, tls=bool(tls_cert),
+             mutual_tls=bool(tls_client_ca),
              metrics_port=metrics_port or None)
     if not metrics_port:
         main_server.run()
         return
     metrics_server = _companion_server(uvicorn.Config(
-        create_metrics_app(ext), host=metrics_host, port=metrics_port, log_level=log_level, access_log=False,
-        lifespan="off",
+        create_metrics_app(ext), host=metrics_host, port=metrics_port, log_level=log_level, log_config=None,
+        access_log=False, lifespan="off",
     ))
     with asyncio.Runner(loop_factory=server_config.get_loop_factory()) as runner:
         runner.run(serve_beside(main_server, metrics_server))

@@ -9,6 +9,7 @@ import structlog
 
 from extender.cache import NodeCache
 from gputopo.kube import SYNC, Watcher
+from gputopo.kube.watching import WatchMetrics
 
 log = structlog.get_logger(__name__)
 
@@ -26,10 +27,11 @@ class ClusterSync:
         watch_timeout_s: int = 300,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
+        metrics: WatchMetrics | None = None,
     ) -> None:
         self.cache = cache
         common: dict[str, Any] = {"timeout_seconds": watch_timeout_s, "backoff_initial_s": backoff_initial_s,
-                                  "backoff_max_s": backoff_max_s}
+                                  "backoff_max_s": backoff_max_s, "metrics": metrics}
         self.nodes = Watcher(api, "nodes", self._on_node, name="extender-nodes", **common)
         self.pods = Watcher(api, "pods", self._on_pod, field_selector=pod_field_selector, name="extender-pods",
                             **common)

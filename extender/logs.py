@@ -1,9 +1,12 @@
-"""Structured logging for the extender process: the same configuration as every `gpuplugin` command."""
+"""The extender's logging: the shared configuration (gputopo.logs), with library lines named `extender.*`."""
 
 from __future__ import annotations
 
-from gputopo.logs import configure_logging
+from functools import partial
 
-LEVELS = ("debug", "info", "warning", "error")
+from gputopo import logs
+
+LEVELS = logs.LEVELS
+configure_logging = partial(logs.configure_logging, component="extender")
 
 __all__ = ["LEVELS", "configure_logging"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,8 +20,25 @@ from extender.placement import Placement
 from extender.pods import RecentPods
 from extender.reservations import Reservations
 from gputopo.contract import Plan
+from gputopo.workers import Worker
 
 log = structlog.get_logger(__name__)
+
+
+class ReservationExpiry(Worker):
+    """Ends reservations whose plans the node never confirmed, every `interval_s`."""
+
+    def __init__(self, cache: NodeCache, interval_s: float) -> None:
+        super().__init__("extender-expiry")
+        self.cache = cache
+        self.interval_s = interval_s
+
+    def loop(self) -> None:
+        while not self.pause(self.interval_s):
+            try:
+                self.cache.expire_reservations()
+            except Exception:
+                log.exception("extender.expiry.pass_failed")
 
 
 class Extender:
@@ -38,9 +54,10 @@ class Extender:
         clock: Callable[[], float] = time.monotonic,
         expiry_interval_s: float | None = None,
         cache: NodeCache | None = None,
+        metrics: ExtenderMetrics | None = None,
     ) -> None:
         self.config = config
-        self.metrics = ExtenderMetrics()
+        self.metrics = metrics if metrics is not None else ExtenderMetrics()
         if cache is None:
             cache = NodeCache(config, Reservations(config.reservation_timeout_s, clock))
         self.cache = cache
@@ -49,13 +66,13 @@ class Extender:
         self.placement = Placement(self.cache)
         self.recent = RecentPods()
         self.inventory = inventory
-        self.sync = ClusterSync(api, self.cache, **(sync_options or {})) if api is not None else None
+        sync_options = {"metrics": self.metrics.watch, **(sync_options or {})}
+        self.sync = ClusterSync(api, self.cache, **sync_options) if api is not None else None
         self.binder = Binder(config, self.cache, self.placement, self.metrics, self.recent, api=api,
                              inventory=inventory)
         self.mode = "standalone" if inventory is not None else "cluster"
         self.expiry_interval_s = expiry_interval_s or max(0.05, min(5.0, config.reservation_timeout_s / 4))
-        self._stop = threading.Event()
-        self._expiry: threading.Thread | None = None
+        self._expiry = ReservationExpiry(self.cache, self.expiry_interval_s)
         self.metrics.bind_gauges(
             reservations=lambda: float(self.reservations.count()),
             nodes=lambda: float(len(self.cache.nodes)),
@@ -79,18 +96,15 @@ class Extender:
     def start(self) -> Extender:
         if self.sync is not None:
             self.sync.start()
-        self._expiry = threading.Thread(target=self._expire_loop, name="extender-expiry", daemon=True)
         self._expiry.start()
-        log.info("extender.started", mode=self.mode, nodes=len(self.cache.nodes))
+        log.info("extender.service.started", mode=self.mode, nodes=len(self.cache.nodes))
         return self
 
     def stop(self) -> None:
-        self._stop.set()
         if self.sync is not None:
             self.sync.stop()
-        if self._expiry is not None:
-            self._expiry.join(5)
-        log.info("extender.stopped", mode=self.mode)
+        self._expiry.stop()
+        log.info("extender.service.stopped", mode=self.mode)
 
     def ready(self) -> bool:
         return self.sync is None or self.sync.synced
@@ -98,10 +112,3 @@ class Extender:
     def plan_of(self, uid: str) -> Plan | None:
         rec = self.cache.pods.get(uid)
         return rec.plan if rec is not None else None
-
-    def _expire_loop(self) -> None:
-        while not self._stop.wait(self.expiry_interval_s):
-            try:
-                self.cache.expire_reservations()
-            except Exception:
-                log.exception("extender.expiry.failed")

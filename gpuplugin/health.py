@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import structlog
 
 from gputopo.discovery.nvml_backend import NvmlBackend, NvmlError, XidEvent, XidEventSet
+from gputopo.workers import Worker
 
 log = structlog.get_logger(__name__)
 
@@ -49,7 +50,7 @@ class _GpuHealth:
     reason: str = ""
 
 
-class HealthMonitor:
+class HealthMonitor(Worker):
     """Watches GPUs (NVML index -> advertised device id) in a thread; see the module docstring for the rules."""
 
     def __init__(
@@ -70,6 +71,7 @@ class HealthMonitor:
             raise ValueError(f"probe interval must be positive, got {probe_interval_s}")
         if recovery_s is not None and recovery_s < 0:
             raise ValueError(f"recovery time must be >= 0 or None, got {recovery_s}")
+        super().__init__("gpu-health")
         self._backend = backend
         self._devices = dict(devices)
         self._on_change = on_change
@@ -83,28 +85,8 @@ class HealthMonitor:
         self._error_backoff = error_backoff_s
         self._state = {gpu: _GpuHealth() for gpu in self._devices}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # --- public -------------------------------------------------------------------------------------------------
-
-    def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("health monitor already started")
-        self._thread = threading.Thread(target=self._run, name="gpu-health", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def __enter__(self) -> HealthMonitor:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def unhealthy_ids(self) -> frozenset[str]:
         with self._lock:
@@ -116,12 +98,12 @@ class HealthMonitor:
 
     # --- the loop -----------------------------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def loop(self) -> None:
         events = self._open_events()
         next_probe = self._clock()
         wait_failures = 0
         try:
-            while not self._stop.is_set():
+            while not self.stopping:
                 changes: dict[int, bool] = {}
                 probe_now = False
                 if events is not None:
@@ -132,35 +114,35 @@ class HealthMonitor:
                         wait_failures += 1
                         # Said once per run of failures: a lost GPU can fail every wait until it is reset.
                         (log.warning if wait_failures == 1 else log.debug)(
-                            "xid_wait_failed", error=e.name, message=e.message, action="probing all GPUs"
+                            "plugin.health.xid_wait_failed", error=e.name, message=e.message, action="probing all GPUs"
                         )
                         probe_now = True
-                        self._stop.wait(self._error_backoff)  # a broken event set must not spin
+                        self.pause(self._error_backoff)  # a broken event set must not spin
                 else:
-                    self._stop.wait(self._wait_ms / 1000.0)
+                    self.pause(self._wait_ms / 1000.0)
                 now = self._clock()
                 if probe_now or now >= next_probe:
                     self._probe_all(now, changes)
                     next_probe = now + self._probe_interval
                 self._report(changes)
         except Exception:  # the thread must not die silently: say so, the plugin keeps serving
-            log.exception("health_monitor_crashed")
+            log.exception("plugin.health.monitor_crashed")
         finally:
             if events is not None:
                 try:
                     events.close()
                 except NvmlError as e:
-                    log.debug("xid_event_set_free_failed", error=e.name)
+                    log.debug("plugin.health.event_set_free_failed", error=e.name)
 
     def _open_events(self) -> XidEventSet | None:
         try:
             events = self._backend.xid_event_set(self._devices)
         except NvmlError as e:
-            log.warning("xid_events_unavailable", error=e.name, message=e.message, fallback="health probe only")
+            log.warning("plugin.health.xid_unavailable", error=e.name, message=e.message, fallback="health probe only")
             return None
         for gpu, err in events.failed.items():
             log.warning(
-                "xid_events_not_registered",
+                "plugin.health.xid_not_registered",
                 device=self._devices[gpu],
                 nvml_index=gpu,
                 error=err.name,
@@ -180,18 +162,18 @@ class HealthMonitor:
 
     def _on_xid(self, event: XidEvent, changes: dict[int, bool]) -> None:
         if event.xid in self._ignored:
-            log.info("xid_ignored", nvml_index=event.gpu, xid=event.xid, why="application error")
+            log.info("plugin.health.xid_ignored", nvml_index=event.gpu, xid=event.xid, why="application error")
             return
         if event.gpu is None:
             targets = list(self._state)
-            log.warning("xid_unattributed", xid=event.xid, action="marking every GPU unhealthy")
+            log.warning("plugin.health.xid_unattributed", xid=event.xid, action="marking every GPU unhealthy")
         elif event.gpu in self._state:
             targets = [event.gpu]
         else:
-            log.debug("xid_for_unwatched_gpu", nvml_index=event.gpu, xid=event.xid)
+            log.debug("plugin.health.xid_unwatched_gpu", nvml_index=event.gpu, xid=event.xid)
             return
         for gpu in targets:
-            log.warning("xid_critical", device=self._devices[gpu], nvml_index=gpu, xid=event.xid)
+            log.warning("plugin.health.xid_critical", device=self._devices[gpu], nvml_index=gpu, xid=event.xid)
             self._mark_bad(gpu, f"Xid {event.xid}", changes)
 
     def _probe_all(self, now: float, changes: dict[int, bool]) -> None:
@@ -200,7 +182,7 @@ class HealthMonitor:
                 self._probe(self._backend, gpu)
             except NvmlError as e:
                 if self._state[gpu].healthy:
-                    log.warning("gpu_probe_failed", device=self._devices[gpu], nvml_index=gpu, error=e.name)
+                    log.warning("plugin.health.probe_failed", device=self._devices[gpu], nvml_index=gpu, error=e.name)
                 self._mark_bad(gpu, e.name, changes)
                 continue
             with self._lock:
@@ -214,7 +196,8 @@ class HealthMonitor:
                     changes[gpu] = True
                 else:
                     continue
-            log.info("gpu_recovered", device=self._devices[gpu], nvml_index=gpu, after=reason, passing_s=self._recovery)
+            log.info("plugin.health.gpu_recovered", device=self._devices[gpu], nvml_index=gpu, after=reason,
+                     passing_s=self._recovery)
 
     def _mark_bad(self, gpu: int, reason: str, changes: dict[int, bool]) -> None:
         with self._lock:
@@ -233,4 +216,4 @@ class HealthMonitor:
             try:
                 self._on_change(ids, healthy)
             except Exception:
-                log.exception("health_callback_failed", devices=ids, healthy=healthy)
+                log.exception("plugin.health.callback_failed", devices=ids, healthy=healthy)

@@ -19,24 +19,12 @@ from typing import Any
 
 import kubernetes.client
 import structlog
-from prometheus_client import Counter, Gauge
 
+from gpuplugin.metrics import PluginMetrics
 from gputopo.contract import DEFAULT_KEYS, DEFAULT_RESOURCE, Keys, Plan, PlanFormatError, parse_plan
 from gputopo.kube.watching import SYNC, Watcher
 
 log = structlog.get_logger(__name__)
-
-PLAN_LOOKUPS = Counter(
-    "gpu_topology_plan_lookups_total",
-    "GetPreferredAllocation questions put to the plan watch: hit, or miss and why.",
-    ["result", "reason"],
-)
-PENDING_PLANS = Gauge("gpu_topology_pending_plans", "Pods on this node with a plan the kubelet has not acted on.")
-PLANS_IGNORED = Counter(
-    "gpu_topology_plan_annotations_ignored_total",
-    "Plan annotations on this node's pods that were not used, by reason.",
-    ["reason"],
-)
 
 # Miss reasons, from "nothing to offer" to "almost": the reported reason is the furthest any plan got.
 MISS_NO_PLANS = "no_pending_plans"
@@ -75,6 +63,7 @@ class PlanWatch:
         watch_timeout_s: int = 300,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
+        metrics: PluginMetrics | None = None,
     ) -> None:
         if not node_name:
             raise ValueError("node name must not be empty")
@@ -84,6 +73,7 @@ class PlanWatch:
         self._lock = threading.Lock()
         self._pending: dict[str, PendingPlan] = {}
         self._seq = 0
+        self._metrics = metrics if metrics is not None else PluginMetrics()
         self._ignored: dict[str, str] = {}  # uid -> why, so a bad annotation is logged once, not per event
         self._watcher = Watcher(
             api,
@@ -94,6 +84,7 @@ class PlanWatch:
             backoff_initial_s=backoff_initial_s,
             backoff_max_s=backoff_max_s,
             name=f"plan-watch-{node_name}",
+            metrics=self._metrics.watch,
         )
         self._log = log.bind(node=node_name)
 
@@ -144,12 +135,12 @@ class PlanWatch:
                 if not must.issubset(ids):
                     furthest = 3
                     continue
-                PLAN_LOOKUPS.labels("hit", "").inc()
-                self._log.debug("plan_watch.hit", pod=f"{pending.namespace}/{pending.name}", ids=list(ids))
+                self._metrics.plan_lookups.labels("hit", "").inc()
+                self._log.debug("plugin.plans.hit", pod=f"{pending.namespace}/{pending.name}", ids=list(ids))
                 return list(ids)
         reason = _MISS_ORDER[furthest]
-        PLAN_LOOKUPS.labels("miss", reason).inc()
-        self._log.debug("plan_watch.miss", reason=reason, size=size, available=len(available), must=len(must))
+        self._metrics.plan_lookups.labels("miss", reason).inc()
+        self._log.debug("plugin.plans.miss", reason=reason, size=size, available=len(available), must=len(must))
         return None
 
     # -- watch -----------------------------------------------------------------------------------------------
@@ -175,7 +166,7 @@ class PlanWatch:
                 self._ignored.pop(uid, None)
         else:
             self._update(obj)
-        PENDING_PLANS.set(len(self._pending))
+        self._metrics.pending_plans.set(len(self._pending))
 
     def _update(self, pod: dict[str, Any]) -> str | None:
         meta = _meta(pod)
@@ -188,9 +179,9 @@ class PlanWatch:
                 self._pending.pop(uid, None)
                 if why and self._ignored.get(uid) != why:
                     self._ignored[uid] = why
-                    PLANS_IGNORED.labels(why.split(":", 1)[0]).inc()
+                    self._metrics.plans_ignored.labels(why.split(":", 1)[0]).inc()
                     self._log.warning(
-                        "plan_watch.plan_ignored", pod=f"{meta.get('namespace')}/{meta.get('name')}", why=why
+                        "plugin.plans.ignored", pod=f"{meta.get('namespace')}/{meta.get('name')}", why=why
                     )
                 return uid
             self._ignored.pop(uid, None)

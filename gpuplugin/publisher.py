@@ -33,7 +33,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import kubernetes.client
 import structlog
@@ -46,6 +46,8 @@ from gputopo.core.topology import Topology
 from gputopo.kube.errors import Conflict, KubeApiError, NotFound
 from gputopo.kube.fetching import get_node
 from gputopo.kube.patching import patch_node_metadata
+from gputopo.retry import Backoff
+from gputopo.workers import Worker
 
 log = structlog.get_logger(__name__)
 
@@ -71,7 +73,7 @@ def relabel(topology: Topology, device_ids: Sequence[str]) -> Topology:
     return Topology.build(gpus, topology.links, topology.nics, topology.pcie_generation, topology.socket_link_gbps)
 
 
-class NodePublisher:
+class NodePublisher(Worker):
     """Keeps `<prefix>/topology`, `<prefix>/state` and the labels of one Node current. `start()` runs it in a
     thread polling every `poll_interval_s`; `trigger()` (health changes) publishes at once, rate limits allowing.
     `publish_once()` is the same step, synchronously, raising what went wrong."""
@@ -95,6 +97,7 @@ class NodePublisher:
     ) -> None:
         if not node_name:
             raise ValueError("node name is required to publish (set NODE_NAME from the downward API)")
+        super().__init__("node-publisher")
         self._api = api
         self.node_name = node_name
         self.keys = keys
@@ -106,8 +109,7 @@ class NodePublisher:
         self._unhealthy_ids = unhealthy_ids
         self._poll = poll_interval_s
         self._min_interval = min_interval_s
-        self._backoff_initial = backoff_initial_s
-        self._backoff_max = backoff_max_s
+        self._backoff = Backoff(backoff_initial_s, backoff_max_s)
         self._resync = resync_s
         self._clock = clock
 
@@ -121,9 +123,6 @@ class NodePublisher:
         self._last_patch_at: float | None = None
         self._state: NodeState | None = None
         self._cond = threading.Condition()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # --- what should be on the Node -----------------------------------------------------------------------------
 
@@ -145,7 +144,7 @@ class NodePublisher:
             else:
                 out.add(mapped)
         if foreign:
-            log.debug("publisher_ids_ignored", what=what, ids=sorted(foreign)[:8], why="not a GPU of this plugin")
+            log.debug("plugin.publish.ids_ignored", what=what, ids=sorted(foreign)[:8], why="not a GPU of this plugin")
         return frozenset(out)
 
     def _desired_state(self, current: str | None) -> tuple[str, NodeState]:
@@ -156,7 +155,7 @@ class NodePublisher:
             try:
                 previous = state_from_json(current)
             except TopologyFormatError as e:
-                log.warning("publisher_state_unreadable", node=self.node_name, error=str(e), action="overwrite")
+                log.warning("plugin.publish.state_unreadable", node=self.node_name, error=str(e), action="overwrite")
         if previous is not None and previous.used == used and previous.unhealthy == unhealthy:
             return current or "", previous
         state = NodeState((previous.generation if previous else 0) + 1, used, unhealthy)
@@ -199,7 +198,7 @@ class NodePublisher:
         self._observe(node)
         self._set_state(state)
         log.info(
-            "node_published",
+            "plugin.publish.done",
             node=self.node_name,
             generation=state.generation,
             used=len(state.used),
@@ -228,85 +227,55 @@ class NodePublisher:
 
     def trigger(self) -> None:
         """Publish soon (a health change): immediately, unless a patch went out less than min_interval_s ago."""
-        self._wake.set()
+        self.wake()
 
-    def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("publisher already started")
-        self._thread = threading.Thread(target=self._run, name="node-publisher", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def __enter__(self) -> NodePublisher:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _run(self) -> None:
+    def loop(self) -> None:
         delay = 0.0
-        failures = 0
-        while not self._stop.is_set():
-            self._wake.wait(delay)
-            if self._stop.is_set():
-                break
-            self._wake.clear()
+        while not self.pause(delay):
             if self._last_patch_at is not None:
                 wait = self._min_interval - (self._clock() - self._last_patch_at)
-                if wait > 0 and self._stop.wait(wait):  # coalesce whatever arrives meanwhile
+                if wait > 0 and self.pause(wait, wakeable=False):  # coalesce whatever arrives meanwhile
                     break
-                self._wake.clear()
             try:
                 self.publish_once()
             except PodResourcesError as e:
-                failures += 1
-                delay = min(self._poll, self._backoff(failures))
+                delay = min(self._poll, self._backoff.failed())
                 log.warning(
-                    "publisher_podresources_failed",
+                    "plugin.publish.podresources_failed",
                     error=str(e),
                     retry_in_s=round(delay, 3),
                     action="state left as published",
                 )
                 continue
             except KubeApiError as e:
-                failures += 1
-                delay = self._delay_for(e, failures)
+                delay = self._delay_for(e)
                 continue
             except Exception:
-                failures += 1
-                delay = self._backoff(failures)
-                log.exception("publisher_step_failed", retry_in_s=round(delay, 3))
+                delay = self._backoff.failed()
+                log.exception("plugin.publish.failed", retry_in_s=round(delay, 3))
                 continue
-            failures = 0
+            self._backoff.reset()
             delay = self._poll
 
-    def _backoff(self, failures: int) -> float:
-        return min(self._backoff_max, self._backoff_initial * 2 ** min(failures - 1, 30))
-
-    def _delay_for(self, e: KubeApiError, failures: int) -> float:
+    def _delay_for(self, e: KubeApiError) -> float:
         if e.retryable or isinstance(e, Conflict):
-            delay = self._backoff(failures)
+            delay = self._backoff.failed()
             log.warning(
-                "publisher_api_retry", node=self.node_name, status=e.status, reason=e.reason, retry_in_s=round(delay, 3)
+                "plugin.publish.retrying", node=self.node_name, status=e.status, reason=e.reason,
+                retry_in_s=round(delay, 3),
             )
             return delay
-        delay = max(self._backoff(failures), min(self._poll, self._backoff_max))
+        delay = max(self._backoff.failed(), min(self._poll, self._backoff.max_s))
         if isinstance(e, NotFound):
             log.warning(
-                "publisher_node_missing",
+                "plugin.publish.node_missing",
                 node=self.node_name,
                 retry_in_s=round(delay, 3),
                 hint="the kubelet has not registered this Node yet, or NODE_NAME is wrong",
             )
         else:
             log.error(
-                "publisher_api_error",
+                "plugin.publish.api_error",
                 node=self.node_name,
                 status=e.status,
                 reason=e.reason,
@@ -336,35 +305,37 @@ class _ConfigLike(Protocol):
     pod_resources_socket: Any
 
 
-class Publication:
+class Publication(Worker):
     """A running NodePublisher wired to the plugin: used ids from PodResources, unhealthy ids from the resource
-    manager, and a trigger on every device list change (health). `stop()` ends it and closes its clients."""
+    manager, and a trigger on every device list change (health), forwarded by this worker's thread. `stop()` ends
+    both and closes their clients."""
 
     def __init__(self, publisher: NodePublisher, manager: _ManagerLike, closers: Sequence[Callable[[], None]]):
+        super().__init__("publisher-trigger")
         self.publisher = publisher
         self._manager = manager
         self._closers = list(closers)
         self._sub = manager.subscribe()
-        self._watch = threading.Thread(target=self._forward, name="publisher-trigger", daemon=True)
 
-    def start(self) -> Publication:
+    def start(self) -> Self:
         self.publisher.start()
-        self._watch.start()
-        return self
+        return super().start()
 
-    def _forward(self) -> None:
+    def loop(self) -> None:
         while self._sub.next() is not None:
             self.publisher.trigger()
 
-    def stop(self) -> None:
-        self._manager.unsubscribe(self._sub)
+    def interrupt(self) -> None:
+        self._manager.unsubscribe(self._sub)  # ends the subscription's next() with None
+
+    def stop(self, timeout: float | None = None) -> None:
+        super().stop(timeout)
         self.publisher.stop()
-        self._watch.join(5)
         for close in self._closers:
             try:
                 close()
             except Exception:
-                log.debug("publication_close_failed", exc_info=True)
+                log.debug("plugin.publish.close_failed", exc_info=True)
 
 
 def start_publisher(
@@ -379,7 +350,7 @@ def start_publisher(
         try:
             api = make_api_client()
         except KubeConfigError as e:
-            log.warning("publication off: no usable Kubernetes credentials", error=str(e))
+            log.warning("plugin.publish.off", reason="no usable Kubernetes credentials", error=str(e))
             return None
         closers.append(api.close)
     pods = PodResourcesClient(str(cfg.pod_resources_socket))
@@ -396,6 +367,6 @@ def start_publisher(
         **options,
     )
     log.info(
-        "publication on", node=cfg.node_name, prefix=cfg.keys.prefix, pod_resources=str(cfg.pod_resources_socket)
+        "plugin.publish.on", node=cfg.node_name, prefix=cfg.keys.prefix, pod_resources=str(cfg.pod_resources_socket)
     )
     return Publication(publisher, manager, closers).start()

@@ -69,8 +69,6 @@ class LocalCluster:
         self.extender_url = ""
         self._extender_log: Path | None = None
         self._env = dict(os.environ, PYTHONUNBUFFERED="1")
-        root = str(Path(__file__).resolve().parents[2])
-        self._env["PYTHONPATH"] = root + (os.pathsep + self._env["PYTHONPATH"] if self._env.get("PYTHONPATH") else "")
 
     def __enter__(self) -> LocalCluster:
         try:

@@ -140,7 +140,7 @@ class KubeletSimulator:
         server.add_insecure_port(f"unix:{self.socket_path}")
         server.start()
         self._server = server
-        log.info("kubelet simulator serving", socket=str(self.socket_path))
+        log.info("sim.kubelet.serving", socket=str(self.socket_path))
         return self
 
     def stop(self) -> None:
@@ -299,7 +299,7 @@ class KubeletSimulator:
             return r.endpoint
 
     def _record_rejection(self, message: str) -> None:
-        log.warning("kubelet simulator refused registration", error=message)
+        log.warning("sim.kubelet.registration_refused", error=message)
         with self._cond:
             self.rejections.append(message)
             self._cond.notify_all()
@@ -337,7 +337,7 @@ class KubeletSimulator:
             old.close()
         ep.thread = threading.Thread(target=self._watch, args=(ep,), name=f"listandwatch-{ep.resource}", daemon=True)
         ep.thread.start()
-        log.info("kubelet simulator registered plugin", resource=ep.resource, endpoint=ep.endpoint)
+        log.info("sim.kubelet.registered", resource=ep.resource, endpoint=ep.endpoint)
 
     def _watch(self, ep: _Endpoint) -> None:
         try:
@@ -356,7 +356,7 @@ class KubeletSimulator:
                     self._cond.notify_all()
         except grpc.RpcError as e:
             if not ep.closed:
-                log.warning("ListAndWatch ended with an error", resource=ep.resource, code=e.code().name)
+                log.warning("sim.listandwatch.failed", resource=ep.resource, code=e.code().name)
         finally:
             with self._cond:
                 r = self._resources[ep.resource]

@@ -64,7 +64,7 @@ def discover(cfg: PluginConfig) -> Discovered:
         backend.shutdown()
         raise StartupError(f"NVML discovery failed: {e}") from None
     for gone in node.excluded:
-        log.warning("gpu left out", nvml_index=gone.nvml_index, uuid=gone.uuid, reason=gone.reason)
+        log.warning("plugin.gpu.left_out", nvml_index=gone.nvml_index, uuid=gone.uuid, reason=gone.reason)
     return Discovered(
         node.topology,
         minors={i: d.minor for i, d in enumerate(node.devices) if d.minor is not None},
@@ -76,7 +76,7 @@ def discover(cfg: PluginConfig) -> Discovered:
 def start_health(cfg: PluginConfig, found: Discovered, manager: Any) -> Any:
     """The NVML health monitor feeding manager.set_health, or None without NVML (a topology file)."""
     if found.backend is None:
-        log.info("health monitoring off: no NVML (running on a topology file)")
+        log.info("plugin.health.off")
         return None
     from gpuplugin.health import HealthMonitor
 
@@ -90,7 +90,7 @@ def start_health(cfg: PluginConfig, found: Discovered, manager: Any) -> Any:
     devices = {d.nvml_index: d.id for d in manager.devices}
     monitor = HealthMonitor(found.backend, devices, manager.set_health, **kwargs)
     monitor.start()
-    log.info("health monitoring on", gpus=len(devices))
+    log.info("plugin.health.on", gpus=len(devices))
     return monitor
 
 
@@ -125,9 +125,10 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
     from gpuplugin.deviceplugin.lifecycle import PluginRunner
     from gpuplugin.deviceplugin.resource import ResourceManager
     from gpuplugin.metrics import MetricsServer, PluginMetrics
+    from gputopo.metrics import process_registry
 
     found = discover(cfg)
-    metrics = PluginMetrics()
+    metrics = PluginMetrics(process_registry())
     cleanup: list[Callable[[], None]] = []
     if found.backend is not None:
         cleanup.append(found.backend.shutdown)
@@ -149,7 +150,7 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
             raise StartupError(str(e)) from None
         cleanup.append(runner.stop)
         log.info(
-            "device plugin started",
+            "plugin.server.started",
             resource=cfg.resource_name,
             socket=str(runner.socket_path),
             gpus=len(manager.devices),
@@ -165,7 +166,7 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
             except OSError as e:
                 raise StartupError(f"cannot serve metrics on port {cfg.metrics_port}: {e.strerror or e}") from None
             cleanup.append(server.stop)
-            log.info("metrics on", port=server.port)
+            log.info("plugin.metrics.on", port=server.port)
         publisher = start_publication(cfg, manager)
         if publisher is not None and hasattr(publisher, "stop"):
             cleanup.append(publisher.stop)
@@ -175,13 +176,13 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
         if on_ready is not None:
             on_ready()
         stop.wait()
-        log.info("shutting down")
+        log.info("plugin.process.stopping")
     finally:
         for fn in reversed(cleanup):
             try:
                 fn()
             except Exception:
-                log.exception("shutdown step failed", step=getattr(fn, "__qualname__", repr(fn)))
+                log.exception("plugin.process.stop_step_failed", step=getattr(fn, "__qualname__", repr(fn)))
 
 
 def start_plan_watch(cfg: PluginConfig, manager: Any) -> Callable[[], None] | None:
@@ -190,21 +191,21 @@ def start_plan_watch(cfg: PluginConfig, manager: Any) -> Callable[[], None] | No
     own best subset, which on the same free set is the extender's choice anyway."""
     reason = no_cluster_reason(cfg)
     if reason is not None:
-        log.info("plans from the extender off", reason=reason)
+        log.info("plugin.plans.off", reason=reason)
         return None
     from gputopo.kube.client import KubeConfigError, make_api_client
 
     try:
         api = make_api_client()
     except KubeConfigError as e:
-        log.warning("plans from the extender off", reason=str(e))
+        log.warning("plugin.plans.off", reason=str(e))
         return None
     from gpuplugin.plan_watch import PlanWatch
 
-    watch = PlanWatch(api, cfg.node_name, keys=cfg.keys,
+    watch = PlanWatch(api, cfg.node_name, keys=cfg.keys, metrics=manager.metrics,
                       resource_name=cfg.resource_name).start()
     manager.set_plan_source(watch)
-    log.info("plans from the extender on", node=cfg.node_name)
+    log.info("plugin.plans.on", node=cfg.node_name)
 
     def stop() -> None:
         manager.set_plan_source(None)
@@ -249,7 +250,7 @@ def command(config_file: Path | None, print_config: bool, **flags: Any) -> None:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
-        log.info("signal received", signal=signal.Signals(signum).name)
+        log.info("plugin.signal.received", signal=signal.Signals(signum).name)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -257,6 +258,6 @@ def command(config_file: Path | None, print_config: bool, **flags: Any) -> None:
     try:
         run_plugin(cfg, stop)
     except StartupError as e:
-        log.error("cannot start", error=str(e))
+        log.error("plugin.process.start_failed", error=str(e))
         click.echo(f"Error: {e}", err=True)
         sys.exit(1)

@@ -85,7 +85,7 @@ def device_nodes(devices: Sequence[Device], dev_root: Path) -> tuple[DeviceNode,
         else:
             missing.append(name)
     if missing:
-        log.warning("gpu device nodes missing on host", missing=missing, dev_root=str(dev_root))
+        log.warning("plugin.allocate.device_nodes_missing", missing=missing, dev_root=str(dev_root))
     nodes += [DeviceNode(f"/dev/{name}") for name in CONTROL_DEVICES if (dev_root / "dev" / name).exists()]
     return tuple(nodes)
 

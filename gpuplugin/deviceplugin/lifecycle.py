@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Self
 
 import structlog
 
@@ -20,6 +21,8 @@ from gpuplugin.deviceplugin.registration import DEFAULT_TIMEOUT_S, KUBELET_SOCKE
 from gpuplugin.deviceplugin.resource import ResourceManager
 from gpuplugin.deviceplugin.server import DEFAULT_WORKERS, FileIdentity, PluginServer, file_identity
 from gpuplugin.deviceplugin.watcher import DirectoryWatch
+from gputopo.retry import Backoff
+from gputopo.workers import Worker
 
 log = structlog.get_logger(__name__)
 
@@ -27,7 +30,7 @@ DEFAULT_SOCKET_NAME = "gpu-topology.sock"
 DEFAULT_RESOURCE_NAME = "nvidia.com/gpu"
 
 
-class PluginRunner:
+class PluginRunner(Worker):
     """Serves `manager` on <plugin_dir>/<socket_name> and keeps it registered as `resource_name`.
 
     Use as a context manager, or call start() and stop(). `poll_interval` bounds how long a missed inotify event
@@ -49,6 +52,7 @@ class PluginRunner:
     ) -> None:
         if "/" in socket_name or socket_name in ("", ".", "..", KUBELET_SOCKET):
             raise ValueError(f"socket name must be a bare file name other than {KUBELET_SOCKET}: {socket_name!r}")
+        super().__init__("deviceplugin-lifecycle", join_timeout_s=30.0)
         self.manager = manager
         self.metrics = manager.metrics
         self.plugin_dir = Path(plugin_dir)
@@ -57,21 +61,16 @@ class PluginRunner:
         self.socket_path = self.plugin_dir / socket_name
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
         self.poll_interval = poll_interval
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
+        self._backoff = Backoff(backoff_initial, backoff_max)
         self.max_workers = max_workers
         self._registrar = Registrar(self.plugin_dir, socket_name, resource_name, register_timeout)
         self._server: PluginServer | None = None
         self._registered_kubelet: FileIdentity | None = None
         self._state = threading.Condition()
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
         self._kubelet_created = False
-        self._backoff = backoff_initial
         self._next_attempt = 0.0
         self._registrations = 0
         self._failures = 0
-        self._thread: threading.Thread | None = None
         self._watch: DirectoryWatch | None = None
 
     # ---- public state ----
@@ -110,24 +109,20 @@ class PluginRunner:
 
     # ---- life ----
 
-    def start(self) -> PluginRunner:
+    def start(self) -> Self:
         """Serve at once (raises ServeError when the socket cannot be served), then watch and register."""
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self._restart_server()
-        self._watch = DirectoryWatch(self.plugin_dir, self.socket_name, self._on_kubelet_created, self._wake.set)
+        self._watch = DirectoryWatch(self.plugin_dir, self.socket_name, self._on_kubelet_created, self.wake)
         self._watch.start()
-        self._thread = threading.Thread(target=self._run, name="deviceplugin-lifecycle", daemon=True)
-        self._thread.start()
-        return self
+        return super().start()
 
-    def stop(self, grace: float = 1.0) -> None:
-        """Stop streams and server and remove our socket. Safe to call twice."""
-        self._stopping.set()
+    def interrupt(self) -> None:
         self._registrar.cancel()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+
+    def stop(self, timeout: float | None = None, grace: float = 1.0) -> None:
+        """Stop streams and server and remove our socket. Safe to call twice."""
+        super().stop(timeout)
         if self._watch is not None:
             self._watch.stop()
             self._watch = None
@@ -135,29 +130,22 @@ class PluginRunner:
             self._server.stop(grace)
             self._server = None
         self._registered_kubelet = None
-        log.info("device plugin stopped", resource=self.resource_name)
-
-    def __enter__(self) -> PluginRunner:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        log.info("plugin.server.stopped", resource=self.resource_name)
 
     # ---- control thread ----
 
     def _on_kubelet_created(self) -> None:
         self._kubelet_created = True
-        self._wake.set()
+        self.wake()
 
-    def _run(self) -> None:
-        while not self._stopping.is_set():
+    def loop(self) -> None:
+        while not self.stopping:
             try:
                 delay = self._reconcile()
             except Exception:  # keep the plugin alive; the next pass retries
-                log.exception("lifecycle pass failed")
-                delay = self.backoff_max
-            self._wake.wait(delay)
-            self._wake.clear()
+                log.exception("plugin.lifecycle.pass_failed")
+                delay = self._backoff.max_s
+            self.pause(delay)
 
     def _restart_server(self) -> None:
         old, self._server = self._server, None
@@ -171,22 +159,22 @@ class PluginRunner:
 
     def _reconcile(self) -> float:
         """One pass; returns the seconds until the next pass is due."""
-        if self._stopping.is_set():
+        if self.stopping:
             return 0.0
         if self._server is None or not self._server.intact():
             if self._server is not None:
-                log.warning("our socket was removed; serving again", socket=str(self.socket_path))
+                log.warning("plugin.socket.recreated", socket=str(self.socket_path))
             try:
                 self._restart_server()
             except ServeError as e:
-                log.error("cannot serve", error=str(e))
+                log.error("plugin.server.serve_failed", error=str(e))
                 return self._fail_later()
             self._registered_kubelet = None
         forced, self._kubelet_created = self._kubelet_created, False
         kubelet = file_identity(self.kubelet_socket)
         if kubelet is None:
             if self._registered_kubelet is not None:
-                log.warning("kubelet socket is gone; waiting for the kubelet", socket=str(self.kubelet_socket))
+                log.warning("plugin.kubelet.gone", socket=str(self.kubelet_socket))
             self._registered_kubelet = None
             return self.poll_interval
         if kubelet == self._registered_kubelet and not forced:
@@ -197,17 +185,18 @@ class PluginRunner:
         try:
             self._registrar.register()
         except RegistrationError as e:
-            if self._stopping.is_set():
+            if self.stopping:
                 return 0.0
             self.metrics.registration_failures.inc()
             self._registered_kubelet = None
             with self._state:
                 self._failures += 1
                 self._state.notify_all()
-            log.warning("registration failed; will retry", error=str(e), retry_in_s=round(self._backoff, 2))
-            return self._fail_later()
+            delay = self._fail_later()
+            log.warning("plugin.registration.failed", error=str(e), retry_in_s=round(delay, 2))
+            return delay
         self._registered_kubelet = kubelet
-        self._backoff = self.backoff_initial
+        self._backoff.reset()
         self._next_attempt = 0.0
         self.metrics.registrations.inc()
         with self._state:
@@ -216,7 +205,6 @@ class PluginRunner:
         return self.poll_interval
 
     def _fail_later(self) -> float:
-        delay = self._backoff
+        delay = self._backoff.failed()
         self._next_attempt = time.monotonic() + delay
-        self._backoff = min(self._backoff * 2, self.backoff_max)
         return delay

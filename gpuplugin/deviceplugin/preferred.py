@@ -145,7 +145,7 @@ def choose_preferred(
     try:
         choice = best_subset(topo, [d.index for d in req.available], size, [d.index for d in req.must])
     except Exception as e:  # the allocator's own errors and anything unexpected: answer, do not fail admission
-        log.exception("allocator failed", size=size, available=[d.id for d in req.available])
+        log.exception("plugin.preferred.allocator_failed", size=size, available=[d.id for d in req.available])
         chosen = list(req.must) + [d for d in req.available if d not in req.must]
         problems.append(f"allocator raised {type(e).__name__}: {e}")
         return Preference(_ordered(chosen[:size]), Source.FALLBACK, FallbackReason.ALLOCATOR_ERROR, tuple(problems))

@@ -62,7 +62,7 @@ class Registrar:
             finally:
                 with self._lock:
                     self._inflight = None
-        log.info("registered with kubelet", resource=self.resource_name, endpoint=self.endpoint)
+        log.info("plugin.registration.done", resource=self.resource_name, endpoint=self.endpoint)
 
     def cancel(self) -> None:
         with self._lock:

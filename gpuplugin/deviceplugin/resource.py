@@ -142,7 +142,7 @@ class ResourceManager:
             to = "healthy" if healthy else "unhealthy"
             self.metrics.health_transitions.labels(to=to).inc(len(changed))
             self._update_gauge()
-            log.info("device health changed", devices=changed, health=to)
+            log.info("plugin.device.health_changed", devices=changed, health=to)
             for sub in subs:
                 sub.offer(snap)
         return changed
@@ -204,7 +204,7 @@ class ResourceManager:
                     if size in (1, 2, 4, 8) and rest and rest not in seen:
                         seen.add(rest)
                         frontier.append(rest)
-        log.info("allocator prewarmed", gpus=len(everything), questions=asked,
+        log.info("plugin.allocator.prewarmed", gpus=len(everything), questions=asked,
                  seconds=round(time.perf_counter() - start, 3))
 
     def preferred(self, available_ids: Sequence[str], must_include_ids: Sequence[str], size: int) -> Preference:
@@ -216,7 +216,7 @@ class ResourceManager:
             self.metrics.preferred_fallbacks.labels(reason=pref.reason.value).inc()
         if pref.problems:
             log.warning(
-                "preferred allocation request had problems; answered with a valid fallback",
+                "plugin.preferred.fallback",
                 problems=brief_ids(pref.problems, width=200),
                 reason=pref.reason.value if pref.reason else None,
                 available=brief_ids(available_ids),

@@ -46,7 +46,7 @@ def remove_stale(path: Path) -> None:
         if path.is_dir() and not path.is_symlink():
             raise ServeError(f"{path} is a directory, not a socket path")
         path.unlink()
-        log.info("removed stale socket", path=str(path))
+        log.info("plugin.socket.stale_removed", path=str(path))
     except FileNotFoundError:
         pass
     except OSError as e:
@@ -79,7 +79,7 @@ class PluginServer:
             self._server.stop(0)
             self._pool.shutdown(wait=False)
             raise ServeError(f"server started but no socket appeared at {self.socket_path}")
-        log.info("serving", socket=str(self.socket_path))
+        log.info("plugin.server.serving", socket=str(self.socket_path))
 
     def intact(self) -> bool:
         """True while the socket we bound is still the file at our path."""
@@ -94,4 +94,4 @@ class PluginServer:
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
         self.identity = None
-        log.info("stopped serving", socket=str(self.socket_path))
+        log.info("plugin.server.stopped_serving", socket=str(self.socket_path))

@@ -73,7 +73,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         try:
             if not context.add_callback(sub.close):
                 return  # the RPC ended already
-            log.info("ListAndWatch stream opened", peer=context.peer())
+            log.info("plugin.listandwatch.opened", peer=context.peer())
             while True:
                 snap = sub.next()
                 if snap is None:
@@ -83,7 +83,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             with self._lock:
                 self._streams.discard(sub)
             self._manager.unsubscribe(sub)
-            log.info("ListAndWatch stream closed")
+            log.info("plugin.listandwatch.closed")
 
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
@@ -97,7 +97,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 )
                 ids = list(pref.ids)
             except Exception:  # an RPC error here fails pod admission; an empty answer costs nothing
-                log.exception("GetPreferredAllocation failed; answering empty", request=str(creq)[:2000])
+                log.exception("plugin.preferred.failed", request=str(creq)[:2000])
                 ids = []
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         self._manager.metrics.preferred_latency.observe(time.perf_counter() - start)
@@ -110,9 +110,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             try:
                 alloc = self._manager.allocate(ids)
             except AllocationRequestError as e:
-                log.warning("Allocate refused", devices=brief_ids(ids), error=str(e))
+                log.warning("plugin.allocate.refused", devices=brief_ids(ids), error=str(e))
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            log.info("Allocate", devices=ids, annotations=alloc.annotations)
+            log.info("plugin.allocate.done", devices=ids, annotations=alloc.annotations)
             responses.append(
                 pb.ContainerAllocateResponse(
                     envs=alloc.envs,

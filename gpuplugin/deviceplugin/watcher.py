@@ -22,7 +22,7 @@ class _Handler(FileSystemEventHandler):
         try:
             self._dispatch(event)
         except Exception:  # an exception here would end watchdog's thread and every later event with it
-            log.exception("directory event handler failed", path=str(event.src_path))
+            log.exception("plugin.kubelet.watch_failed", path=str(event.src_path))
 
     def _dispatch(self, event: FileSystemEvent) -> None:
         names = {os.path.basename(os.fsdecode(event.src_path))}
@@ -31,7 +31,7 @@ class _Handler(FileSystemEventHandler):
             names.add(os.path.basename(os.fsdecode(dest)))
         w = self._watch
         if w.kubelet_name in names and event.event_type in ("created", "moved"):
-            log.info("kubelet socket created", kind=event.event_type)
+            log.info("plugin.kubelet.socket_created", kind=event.event_type)
             w.on_kubelet_created()
         elif names & {w.kubelet_name, w.socket_name}:
             w.on_change()

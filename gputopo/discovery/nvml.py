@@ -114,7 +114,7 @@ def _try(fn: Callable[..., T], *args: Any, expected: tuple[str, ...] = ()) -> T 
         return fn(*args)
     except NvmlError as e:
         if e.name not in expected:
-            log.debug("nvml_call_failed", call=e.call, gpu=e.gpu, error=e.name, message=e.message)
+            log.debug("discovery.nvml.call_failed", call=e.call, gpu=e.gpu, error=e.name, message=e.message)
         return None
 
 
@@ -140,13 +140,13 @@ def discover_node(backend: NvmlBackend) -> NodeDiscovery:
         bus = normalize_bus_id(bus) if bus else None
         if not uuid:
             excluded.append(ExcludedGpu(i, None, bus, "uuid unavailable"))
-            log.warning("gpu_excluded", nvml_index=i, pci_bus_id=bus, reason="uuid unavailable")
+            log.warning("discovery.gpu.excluded", nvml_index=i, pci_bus_id=bus, reason="uuid unavailable")
             continue
         mig = _try(backend.mig_mode, i)
         if mig is not None and mig[0] == NVML_DEVICE_MIG_ENABLE:
             excluded.append(ExcludedGpu(i, uuid, bus, "MIG enabled"))
             log.warning(
-                "gpu_excluded",
+                "discovery.gpu.excluded",
                 nvml_index=i,
                 uuid=uuid,
                 pci_bus_id=bus,
@@ -167,7 +167,7 @@ def discover_node(backend: NvmlBackend) -> NodeDiscovery:
         raise DiscoveryError(f"NVML answers do not form a valid topology: {e}", excluded=excluded) from e
     devices = tuple(DiscoveredGpu(f.nvml_index, f.uuid, f.minor, f.bus, f.compute_capability) for f in facts)
     log.info(
-        "nvml_discovered",
+        "discovery.nvml.done",
         gpus=topo.size,
         fabric=topo.fabric,
         excluded=len(excluded),
@@ -235,7 +235,7 @@ def _nvlink_generation(version: int | None) -> int | None:
     gen = bandwidth.NVML_NVLINK_VERSION_TO_GENERATION.get(version)
     if gen is None and version > max(bandwidth.NVML_NVLINK_VERSION_TO_GENERATION):
         gen = max(bandwidth.NVLINK_GENERATIONS)  # newer than this build knows: at least the newest rate
-        log.warning("nvlink_version_unknown", nvml_version=version, assumed_generation=gen)
+        log.warning("discovery.nvlink.version_unknown", nvml_version=version, assumed_generation=gen)
     return gen
 
 
@@ -272,7 +272,7 @@ def _pair_links(backend: NvmlBackend, facts: list[_GpuFacts]) -> list[list[Link 
                 continue  # a CPU link (POWER9), not a GPU path
             else:
                 log.info(
-                    "nvlink_peer_not_resolved",
+                    "discovery.nvlink.peer_unresolved",
                     gpu=f.uuid,
                     link=link,
                     remote_bus_id=remote,
@@ -290,7 +290,8 @@ def _pair_links(backend: NvmlBackend, facts: list[_GpuFacts]) -> list[list[Link 
             if link is None:
                 level = _try(backend.topology_common_ancestor, facts[i].nvml_index, facts[j].nvml_index)
                 if level is None:
-                    log.warning("pcie_ancestor_unknown", gpu_a=facts[i].uuid, gpu_b=facts[j].uuid, assumed="SYS")
+                    log.warning("discovery.pcie.ancestor_unknown", gpu_a=facts[i].uuid, gpu_b=facts[j].uuid,
+                                assumed="SYS")
                 link = Link(_pcie_kind(level))
             links[i][j] = links[j][i] = link
     return links
@@ -308,7 +309,7 @@ def _direct_link(
         return None
     if a != b:
         # Each side counts its own active links; a link seen from one side only is not reliable in both directions.
-        log.warning("nvlink_lanes_asymmetric", gpu_a=facts[i].uuid, gpu_b=facts[j].uuid, lanes_a=a, lanes_b=b)
+        log.warning("discovery.nvlink.lanes_asymmetric", gpu_a=facts[i].uuid, gpu_b=facts[j].uuid, lanes_a=a, lanes_b=b)
     lanes = min(x for x in (a, b) if x)
     return Link(LinkKind.NVLINK, lanes, _pair_generation(gens.get((i, j), set()), facts[i], facts[j]))
 
@@ -328,7 +329,7 @@ def _pair_generation(gens: set[int | None], a: _GpuFacts, b: _GpuFacts) -> int:
     ]
     if by_model:
         return min(by_model)
-    log.warning("nvlink_generation_unknown", gpu_a=a.uuid, gpu_b=b.uuid, assumed=1)
+    log.warning("discovery.nvlink.generation_unknown", gpu_a=a.uuid, gpu_b=b.uuid, assumed=1)
     return 1
 
 
@@ -337,7 +338,7 @@ def _p2p_nvlink_ok(backend: NvmlBackend, a: _GpuFacts, b: _GpuFacts) -> bool:
         status = _try(backend.p2p_status, x.nvml_index, y.nvml_index, NVML_P2P_CAPS_INDEX_NVLINK)
         if status is not None and status != NVML_P2P_STATUS_OK:
             log.info(
-                "nvswitch_p2p_denied",
+                "discovery.nvswitch.p2p_denied",
                 gpu_a=x.uuid,
                 gpu_b=y.uuid,
                 p2p_status=status,

@@ -9,7 +9,6 @@ response, so a 5,000-node cluster costs no model-class parsing.
 
 from __future__ import annotations
 
-import random
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,11 +17,13 @@ from typing import Any
 import kubernetes.client
 import orjson
 import structlog
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from gputopo.kube.client import call_raw, request_timeout
 from gputopo.kube.errors import Gone, KubeApiError, KubeArgumentError, error_from_status, to_kube_error
 from gputopo.kube.fetching import KINDS, list_method, list_objects
+from gputopo.retry import Backoff
+from gputopo.workers import Worker
 
 log = structlog.get_logger(__name__)
 
@@ -33,16 +34,24 @@ CHANGE_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 _LIST_KIND = {"nodes": "NodeList", "pods": "PodList"}
 _READ_SIZE = 1 << 16
 
-WATCH_EVENTS = Counter(
-    "gpu_topology_kube_watch_events_total",
-    "Watch events received from the apiserver, by watched kind and event type.",
-    ["kind", "type"],
-)
-WATCH_RESTARTS = Counter(
-    "gpu_topology_kube_watch_restarts_total",
-    "Watch restarts, by kind and reason (relist after 410, error backoff).",
-    ["kind", "reason"],
-)
+
+
+class WatchMetrics:
+    """Watch counters on the process's registry, named with the process's metric prefix (one per binary)."""
+
+    def __init__(self, registry: CollectorRegistry, prefix: str) -> None:
+        self.events = Counter(
+            f"{prefix}_kube_watch_events_total",
+            "Watch events received from the apiserver, by watched kind and event type.",
+            ["kind", "type"],
+            registry=registry,
+        )
+        self.restarts = Counter(
+            f"{prefix}_kube_watch_restarts_total",
+            "Watch restarts, by kind and reason (relist after 410, error backoff).",
+            ["kind", "reason"],
+            registry=registry,
+        )
 
 
 @dataclass
@@ -88,7 +97,7 @@ def iter_lines(resp: Any) -> Iterator[bytes]:
         yield tail
 
 
-class Watcher:
+class Watcher(Worker):
     """Keeps a callback up to date with all `kind` objects matching the selectors, until stop()."""
 
     def __init__(
@@ -106,6 +115,7 @@ class Watcher:
         backoff_max_s: float = 30.0,
         deliver_bookmarks: bool = False,
         name: str | None = None,
+        metrics: WatchMetrics | None = None,
     ) -> None:
         if kind not in KINDS:
             raise KubeArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -124,14 +134,14 @@ class Watcher:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.deliver_bookmarks = deliver_bookmarks
-        self.name = name or f"watch-{kind}" + (f"-{namespace}" if namespace else "")
+        super().__init__(name or f"watch-{kind}" + (f"-{namespace}" if namespace else ""))
         self.stats = WatchStats()
+        self._metrics = metrics
+        self._backoff = Backoff(backoff_initial_s, backoff_max_s)
         self._on_event = on_event
-        self._stop = threading.Event()
         self._synced = threading.Event()
         self._resp_lock = threading.Lock()
         self._resp: Any = None
-        self._thread: threading.Thread | None = None
         self._rv: str | None = None
         self._log = log.bind(
             watcher=self.name,
@@ -153,41 +163,14 @@ class Watcher:
         """True once the first SYNC snapshot was delivered."""
         return self._synced.is_set()
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> Watcher:
-        """Start the background thread (once)."""
-        if self._thread is not None:
-            raise RuntimeError(f"watcher {self.name} already started")
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
-        return self
-
     def wait_synced(self, timeout: float | None = None) -> bool:
         """Block until the first snapshot was delivered; False on timeout."""
         return self._synced.wait(timeout)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the thread: interrupts an open watch stream at once, waits up to `timeout` for the thread."""
-        self._stop.set()
-        self._interrupt()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-            if thread.is_alive():
-                self._log.warning("kube.watch.stop_timeout", timeout_s=timeout)
-
-    def __enter__(self) -> Watcher:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     # -- thread ----------------------------------------------------------------------------------------------
 
-    def _interrupt(self) -> None:
+    def interrupt(self) -> None:
+        """Close an open watch stream, so stop() does not wait for the server's next line."""
         with self._resp_lock:
             resp = self._resp
         if resp is None:
@@ -207,11 +190,15 @@ class Watcher:
             self.stats.callback_errors += 1
             self._log.exception("kube.watch.callback_failed", event_type=event_type)
 
-    def _run(self) -> None:
+    def _restarted(self, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.restarts.labels(self.kind, reason).inc()
+
+    def loop(self) -> None:
         attempt = 0
         need_list = True
         self._log.info("kube.watch.start")
-        while not self._stop.is_set():
+        while not self.stopping:
             try:
                 if need_list:
                     self._list_and_sync()
@@ -220,39 +207,37 @@ class Watcher:
                     attempt = 0
             except Gone as exc:
                 self.stats.relists += 1
-                WATCH_RESTARTS.labels(self.kind, "expired").inc()
+                self._restarted("expired")
                 self._log.info("kube.watch.relist", reason=exc.reason, message=exc.message, rv=self._rv)
                 need_list = True
                 attempt += 1
                 if attempt > 1:  # a fresh list's resourceVersion expiring again: do not spin
                     self._sleep_backoff(attempt - 1)
             except KubeApiError as exc:
-                if self._stop.is_set():
+                if self.stopping:
                     break
                 attempt += 1
                 self._note_error(exc.status, exc.reason, exc.message, attempt)
                 self._sleep_backoff(attempt)
             except Exception as exc:
-                if self._stop.is_set():
+                if self.stopping:
                     break
                 attempt += 1
                 self.stats.errors += 1
-                WATCH_RESTARTS.labels(self.kind, "unexpected").inc()
+                self._restarted("unexpected")
                 self._log.exception("kube.watch.unexpected_error", error=repr(exc), attempt=attempt)
                 self._sleep_backoff(attempt)
         self._log.info("kube.watch.stopped", rv=self._rv, **self.stats.__dict__)
 
     def _note_error(self, status: int, reason: str, message: str, attempt: int) -> None:
         self.stats.errors += 1
-        WATCH_RESTARTS.labels(self.kind, "error").inc()
+        self._restarted("error")
         self._log.warning(
             "kube.watch.error", status=status, reason=reason, message=message, attempt=attempt, rv=self._rv
         )
 
     def _sleep_backoff(self, attempt: int) -> None:
-        delay = min(self.backoff_max_s, self.backoff_initial_s * (2 ** min(attempt - 1, 30)))
-        delay *= random.uniform(0.5, 1.0)
-        self._stop.wait(delay)
+        self.pause(self._backoff.delay(attempt))
 
     def _list_and_sync(self) -> None:
         items, rv = list_objects(
@@ -272,7 +257,7 @@ class Watcher:
             "items": items,
         }
         self._log.info("kube.watch.synced", items=len(items), rv=rv)
-        if not self._stop.is_set():
+        if not self.stopping:
             self._deliver(SYNC, snapshot)
         self._synced.set()
 
@@ -298,10 +283,10 @@ class Watcher:
         self.stats.watches += 1
         healthy = completed = False
         try:
-            if self._stop.is_set():
+            if self.stopping:
                 return False
             for line in iter_lines(resp):
-                if self._stop.is_set():
+                if self.stopping:
                     return False
                 self._handle_line(line, operation)
                 healthy = True
@@ -310,7 +295,7 @@ class Watcher:
         except KubeApiError:
             raise
         except Exception as exc:
-            if self._stop.is_set():
+            if self.stopping:
                 return False
             err = to_kube_error(exc, operation=operation)
             if err is None:
@@ -344,7 +329,8 @@ class Watcher:
         if not isinstance(event_type, str) or not isinstance(obj, dict):
             self._skip(line, "missing type or object")
             return
-        WATCH_EVENTS.labels(self.kind, event_type if event_type in _KNOWN_TYPES else "other").inc()
+        if self._metrics is not None:
+            self._metrics.events.labels(self.kind, event_type if event_type in _KNOWN_TYPES else "other").inc()
         if event_type == "ERROR":
             raise error_from_status(obj, operation=operation)
         meta = obj.get("metadata")

@@ -45,7 +45,7 @@ def test_retried_bind_is_consistent_and_other_nodes_are_refused(standalone) -> N
         metrics = client.get("/metrics").text
     assert other == f"pod default/{pod['metadata']['name']} is already bound to node a, not b"
     assert 'gpu_extender_bind_total{outcome="already_bound"} 1.0' in metrics
-    assert 'gpu_extender_plan_efficiency_count 1.0' in metrics
+    assert 'gpu_extender_plan_efficiency_ratio_count 1.0' in metrics
 
 
 def test_bind_errors_are_answered_in_the_body(standalone) -> None:

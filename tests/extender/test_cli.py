@@ -63,7 +63,7 @@ def test_serve_over_mutual_tls(tmp_path: Path) -> None:
         proc.terminate()
         output, _ = proc.communicate(timeout=15)
     # graceful shutdown ran (uvicorn then re-raises SIGTERM, so the status is 0 or -SIGTERM)
-    assert "extender.stopped" in output.decode() and proc.returncode in (0, -15)
+    assert "extender.service.stopped" in output.decode() and proc.returncode in (0, -15)
 
 
 def test_bad_inventory_is_a_clear_error(tmp_path: Path) -> None:

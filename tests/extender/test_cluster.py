@@ -116,6 +116,9 @@ def test_bind_posts_the_binding_with_the_plan_and_reserves_until_the_state_shows
         text = client.get("/metrics").text
     assert 'gpu_extender_reservations_ended_total{why="settled"} 1.0' in text
     assert 'gpu_extender_bind_total{outcome="bound"} 1.0' in text
+    assert 'gpu_extender_kube_watch_events_total{kind="nodes",type="MODIFIED"}' in text  # its watches, its prefix
+    names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+    assert all(n.startswith("gpu_extender_") for n in names), sorted(names)  # nothing of the plugin's
 
 
 def test_api_errors_release_the_reservation(fake: FakeKubeApi, api) -> None:

@@ -8,14 +8,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from prometheus_client import REGISTRY
 
 from gpuplugin.deviceplugin.plans import PlanSource
+from gpuplugin.metrics import PluginMetrics
 from gpuplugin.plan_watch import PlanWatch
 from gputopo.contract import Plan, PlanFormatError, encode_plan, parse_plan
 from tests.fakes.kubeapi import FakeKubeApi
 
 PLAN = "gpu-topology.io/plan"
+METRICS = PluginMetrics()  # the plan watches of this module count here
 IDS = [f"GPU-{i}" for i in range(8)]
 
 
@@ -35,12 +36,13 @@ def pod(name: str, node: str | None, plan: str | None = None, phase: str | None 
 
 
 def lookups(result: str, reason: str) -> float:
-    return REGISTRY.get_sample_value("gpu_topology_plan_lookups_total", {"result": result, "reason": reason}) or 0.0
+    labels = {"result": result, "reason": reason}
+    return METRICS.registry.get_sample_value("gpuplugin_plan_lookups_total", labels) or 0.0
 
 
 @pytest.fixture
 def watch(fake: FakeKubeApi, api) -> Iterator[PlanWatch]:
-    pw = PlanWatch(api, "node-a", backoff_initial_s=0.02, backoff_max_s=0.1)
+    pw = PlanWatch(api, "node-a", backoff_initial_s=0.02, backoff_max_s=0.1, metrics=METRICS)
     with pw:
         assert pw.wait_synced(10)
         yield pw
@@ -110,7 +112,7 @@ def test_plans_leave_when_pods_start_finish_or_go(fake: FakeKubeApi, watch: Plan
 
 def test_garbage_and_foreign_plans_are_ignored_and_counted(fake: FakeKubeApi, watch: PlanWatch) -> None:
     def ignored(reason: str) -> float:
-        return REGISTRY.get_sample_value("gpu_topology_plan_annotations_ignored_total", {"reason": reason}) or 0.0
+        return METRICS.registry.get_sample_value("gpuplugin_plan_annotations_ignored_total", {"reason": reason}) or 0.0
 
     base = {r: ignored(r) for r in ("garbage", "other_node", "other_resource")}
     fake.add_pod(pod("g", "node-a", "{not json"))

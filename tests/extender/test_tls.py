@@ -272,7 +272,7 @@ def test_plain_http_off_loopback_is_served_when_explicitly_allowed(workdir: Path
     with serving(workdir, *args, env=env) as ports, \
             httpx.Client(base_url=f"http://127.0.0.1:{ports['port']}", timeout=30) as client:
         assert client.get("/healthz").text == "ok"
-    assert '"event": "extender.insecure_remote"' in (workdir / "serve.log").read_text()
+    assert '"event": "extender.server.insecure_remote"' in (workdir / "serve.log").read_text()
 
 
 def test_https_off_loopback_needs_no_override(workdir: Path, pki: Pki) -> None:

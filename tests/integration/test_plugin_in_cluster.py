@@ -8,9 +8,11 @@ import json
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from gputopo.core import state_from_json, topology_from_json
+from sim.ports import free_port
 from tests.conftest import SHARED
 from tests.fakes.gpunode import GpuNode, gpu_node
 
@@ -68,3 +70,31 @@ def test_publishes_topology_and_state_and_honours_a_plan(node_env: GpuNode) -> N
     # A plan that is no longer inside the available set is not handed out: the plugin's own best instead.
     rest = [x for x in ids if x not in ("4", "7")]
     assert kubelet.preferred_raw(RESOURCE, rest, [], 2) == ["0", "3"]
+
+
+def test_metrics_show_every_component_of_the_process_on_one_registry() -> None:
+    """/metrics of a running plugin holds its own series, the plan watch's, the kube watch's and the runtime's, all
+    under the plugin's one prefix (they once sat on the global registry, out of its sight)."""
+    port = free_port()
+    with gpu_node(NODE, DGX1, args=["--metrics-port", str(port)]) as node:
+        node.kubelet.wait_for_devices(RESOURCE, 8, timeout=30)
+        url = f"http://127.0.0.1:{port}/metrics"
+        # A pod arriving on the node, once the plan watch listed the node's pods, is an event of its pod watch.
+        assert _wait(lambda: "kube.watch.synced" in node.log_tail()), node.log_tail()
+        node.fake.add_pod({"metadata": {"name": "p", "namespace": "default"},
+                           "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x"}]}})
+
+        def text() -> str:
+            try:
+                return httpx.get(url, timeout=5).text
+            except httpx.HTTPError:
+                return ""
+
+        assert _wait(lambda: 'gpuplugin_kube_watch_events_total{kind="pods"' in text()), node.log_tail()
+        body = text()
+    names = {line.split("{")[0].split(" ")[0] for line in body.splitlines() if line and not line.startswith("#")}
+    for expected in ("gpuplugin_registrations_total", "gpuplugin_pending_plans", "gpuplugin_devices",
+                     "gpuplugin_kube_watch_events_total", "process_cpu_seconds_total", "python_info"):
+        assert expected in names, expected
+    foreign = sorted(n for n in names if not n.startswith(("gpuplugin_", "process_", "python_")))
+    assert foreign == [], foreign

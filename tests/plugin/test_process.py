@@ -52,7 +52,7 @@ def test_run_registers_serves_and_exits_cleanly_on_sigterm(plugin_dir: Path) -> 
         # The stream ended with the process: the kubelet marks the devices unhealthy.
         sim.wait_for_devices(RESOURCE, 0, WAIT)
     assert '"event": "publication off: --no-publish"' in err
-    assert '"event": "shutting down"' in err
+    assert '"event": "plugin.process.stopping"' in err
 
 
 def test_run_without_nvml_or_topology_exits_1_with_a_clear_message(plugin_dir: Path) -> None:

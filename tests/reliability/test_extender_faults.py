@@ -568,7 +568,7 @@ def test_crash_restart_with_a_binding_in_flight(fake: FakeKubeApi, tmp_path: Pat
     finally:
         assert B.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its graceful shutdown
     log = (tmp_path / "b.log").read_text()
-    assert "extender.reservation.rebuilt" in log and "extender.stopped" in log
+    assert "extender.reservation.rebuilt" in log and "extender.service.stopped" in log
     assert record_plans(fake, "crash-restart") == 11 + errors.count("") > 11
     placed = Counter(n for n, _ in plans_on(fake).values())
     assert sum(placed.values()) <= 32  # four 8-GPU nodes

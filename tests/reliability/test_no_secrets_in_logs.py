@@ -120,7 +120,7 @@ def test_plugin_logs_no_token(token: str, workdir: Path) -> None:
             fake.add_pod({"metadata": {"name": "scribbled", "namespace": "default",
                                        "annotations": {f"{PREFIX}/plan": "{not json"}},
                           "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x"}]}})
-            _wait(lambda: "plan_watch.plan_ignored" in log.read_text(), "the scribbled plan to be ignored", log)
+            _wait(lambda: "plugin.plans.ignored" in log.read_text(), "the scribbled plan to be ignored", log)
             _relist(fake)
             assert fake.wait_for_watches(1, timeout=WAIT, resource="pods")
         finally:
@@ -128,8 +128,8 @@ def test_plugin_logs_no_token(token: str, workdir: Path) -> None:
     text = log.read_text()
     assert leaks(text, token) == [], "the plugin's log holds the token"
     events = {e.get("event") for e in _events(log)}
-    provoked = {"kube.client.configured", "publisher_api_retry", "kube.watch.error", "kube.watch.relist",
-                "node_published", "plan_watch.plan_ignored"}
+    provoked = {"kube.client.configured", "plugin.publish.retrying", "kube.watch.error", "kube.watch.relist",
+                "plugin.publish.done", "plugin.plans.ignored"}
     assert provoked <= events, f"missing {provoked - events}: the log is not the one expected"
     # Every request carried the token: without it the fake would have answered 401 to the lot.
     assert fake.node(NODE)["metadata"]["annotations"][f"{PREFIX}/topology"]
