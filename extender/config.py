@@ -6,12 +6,12 @@ The verbs read the names on the cluster and their own limits from it; `serve` th
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys, prefix_problem
-from gputopo.settings import Cli, ReadableFile, SettingsLoader
+from gputopo.settings import Cli, LogLevel, ReadableFile, SettingsLoader
 
 DEFAULT_BODY_LIMIT = 10 * 1024 * 1024
 DEFAULT_RESERVATION_TIMEOUT_S = 300.0
@@ -64,7 +64,7 @@ class ExtenderConfig(BaseModel):
     metrics_host: str = Field(
         "0.0.0.0", description="Address of the --metrics-port listener (read-only, nothing secret: reachable for "
                                "Prometheus and the kubelet's probes).")
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Least level logged.")
+    log_level: LogLevel = Field("info", description="Least level logged.")
 
     @field_validator("port", "metrics_port")
     @classmethod

@@ -16,7 +16,7 @@ from gpuplugin.deviceplugin.allocation import ListStrategy
 from gpuplugin.deviceplugin.devices import IdStrategy
 from gpuplugin.deviceplugin.lifecycle import DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME
 from gputopo.contract import DEFAULT_PREFIX, Keys, dns_subdomain_problem, extended_resource_problem, prefix_problem
-from gputopo.settings import Cli, ReadableFile, SettingsLoader
+from gputopo.settings import Cli, LogLevel, ReadableFile, SettingsLoader
 
 # Linux sun_path holds 108 bytes including the NUL.
 MAX_SOCKET_PATH = 107
@@ -50,7 +50,7 @@ class PluginConfig(BaseModel):
         "auto", description="Publish topology and state on the Node (auto: when Kubernetes credentials exist).")
     socket_name: str = Field(DEFAULT_SOCKET_NAME, description="Our socket's file name in the plugin directory.")
     dev_root: Path = Field(Path("/"), description="Where the host's /dev is visible, to find device nodes.")
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Least level logged.")
+    log_level: LogLevel = Field("info", description="Least level logged.")
     ignored_xids: Annotated[tuple[int, ...], Cli(metavar="XID,...")] = Field(
         tuple(sorted(DEFAULT_IGNORED_XIDS)), description="Xids that do not mark a GPU unhealthy (comma-separated).")
     health_probe_interval: float = Field(DEFAULT_PROBE_INTERVAL_S, description="Seconds between health probes "

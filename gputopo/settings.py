@@ -68,6 +68,9 @@ def _readable_file(path: Path) -> Path:
     return path
 
 
+# The levels both binaries' --log-level accept.
+LogLevel = Literal["debug", "info", "warning", "error"]
+
 # A path that must name a readable file when the settings are loaded, so a typo fails at once, naming the path.
 ReadableFile = Annotated[Path, AfterValidator(_readable_file), Cli(metavar="FILE")]
 
