@@ -1,10 +1,18 @@
-"""Settings shared by every part of the extender, with the defaults of docs/contracts.md."""
+"""Settings of `gpu-extender serve`, with the defaults of docs/contracts.md: one pydantic model, loaded by
+gputopo.settings (flags > environment `GPU_EXTENDER_<FLAG>` > YAML `--config` file > the defaults below).
+
+The verbs read the names on the cluster and their own limits from it; `serve` the listeners, TLS and credentials.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys, prefix_problem
+from gputopo.logs import LogLevel
+from gputopo.settings import Cli, ReadableFile, SettingsLoader
 
 DEFAULT_BODY_LIMIT = 10 * 1024 * 1024
 DEFAULT_RESERVATION_TIMEOUT_S = 300.0
@@ -13,32 +21,118 @@ DEFAULT_ISLAND_PENALTY = 1.0
 DEFAULT_ISLAND_SPARE = 4
 
 
-@dataclass(frozen=True)
-class ExtenderConfig:
-    """What the verbs need to know about names on the cluster and their own limits."""
+def _port(v: int) -> int:
+    if not 0 <= v <= 65535:
+        raise ValueError(f"{v} is not a TCP port (0-65535)")
+    return v
 
-    annotation_prefix: str = DEFAULT_PREFIX
-    resource_name: str = DEFAULT_RESOURCE
-    reservation_timeout_s: float = DEFAULT_RESERVATION_TIMEOUT_S
-    max_body_bytes: int = DEFAULT_BODY_LIMIT
-    island_penalty: float = DEFAULT_ISLAND_PENALTY
-    island_spare: int = DEFAULT_ISLAND_SPARE
 
-    def __post_init__(self) -> None:
-        problem = prefix_problem(self.annotation_prefix)
+class ExtenderConfig(BaseModel):
+    """Validated settings. Field names are the flag names with '_' for '-' (reservation_timeout_s: the flag says
+    --reservation-timeout)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8888, description="Port of the API.")
+    inventory: ReadableFile | None = Field(None, description="Standalone mode: nodes from this YAML inventory, "
+                                                             "no apiserver.")
+    kubeconfig: ReadableFile | None = Field(
+        None, description="Kubeconfig file (unset: in-cluster service account, then KUBECONFIG / ~/.kube/config).")
+    api_server: str | None = Field(None, description="Explicit apiserver URL (tests, proxies); no credentials.")
+    resource_name: str = Field(DEFAULT_RESOURCE, description="Extended resource whose requests are placed.")
+    annotation_prefix: str = Field(DEFAULT_PREFIX, description="Prefix of every node and pod annotation and label.")
+    reservation_timeout_s: Annotated[float, Cli(flag="reservation-timeout")] = Field(
+        DEFAULT_RESERVATION_TIMEOUT_S, description="Seconds a bound plan holds its GPUs unconfirmed.")
+    max_body_bytes: int = Field(DEFAULT_BODY_LIMIT, description="Requests larger than this get 413.")
+    island_penalty: float = Field(
+        DEFAULT_ISLAND_PENALTY,
+        description="Share of a scarce larger NVLink island's GB/s a placement is charged for breaking it; "
+                    "0 = greedy.")
+    island_spare: int = Field(
+        DEFAULT_ISLAND_SPARE,
+        description="Equally fast larger islands other nodes must still offer for breaking one to cost nothing.")
+    tls_cert: ReadableFile | None = Field(None, description="Serve HTTPS with this certificate (with --tls-key).")
+    tls_key: ReadableFile | None = Field(None, description="The private key of --tls-cert.")
+    tls_client_ca: ReadableFile | None = Field(
+        None, description="Require client certificates signed by this CA (mutual TLS).")
+    allow_insecure_remote: bool = Field(
+        False, description="Allow plain HTTP on a non-loopback --host (refused by default: anyone reaching it could "
+                           "bind pods).")
+    metrics_port: int = Field(
+        0, description="Also serve GET /metrics /healthz /readyz (only those, plain HTTP) on this port; 0: the API "
+                       "port only.")
+    metrics_host: str = Field(
+        "0.0.0.0", description="Address of the --metrics-port listener (read-only, nothing secret: reachable for "
+                               "Prometheus and the kubelet's probes).")
+    log_level: LogLevel = Field("info", description="Least level logged.")
+
+    @field_validator("port", "metrics_port")
+    @classmethod
+    def _ports(cls, v: int) -> int:
+        return _port(v)
+
+    @field_validator("annotation_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        problem = prefix_problem(v)
         if problem:
             raise ValueError(problem)
-        if not self.resource_name:
+        return v
+
+    @field_validator("resource_name")
+    @classmethod
+    def _resource_name(cls, v: str) -> str:
+        if not v:
             raise ValueError("resource name must not be empty")
-        if not self.reservation_timeout_s > 0:
-            raise ValueError(f"reservation timeout must be positive, got {self.reservation_timeout_s}")
-        if self.max_body_bytes <= 0:
-            raise ValueError(f"body size limit must be positive, got {self.max_body_bytes}")
-        if not self.island_penalty >= 0:
-            raise ValueError(f"island penalty must be 0 or more, got {self.island_penalty}")
-        if self.island_spare < 0:
-            raise ValueError(f"island spare count must be 0 or more, got {self.island_spare}")
+        return v
+
+    @field_validator("reservation_timeout_s")
+    @classmethod
+    def _reservation_timeout(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"reservation timeout must be positive, got {v}")
+        return v
+
+    @field_validator("max_body_bytes")
+    @classmethod
+    def _body_limit(cls, v: int) -> int:
+        if v <= 0:
+            raise ValueError(f"body size limit must be positive, got {v}")
+        return v
+
+    @field_validator("island_penalty")
+    @classmethod
+    def _island_penalty(cls, v: float) -> float:
+        if not v >= 0:
+            raise ValueError(f"island penalty must be 0 or more, got {v}")
+        return v
+
+    @field_validator("island_spare")
+    @classmethod
+    def _island_spare(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"island spare count must be 0 or more, got {v}")
+        return v
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, v: object) -> object:
+        return v.strip().lower() if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _listeners(self) -> ExtenderConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        if self.metrics_port and self.metrics_port == self.port:
+            raise ValueError(f"--metrics-port {self.metrics_port} is the API port: give it a port of its own")
+        return self
 
     @property
     def keys(self) -> Keys:
         return Keys(self.annotation_prefix)
+
+
+SETTINGS = SettingsLoader(ExtenderConfig, "GPU_EXTENDER")

@@ -6,7 +6,6 @@ from functools import partial
 
 from gputopo import logs
 
-LEVELS = logs.LEVELS
 configure_logging = partial(logs.configure_logging, component="extender")
 
-__all__ = ["LEVELS", "configure_logging"]
+__all__ = ["configure_logging"]

@@ -1,39 +1,30 @@
-"""Settings of `gpuplugin run`: one pydantic model, filled from flags > environment > YAML file > defaults.
+"""Settings of `gpuplugin run`: one pydantic model, loaded by gputopo.settings (flags > environment `GPUPLUGIN_<FLAG>`
+> YAML `--config` file > the defaults below; `NODE_NAME`, from the downward API, also gives the node name).
 
-The precedence is resolved here rather than inside click so that every value remembers where it came from, and an
-invalid one is reported with its field and its source ("metrics_port from GPUPLUGIN_METRICS_PORT: ..."): a
-DaemonSet has three places a bad value can hide in.
+The model is the one description of each setting: the flag, its help, type and default in `--help`, and
+`--print-config`, all come from the fields here.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpuplugin.deviceplugin.allocation import ListStrategy
 from gpuplugin.deviceplugin.devices import IdStrategy
 from gpuplugin.deviceplugin.lifecycle import DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME
-from gputopo.contract import Keys, dns_subdomain_problem, extended_resource_problem, prefix_problem
+from gputopo.contract import DEFAULT_PREFIX, Keys, dns_subdomain_problem, extended_resource_problem, prefix_problem
+from gputopo.logs import LogLevel
+from gputopo.settings import Cli, ReadableFile, SettingsLoader
 
-ENV_PREFIX = "GPUPLUGIN_"
-# Extra environment names a field also reads, after GPUPLUGIN_<FIELD> (NODE_NAME from the downward API).
-EXTRA_ENV: dict[str, tuple[str, ...]] = {"node_name": ("NODE_NAME",)}
 # Linux sun_path holds 108 bytes including the NUL.
 MAX_SOCKET_PATH = 107
-
-
-class ConfigError(ValueError):
-    """An invalid setting. `field` is the setting's name, `source` where its value came from."""
-
-    def __init__(self, message: str, field: str | None = None, source: str | None = None) -> None:
-        self.field = field
-        self.source = source
-        super().__init__(message)
+# The health monitor's defaults (gpuplugin.health says why these Xids are the pod's fault, not the GPU's).
+DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+DEFAULT_PROBE_INTERVAL_S = 5.0
+DEFAULT_RECOVERY_S = 60.0
 
 
 class PluginConfig(BaseModel):
@@ -41,23 +32,32 @@ class PluginConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
-    resource_name: str = DEFAULT_RESOURCE_NAME
-    topology: Path | None = None
-    device_list_strategy: ListStrategy = ListStrategy.ENVVAR
-    device_id_strategy: IdStrategy = IdStrategy.UUID
-    node_name: str | None = None
-    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-    metrics_port: int = 8080
-    annotation_prefix: str = "gpu-topology.io"
-    publish: bool | None = None  # None: on when Kubernetes credentials exist
-    socket_name: str = DEFAULT_SOCKET_NAME
-    dev_root: Path = Path("/")
-    log_level: str = "info"
-    # Health monitor settings; None leaves the monitor's own default (gpuplugin.health).
-    ignored_xids: tuple[int, ...] | None = None
-    health_probe_interval: float | None = None
-    health_recovery: float | Literal["never"] | None = None
+    device_plugin_dir: Path = Field(Path("/var/lib/kubelet/device-plugins"),
+                                    description="The kubelet's device plugin directory (its socket and ours).")
+    resource_name: str = Field(DEFAULT_RESOURCE_NAME, description="Extended resource advertised to the kubelet.")
+    topology: ReadableFile | None = Field(
+        None, description="Run on this topology file (nvidia-smi topo -m text, NVML recording, compact JSON) "
+                          "instead of NVML.")
+    device_list_strategy: ListStrategy = Field(
+        ListStrategy.ENVVAR, description="How the runtime learns the GPUs: NVIDIA_VISIBLE_DEVICES, or CDI names.")
+    device_id_strategy: IdStrategy = Field(IdStrategy.UUID, description="Device ids are GPU UUIDs or indices.")
+    node_name: Annotated[str | None, Cli(env=("NODE_NAME",))] = Field(
+        None, description="This node's name: publication and plans need it.")
+    pod_resources_socket: Path = Field(Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+                                       description="The kubelet's PodResources socket (which GPUs are used).")
+    metrics_port: int = Field(8080, description="Port of /metrics and /healthz; 0 turns them off.")
+    annotation_prefix: str = Field(DEFAULT_PREFIX, description="Prefix of every node and pod annotation and label.")
+    publish: bool | Literal["auto"] = Field(
+        "auto", description="Publish topology and state on the Node (auto: when Kubernetes credentials exist).")
+    socket_name: str = Field(DEFAULT_SOCKET_NAME, description="Our socket's file name in the plugin directory.")
+    dev_root: Path = Field(Path("/"), description="Where the host's /dev is visible, to find device nodes.")
+    log_level: LogLevel = Field("info", description="Least level logged.")
+    ignored_xids: Annotated[tuple[int, ...], Cli(metavar="XID,...")] = Field(
+        tuple(sorted(DEFAULT_IGNORED_XIDS)), description="Xids that do not mark a GPU unhealthy (comma-separated).")
+    health_probe_interval: float = Field(DEFAULT_PROBE_INTERVAL_S, description="Seconds between health probes "
+                                                                                "of each GPU.")
+    health_recovery: Annotated[float | Literal["never"], Cli(metavar="SECONDS|never")] = Field(
+        DEFAULT_RECOVERY_S, description="Seconds of passing probes before an unhealthy GPU is healthy again, or never.")
 
     @field_validator("resource_name")
     @classmethod
@@ -73,13 +73,6 @@ class PluginConfig(BaseModel):
         problem = prefix_problem(v)
         if problem:
             raise ValueError(problem)
-        return v
-
-    @field_validator("topology")
-    @classmethod
-    def _topology(cls, v: Path | None) -> Path | None:
-        if v is not None and not v.is_file():
-            raise ValueError(f"{str(v)!r} is not a readable file")
         return v
 
     @field_validator("metrics_port")
@@ -106,18 +99,10 @@ class PluginConfig(BaseModel):
             raise ValueError(problem)
         return v
 
-    @field_validator("log_level")
+    @field_validator("log_level", "publish", "health_recovery", mode="before")
     @classmethod
-    def _log_level(cls, v: str) -> str:
-        v = v.lower()
-        if v not in ("debug", "info", "warning", "error"):
-            raise ValueError(f"{v!r} is not one of debug, info, warning, error")
-        return v
-
-    @field_validator("publish", mode="before")
-    @classmethod
-    def _publish(cls, v: Any) -> Any:
-        return None if isinstance(v, str) and v.strip().lower() == "auto" else v
+    def _lower(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
 
     @field_validator("ignored_xids", mode="before")
     @classmethod
@@ -132,26 +117,26 @@ class PluginConfig(BaseModel):
 
     @field_validator("health_probe_interval")
     @classmethod
-    def _probe_interval(cls, v: float | None) -> float | None:
-        if v is not None and not v > 0:
+    def _probe_interval(cls, v: float) -> float:
+        if not v > 0:
             raise ValueError(f"{v} must be a positive number of seconds")
         return v
 
-    @field_validator("health_recovery", mode="before")
-    @classmethod
-    def _recovery_never(cls, v: Any) -> Any:
-        return "never" if isinstance(v, str) and v.strip().lower() == "never" else v
-
     @field_validator("health_recovery")
     @classmethod
-    def _recovery(cls, v: float | str | None) -> float | str | None:
-        if isinstance(v, float) and v < 0:
+    def _recovery(cls, v: float | str) -> float | str:
+        if isinstance(v, float) and not v >= 0:
             raise ValueError(f"{v} must be >= 0 seconds, or 'never'")
         return v
 
     @property
     def keys(self) -> Keys:
         return Keys(self.annotation_prefix)
+
+    @property
+    def health_recovery_s(self) -> float | None:
+        """The health monitor's recovery time; None keeps an unhealthy GPU unhealthy."""
+        return None if self.health_recovery == "never" else float(self.health_recovery)
 
     @model_validator(mode="after")
     def _socket_path_length(self) -> PluginConfig:
@@ -161,71 +146,4 @@ class PluginConfig(BaseModel):
         return self
 
 
-FIELDS: tuple[str, ...] = tuple(PluginConfig.model_fields)
-
-
-def env_names(field: str) -> tuple[str, ...]:
-    return (ENV_PREFIX + field.upper(), *EXTRA_ENV.get(field, ()))
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    """The YAML file's settings, keys normalised to field names. Unknown keys are errors (a typo would otherwise
-    silently fall back to a default)."""
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}", "config", str(path)) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}", "config", str(path)) from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of settings, not {type(data).__name__}")
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = str(key).replace("-", "_")
-        if name not in FIELDS:
-            known = ", ".join(f.replace("_", "-") for f in FIELDS)
-            raise ConfigError(
-                f"config file {path}: unknown setting {key!r} (known: {known})",
-                str(key),
-                str(path),
-            )
-        out[name] = value
-    return out
-
-
-def load_config(
-    flags: Mapping[str, Any], env: Mapping[str, str] | None = None, config_file: Path | None = None
-) -> PluginConfig:
-    """Settings from `flags` (None = not given), then `env`, then the YAML file, then defaults. Raises ConfigError
-    naming the first invalid field and where its value came from."""
-    env = os.environ if env is None else env
-    file_values = read_config_file(config_file) if config_file is not None else {}
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for field in FIELDS:
-        if flags.get(field) is not None:
-            values[field], sources[field] = flags[field], f"--{field.replace('_', '-')}"
-            continue
-        name = next((n for n in env_names(field) if env.get(n) not in (None, "")), None)
-        if name is not None:
-            values[field], sources[field] = env[name], name
-        elif field in file_values:
-            values[field], sources[field] = file_values[field], f"config file {config_file}"
-    unknown = set(flags) - set(FIELDS)
-    if unknown:
-        raise ConfigError(f"unknown settings: {', '.join(sorted(unknown))}")
-    try:
-        return PluginConfig(**values)
-    except ValidationError as e:
-        err = e.errors()[0]
-        field = str(err["loc"][0]) if err["loc"] else None
-        source = sources.get(field or "", "")
-        value = values.get(field or "")
-        where = f" from {source}" if source else ""
-        got = f" (got {value!r})" if field in values else ""
-        message = err["msg"].removeprefix("Value error, ")
-        raise ConfigError(f"invalid {field or 'configuration'}{where}: {message}{got}", field, source) from None
+SETTINGS = SettingsLoader(PluginConfig, "GPUPLUGIN")

@@ -24,14 +24,13 @@ from dataclasses import dataclass
 
 import structlog
 
+# The defaults are the settings' (one definition: `gpuplugin run --help` shows them).
+from gpuplugin.config import DEFAULT_IGNORED_XIDS, DEFAULT_PROBE_INTERVAL_S, DEFAULT_RECOVERY_S
 from gputopo.discovery.nvml_backend import NvmlBackend, NvmlError, XidEvent, XidEventSet
 from gputopo.workers import Worker
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
-DEFAULT_PROBE_INTERVAL_S = 5.0
-DEFAULT_RECOVERY_S = 60.0
 _MAX_BATCH = 256  # events drained per report, so a storm cannot starve the probes
 
 OnChange = Callable[[list[str], bool], None]

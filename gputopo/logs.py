@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO, get_args
 
 import structlog
 from structlog.typing import EventDict, WrappedLogger
 
-LEVELS = ("debug", "info", "warning", "error")
+# The levels both binaries' --log-level accept.
+LogLevel = Literal["debug", "info", "warning", "error"]
+LEVELS: tuple[str, ...] = get_args(LogLevel)
 
 
 def _level_number(level: str) -> int:

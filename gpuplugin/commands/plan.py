@@ -29,7 +29,7 @@ class _ExitTwo(click.ClickException):
     "--topology",
     "topology_file",
     required=True,
-    type=click.Path(dir_okay=False),
+    type=click.Path(exists=True, dir_okay=False, readable=True),
     help="nvidia-smi topo -m text, NVML recording or topology JSON.",
 )
 @click.option("--size", required=True, type=int, help="How many GPUs the request needs.")

@@ -80,7 +80,7 @@ def _replay(path: str) -> NvmlBackend:
 @click.option(
     "--replay",
     "replay_file",
-    type=click.Path(dir_okay=False, exists=True),
+    type=click.Path(exists=True, dir_okay=False, readable=True),
     help="Record from an existing recording (either format) instead of live NVML: converts the probe "
     "format to this one.",
 )

@@ -1,7 +1,8 @@
 """`gpuplugin run`: the device plugin process (discovery, gRPC server, registration, health, metrics, publication).
 
-Exit codes: 0 after SIGTERM/SIGINT, 2 for invalid settings (the message names the field and its source), 1 when the
-plugin cannot start (no topology, no NVML, cannot serve its socket).
+Exit codes: 0 after SIGTERM/SIGINT, 2 for invalid settings, a missing or unreadable file among them (the message
+names the setting and its source), 1 when the plugin cannot start (a topology file it cannot parse, no NVML, cannot
+serve its socket).
 """
 
 from __future__ import annotations
@@ -11,13 +12,12 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import click
 import structlog
 
-from gpuplugin.config import ConfigError, PluginConfig, load_config
+from gpuplugin.config import SETTINGS, PluginConfig
 from gputopo.logs import configure_logging
 
 log = structlog.get_logger("gpuplugin.run")
@@ -80,15 +80,9 @@ def start_health(cfg: PluginConfig, found: Discovered, manager: Any) -> Any:
         return None
     from gpuplugin.health import HealthMonitor
 
-    kwargs: dict[str, Any] = {}
-    if cfg.ignored_xids is not None:
-        kwargs["ignored_xids"] = cfg.ignored_xids
-    if cfg.health_probe_interval is not None:
-        kwargs["probe_interval_s"] = cfg.health_probe_interval
-    if cfg.health_recovery is not None:
-        kwargs["recovery_s"] = None if cfg.health_recovery == "never" else cfg.health_recovery
     devices = {d.nvml_index: d.id for d in manager.devices}
-    monitor = HealthMonitor(found.backend, devices, manager.set_health, **kwargs)
+    monitor = HealthMonitor(found.backend, devices, manager.set_health, ignored_xids=cfg.ignored_xids,
+                            probe_interval_s=cfg.health_probe_interval, recovery_s=cfg.health_recovery_s)
     monitor.start()
     log.info("plugin.health.on", gpus=len(devices))
     return monitor
@@ -215,37 +209,10 @@ def start_plan_watch(cfg: PluginConfig, manager: Any) -> Callable[[], None] | No
     return stop
 
 
-_HELP_ENV = "Env GPUPLUGIN_<FLAG>; YAML --config key <flag>."
-
-
-@click.command("run", epilog=f"Every setting: flag > environment > config file > default. {_HELP_ENV}")
-@click.option("--config", "config_file", type=click.Path(path_type=Path), envvar="GPUPLUGIN_CONFIG", help="YAML file.")
-@click.option("--device-plugin-dir", help="Kubelet device plugin directory [/var/lib/kubelet/device-plugins].")
-@click.option("--resource-name", help="Extended resource name [nvidia.com/gpu].")
-@click.option("--topology", help="Topology file (nvidia-smi topo -m text, NVML recording, compact JSON): no NVML.")
-@click.option("--device-list-strategy", help="envvar | cdi [envvar].")
-@click.option("--device-id-strategy", help="uuid | index [uuid].")
-@click.option("--node-name", help="This node's name (env NODE_NAME too).")
-@click.option("--pod-resources-socket", help="Kubelet PodResources socket.")
-@click.option("--metrics-port", help="Port for /metrics and /healthz; 0 = off [8080].")
-@click.option("--annotation-prefix", help="Prefix of node and pod annotations [gpu-topology.io].")
-@click.option("--publish/--no-publish", default=None, help="Publish topology to the Node [auto: with credentials].")
-@click.option("--socket-name", help="Our socket's file name in the plugin directory [gpu-topology.sock].")
-@click.option("--dev-root", help="Where the host's /dev is visible, to find device nodes [/].")
-@click.option("--log-level", help="debug | info | warning | error [info].")
-@click.option("--ignored-xids", help="Comma-separated Xids that do not mark a GPU unhealthy [13,31,43,45,68,109].")
-@click.option("--health-probe-interval", help="Seconds between health probes of each GPU.")
-@click.option("--health-recovery", help="Seconds of passing probes before an unhealthy GPU is healthy again, or never.")
-@click.option("--print-config", is_flag=True, help="Print the resolved settings as JSON and exit.")
-def command(config_file: Path | None, print_config: bool, **flags: Any) -> None:
+@click.command("run", epilog=SETTINGS.epilog)
+@SETTINGS.command
+def command(cfg: PluginConfig) -> None:
     """Serve the GPUs to the kubelet as a topology-aware device plugin."""
-    try:
-        cfg = load_config(flags, config_file=config_file)
-    except ConfigError as e:
-        raise click.UsageError(str(e)) from None
-    if print_config:
-        click.echo(cfg.model_dump_json(indent=2))
-        return
     configure_logging(cfg.log_level)
     stop = threading.Event()
 

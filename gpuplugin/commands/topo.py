@@ -63,7 +63,7 @@ def render(topo: Topology, source: str) -> str:
 
 
 @click.command("topo")
-@click.argument("file", required=False, type=click.Path(dir_okay=False))
+@click.argument("file", required=False, type=click.Path(exists=True, dir_okay=False, readable=True, allow_dash=True))
 def command(file: str | None) -> None:
     """Show a machine's links, NVLink islands and the best GPUs for every request size.
 

@@ -76,29 +76,28 @@ def make_api_client(
     if timeout_s <= 0:
         raise KubeConfigError(f"timeout_s must be > 0, got {timeout_s}")
     cfg = kubernetes.client.Configuration()
-    source: str
+    source = "explicit host"
     try:
         if host:
             cfg.host = host.rstrip("/")
-            source = "explicit host"
         elif kubeconfig:
-            kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
             source = f"kubeconfig {kubeconfig}"
+            kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
         elif _in_cluster():
-            kubernetes.config.load_incluster_config(client_configuration=cfg)
             source = "in-cluster service account"
+            kubernetes.config.load_incluster_config(client_configuration=cfg)
         elif any(p.is_file() for p in _kubeconfig_paths()):
             # read KUBECONFIG now: the client's own default was frozen when it was imported
             files = os.pathsep.join(str(p) for p in _kubeconfig_paths() if p.is_file())
-            kubernetes.config.load_kube_config(config_file=files, client_configuration=cfg)
             source = f"kubeconfig {files}"
+            kubernetes.config.load_kube_config(config_file=files, client_configuration=cfg)
         else:
             raise KubeConfigError(
                 "no Kubernetes credentials: not in a pod (no service-account token) and no kubeconfig "
                 f"({', '.join(str(p) for p in _kubeconfig_paths())})"
             )
     except (ConfigException, OSError, ValueError, yaml.YAMLError) as exc:
-        raise KubeConfigError(f"cannot load Kubernetes configuration: {exc}") from exc
+        raise KubeConfigError(f"cannot load Kubernetes configuration from {source}: {exc}") from exc
     if token:
         cfg.api_key = {"authorization": token}
         cfg.api_key_prefix = {"authorization": "Bearer"}

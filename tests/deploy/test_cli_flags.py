@@ -1,7 +1,7 @@
 """The arguments deploy/ passes are ones the real command lines accept, and they agree with each other.
 
 `gpuplugin run --print-config` resolves the DaemonSet's arguments exactly as the pod would (NODE_NAME set as the
-downward API sets it); `gpu-extender serve` arguments go through its click parser with every mounted file present.
+downward API sets it); `gpu-extender serve --print-config` resolves its arguments with every mounted file present.
 The loopback sidecar's HTTP probes (on its metrics port) are run against a real extender.
 """
 
@@ -22,8 +22,11 @@ from typing import Any
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
 from extender.cli import serve
+from extender.config import SETTINGS as EXTENDER_SETTINGS
+from gpuplugin.config import SETTINGS as PLUGIN_SETTINGS
 from sim.ports import free_port
 from tests.deploy.rendering import ROOT, Obj, all_renderings, containers, find
 
@@ -57,7 +60,7 @@ def _resolve_plugin(args: tuple[str, ...], values: tuple[tuple[str, str], ...]) 
 
 
 def _extender_params(pod: dict[str, Any], container: dict[str, Any], root: Path) -> dict[str, Any]:
-    """Parse the container's serve arguments, with each file under a mount made to exist below `root`."""
+    """Resolve the container's serve arguments, with each file under a mount made to exist below `root`."""
     args = list(container["args"])
     assert args[0] == "serve"
     mounts = _mounts(pod, container)
@@ -70,8 +73,10 @@ def _extender_params(pod: dict[str, Any], container: dict[str, Any], root: Path)
             target.touch()
             value = str(target)
         parsed.append(f"{key}={value}" if value else key)
-    context = serve.make_context("serve", parsed)
-    return dict(context.params)
+    env = {name: None for name in os.environ if name.startswith("GPU_EXTENDER_")}
+    result = CliRunner().invoke(serve, [*parsed, "--print-config"], env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return dict(json.loads(result.output))
 
 
 @pytest.mark.parametrize("rendering", sorted(all_renderings()))
@@ -126,6 +131,37 @@ def test_extender_arguments_parse_and_agree_with_the_plugin(rendering: str, tmp_
         names = [r["name"] for r in config["extenders"][0]["managedResources"]]
         assert names == [plugins[0]["resource_name"]] if plugins else names
 
+
+def _service_link_env(service: Obj) -> set[str]:
+    """The environment variables Kubernetes gives every pod of the Service's namespace (service links)."""
+    name = service["metadata"]["name"].upper().replace("-", "_")
+    names = {f"{name}_SERVICE_HOST", f"{name}_SERVICE_PORT", f"{name}_PORT"}
+    for port in service["spec"]["ports"]:
+        if port.get("name"):
+            names.add(f"{name}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}")
+        base = f"{name}_PORT_{port['port']}_{port.get('protocol', 'TCP')}"
+        names |= {base, f"{base}_PROTO", f"{base}_PORT", f"{base}_ADDR"}
+    return names
+
+
+@pytest.mark.parametrize("rendering", sorted(all_renderings()))
+def test_no_service_link_sets_a_setting(rendering: str) -> None:
+    """A Service named like a binary's prefix (gpu-extender) would set GPU_EXTENDER_PORT=tcp://... in every pod of
+    its namespace that keeps service links on."""
+    objects = all_renderings()[rendering]
+    loaders = {"run": PLUGIN_SETTINGS, "serve": EXTENDER_SETTINGS}
+    for workload in find(objects, "DaemonSet") + find(objects, "Deployment"):
+        pod = workload["spec"]["template"]["spec"]
+        ours = [loaders[c["args"][0]] for _, c in containers(workload) if c.get("args", [""])[0] in loaders]
+        settings_env = {name for loader in ours
+                        for name in (loader.config_env, *(n for s in loader.settings for n in s.env))}
+        if pod.get("enableServiceLinks") is False or not settings_env:
+            continue
+        namespace = workload["metadata"].get("namespace")
+        for service in find(objects, "Service"):
+            if service["metadata"].get("namespace") == namespace:
+                clash = _service_link_env(service) & settings_env
+                assert not clash, f"{workload['metadata']['name']}: Service {service['metadata']['name']} sets {clash}"
 
 
 @pytest.fixture

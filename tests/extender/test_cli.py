@@ -80,5 +80,6 @@ def test_bad_inventory_is_a_clear_error(tmp_path: Path) -> None:
 def test_tls_flags_go_together(tmp_path: Path) -> None:
     cert, _ = _openssl_cert(tmp_path, "server") if Path("/usr/bin/openssl").exists() else (tmp_path / "c", None)
     cert.touch()
-    result = CliRunner().invoke(main, ["serve", "--inventory", "x.yaml", "--tls-cert", str(cert)])
+    inv = write_inventory(tmp_path / "inv.yaml", [{"name": "a100", "topology": A100}])
+    result = CliRunner().invoke(main, ["serve", "--inventory", str(inv), "--tls-cert", str(cert)])
     assert result.exit_code == 2 and "--tls-cert and --tls-key go together" in result.output

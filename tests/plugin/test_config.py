@@ -48,7 +48,7 @@ def test_defaults() -> None:
     assert cfg["pod_resources_socket"] == "/var/lib/kubelet/pod-resources/kubelet.sock"
     assert cfg["metrics_port"] == 8080
     assert cfg["annotation_prefix"] == "gpu-topology.io"
-    assert cfg["publish"] is None  # auto
+    assert cfg["publish"] == "auto"
     assert cfg["topology"] is None
 
 
@@ -60,7 +60,7 @@ def test_precedence_flag_env_file_default(config_file: Path) -> None:
     assert cfg["device_list_strategy"] == "cdi"  # file beats default
     assert cfg["resource_name"] == "example.com/gpu"
     assert cfg["device_id_strategy"] == "uuid"  # default
-    assert cfg["publish"] is None
+    assert cfg["publish"] == "auto"
     assert cfg["ignored_xids"] == [13, 43]
     assert cfg["health_recovery"] == "never"
 
@@ -76,7 +76,7 @@ def test_config_file_from_env_and_node_name_fallback(config_file: Path) -> None:
 def test_publish_flag_and_env() -> None:
     assert _resolved(["--no-publish"], {"GPUPLUGIN_PUBLISH": "true"})["publish"] is False
     assert _resolved([], {"GPUPLUGIN_PUBLISH": "true"})["publish"] is True
-    assert _resolved([], {"GPUPLUGIN_PUBLISH": "auto"})["publish"] is None
+    assert _resolved([], {"GPUPLUGIN_PUBLISH": "auto"})["publish"] == "auto"
 
 
 def test_topology_flag() -> None:
