@@ -97,6 +97,7 @@ class Catalog:
         self.topology = topology
         self.ranker = SetRanker(topology)
         self.devices: dict[str, Device] = {d.name: d for d in devices}
+        self.devices_by_gpus: dict[GpuSet, Device] = {d.gpus: d for d in devices}
         self.offered = tuple(offered)
         sizes = sorted({d.size for d in devices})
         self.groups: dict[int, list[str]] = {s: [d.name for d in devices if d.size == s] for s in sizes}

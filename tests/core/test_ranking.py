@@ -18,7 +18,6 @@ from tests.core.reference import COMMON_SIZES, best_ring, score
 from tests.core.strategies import topologies
 
 
-
 @pytest.fixture(scope="module")
 def dgx1() -> Topology:
     return load_topology_file(SHARED / "topologies" / "dgx1-v100-ucxpy.txt")
