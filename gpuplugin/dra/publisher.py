@@ -61,6 +61,7 @@ class SlicePublisher:
         self._thread: threading.Thread | None = None
         self._watcher: Watcher | None = None
         self._adopted = False
+        self._sync_lock = threading.Lock()  # one sync at a time (the thread's, or a caller's)
 
     def start(self) -> SlicePublisher:
         self._owner = self._node_owner()
@@ -126,6 +127,10 @@ class SlicePublisher:
 
     def sync(self) -> list[Write]:
         """One pass: read our slices, write what differs. Returns the writes made."""
+        with self._sync_lock:
+            return self._sync()
+
+    def _sync(self) -> list[Write]:
         started = time.perf_counter()
         items, _ = list_objects(self.api, "resourceslices", field_selector=self.selector)
         observed = [observed_from(o) for o in items]
