@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gpuplugin.dra.catalog import DEFAULT_MAX_DEVICES, DEFAULT_SET_SIZES
+from gpuplugin.dra.catalog import DEFAULT_MAX_DEVICES, DEFAULT_SET_SIZES, MAX_SET_SIZE
 from gputopo.contract import DEFAULT_PREFIX, dns_subdomain_problem
 
 ENV_PREFIX = "GPUPLUGIN_DRA_"
@@ -51,6 +51,14 @@ class DraSettings(BaseModel):
         problem = dns_subdomain_problem(value)
         if problem or len(value) > 63:
             raise ValueError(problem or f"{value!r} is longer than 63 characters")
+        return value
+
+    @field_validator("set_sizes")
+    @classmethod
+    def _sizes(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [s for s in value if not 2 <= s <= MAX_SET_SIZE]
+        if bad:
+            raise ValueError(f"set sizes must be within 2..{MAX_SET_SIZE}, got {bad}")
         return value
 
     @property
