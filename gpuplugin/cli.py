@@ -9,7 +9,7 @@ from importlib.metadata import entry_points
 
 import click
 
-_BUILTIN = ("topo", "plan", "run", "record")
+_BUILTIN = ("topo", "plan", "run", "record", "slices", "dra")
 ENTRY_POINT_GROUP = "gpuplugin.commands"
 
 

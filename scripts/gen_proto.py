@@ -20,7 +20,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
 PACKAGE = "gpuplugin/proto"
-PROTOS = ("deviceplugin/v1beta1/api.proto", "podresources/v1/api.proto")
+PROTOS = (
+    "deviceplugin/v1beta1/api.proto",
+    "podresources/v1/api.proto",
+    "pluginregistration/v1/api.proto",
+    "dra/v1/api.proto",
+    "drahealth/v1alpha1/api.proto",
+)
 
 _INIT_DOCS = {
     "": '"""Generated kubelet API code (scripts/gen_proto.py); short aliases for the two APIs."""\n\n'
@@ -33,6 +39,12 @@ _INIT_DOCS = {
     "deviceplugin/v1beta1": '"""Kubelet device plugin API v1beta1 (generated)."""\n',
     "podresources": '"""Kubelet pod resources API (generated)."""\n',
     "podresources/v1": '"""Kubelet pod resources API v1 (generated)."""\n',
+    "pluginregistration": '"""Kubelet plugin registration API (generated)."""\n',
+    "pluginregistration/v1": '"""Kubelet plugin registration API v1 (generated)."""\n',
+    "dra": '"""Kubelet DRA plugin API (generated)."""\n',
+    "dra/v1": '"""Kubelet DRA plugin API v1 (generated)."""\n',
+    "drahealth": '"""Kubelet DRA resource health API (generated)."""\n',
+    "drahealth/v1alpha1": '"""Kubelet DRA resource health API v1alpha1 (generated)."""\n',
 }
 
 

@@ -486,6 +486,14 @@ def _large(ctx: _Context, avail: int, must: int, size: int) -> Allocation:
     return _allocation(ctx, chosen, quality, False, bound)
 
 
+def remainder_quality(topology: Topology, remainder: Iterable[int]) -> float:
+    """Component (4) of the score for GPUs left free, as `Allocation.remainder_quality` reports it: rankings of
+    many candidate subsets (gputopo.core.ranking) need it without running a search per candidate."""
+    with _LOCK:
+        ctx = _context(topology)
+        return _remainder_quality(ctx, _mask(_index_set(remainder, ctx.n, "remainder"))) / _QUALITY_UNIT
+
+
 def allreduce_gbps(topology: Topology, gpus: Iterable[int]) -> float:
     """Estimated all-reduce GB/s of a given subset (its best ring's bottleneck); 0.0 for a single GPU."""
     return ring_bottleneck_mbps(topology.bandwidth_mbps, list(gpus)) / 1000.0

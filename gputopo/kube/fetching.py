@@ -17,8 +17,8 @@ from gputopo.kube.errors import Gone, KubeApiError, KubeArgumentError
 
 log = structlog.get_logger(__name__)
 
-Kind = Literal["nodes", "pods"]
-KINDS: tuple[str, ...] = ("nodes", "pods")
+Kind = Literal["nodes", "pods", "resourceslices"]
+KINDS: tuple[str, ...] = ("nodes", "pods", "resourceslices")
 
 
 def _need_name(what: str, value: Any) -> str:
@@ -28,8 +28,12 @@ def _need_name(what: str, value: Any) -> str:
 
 
 def list_method(api: kubernetes.client.ApiClient, kind: str, namespace: str | None) -> Callable[..., Any]:
-    """The generated list/watch method for a kind ("nodes" or "pods"), namespaced when `namespace` is given."""
+    """The generated list/watch method for a kind (KINDS), namespaced when `namespace` is given."""
     core = kubernetes.client.CoreV1Api(api)
+    if kind == "resourceslices":
+        if namespace:
+            raise KubeArgumentError("resourceslices are cluster-scoped: namespace must be None")
+        return kubernetes.client.ResourceV1Api(api).list_resource_slice
     if kind == "nodes":
         if namespace:
             raise KubeArgumentError("nodes are cluster-scoped: namespace must be None")

@@ -31,7 +31,7 @@ WatchCallback = Callable[[str, dict[str, Any]], None]
 
 SYNC = "SYNC"
 CHANGE_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED"})
-_LIST_KIND = {"nodes": "NodeList", "pods": "PodList"}
+_LIST_KIND = {"nodes": "NodeList", "pods": "PodList", "resourceslices": "ResourceSliceList"}
 _READ_SIZE = 1 << 16
 
 

@@ -1,5 +1,5 @@
 """One log event naming scheme across the product: `component.noun.verb` (lowercase, three dotted parts), where
-the component is the binary or shared part that speaks: plugin, extender, kube, discovery, worker, sim."""
+the component is the binary or shared part that speaks: plugin, dra (the DRA driver), extender, kube, discovery, worker, sim."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gputopo", "gpuplugin", "extender", "sim")
-EVENT = re.compile(r"^(plugin|extender|kube|discovery|worker|sim)\.[a-z0-9_]+\.[a-z0-9_]+$")
+EVENT = re.compile(r"^(plugin|dra|extender|kube|discovery|worker|sim)\.[a-z0-9_]+\.[a-z0-9_]+$")
 LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "msg"})
 LOGGERS = re.compile(r"^(log|_log|logger|self\._log|self\.log|self\._logger)$")
 

@@ -26,6 +26,7 @@ from tests.deploy.rendering import (
 CALLS_FILE = DEPLOY / "rbac-calls.yaml"
 ACCOUNT_COMPONENTS = {
     "device-plugin": ("plugin",),
+    "dra-driver": ("dra",),
     "extender": ("extender",),
     "scheduler": ("kube-scheduler", "extender"),
 }

@@ -1,0 +1,69 @@
+"""`gpuplugin slices`: the ResourceSlices the DRA driver would publish for a machine and an allocation state, as
+YAML (the what-if companion of `gpuplugin topo`)."""
+
+from __future__ import annotations
+
+import click
+import yaml
+
+from gpuplugin.dra.catalog import Catalog, CatalogError
+from gpuplugin.dra.pool import PoolPlanner
+from gpuplugin.dra.settings import DraSettings, parse_ints
+from gpuplugin.dra.slices import slice_name_prefix, slice_object
+from gputopo.core import CoreError
+
+
+class _ExitTwo(click.ClickException):
+    exit_code = 2
+
+
+def render(settings: DraSettings, catalog: Catalog, allocated: list[str], unhealthy: list[int]) -> str:
+    unknown = [name for name in allocated if name not in catalog.devices]
+    if unknown:
+        raise _ExitTwo(f"--allocated names devices this node does not publish: {', '.join(unknown)}")
+    used = [g for name in allocated for g in catalog.devices[name].gpus]
+    if len(used) != len(set(used)):
+        raise _ExitTwo("--allocated devices share GPUs: the allocator never hands out such a state")
+    bad = [g for g in unhealthy if not 0 <= g < catalog.topology.size]
+    if bad:
+        raise _ExitTwo(f"--unhealthy GPU indices outside 0..{catalog.topology.size - 1}: {bad}")
+    planner = PoolPlanner(catalog, taint_key=settings.taint_key, republish=settings.republish)
+    contents = planner.wanted(used, unhealthy)
+    docs = []
+    for index, content in enumerate(contents):
+        obj = slice_object(content, driver=settings.driver_name, node=settings.node_name, generation=1,
+                           count=len(contents))
+        obj = {"apiVersion": obj["apiVersion"], "kind": obj["kind"],
+               "metadata": {"generateName": slice_name_prefix(index, settings.driver_name, settings.node_name)},
+               "spec": obj["spec"]}
+        docs.append(obj)
+    head = (f"# {catalog.summary()}; {len(contents)} slices (1 counter set + {len(contents) - 1} device slices)\n"
+            f"# allocated: {', '.join(allocated) or 'none'}; unhealthy GPUs: {unhealthy or 'none'}\n")
+    return head + yaml.safe_dump_all(docs, sort_keys=False)
+
+
+@click.command("slices")
+@click.option("--topology", "topology_file", required=True, type=click.Path(dir_okay=False),
+              help="nvidia-smi topo -m text, NVML recording or topology JSON.")
+@click.option("--node-name", required=True, help="The node (pool name and spec.nodeName).")
+@click.option("--allocated", default="", help="Devices held by claims, e.g. set-0-1-2-3,gpu-5.")
+@click.option("--unhealthy", default="", help="GPU indices that are unhealthy, e.g. 3,7.")
+@click.option("--driver-name", default=DraSettings.model_fields["driver_name"].default, show_default=True)
+@click.option("--set-sizes", default=",".join(map(str, DraSettings.model_fields["set_sizes"].default)),
+              show_default=True, help="Sizes of GPU-set devices.")
+@click.option("--max-devices", type=int, default=DraSettings.model_fields["max_devices"].default, show_default=True)
+@click.option("--static", is_flag=True, help="The empty node's order (what a driver that never reorders publishes).")
+def command(topology_file: str, node_name: str, allocated: str, unhealthy: str, driver_name: str, set_sizes: str,
+            max_devices: int, static: bool) -> None:
+    """Print the ResourceSlices the DRA driver would publish, as YAML."""
+    from gpuplugin.commands.topo import load
+
+    try:
+        settings = DraSettings(node_name=node_name, driver_name=driver_name, max_devices=max_devices,
+                               set_sizes=tuple(parse_ints(set_sizes, "--set-sizes")), republish=not static)
+        catalog = Catalog.build(load(topology_file), settings.set_sizes, settings.max_devices)
+        sick = parse_ints(unhealthy, "--unhealthy")
+    except (ValueError, CoreError, CatalogError) as e:
+        raise _ExitTwo(str(e)) from None
+    names = [x.strip() for x in allocated.split(",") if x.strip()]
+    click.echo(render(settings, catalog, names, sick), nl=False)

@@ -1,0 +1,224 @@
+"""Which devices a node offers through DRA, and what each device is: pure, derived from the topology alone.
+
+Every GPU is a device of its own (`gpu-3`), and GPU sets of the configured sizes are devices too (`set-0-1-2-3`),
+each consuming one shared counter per member GPU so that the scheduler's allocator never hands a GPU out twice.
+
+**The trap this module is built around:** the allocator recomputes the counters an allocated device uses from the
+device as currently published. A device that disappears, or whose counter list changes, while a claim holds it
+gives its GPUs away a second time. So a device's name and counters are a pure function of its member GPUs (the
+name spells the members), and which devices exist depends only on the topology and the options, never on what is
+allocated, healthy or free: republishing can reorder and taint devices, never rename, drop or re-wire one.
+
+When every subset of a size does not fit in `max_devices`, the best ones by the static score are offered with each
+GPU's share capped (gputopo.core.ranking.SetRanker.select), and `Catalog.offered` says how many of how many.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gputopo.core.ranking import GpuSet, SetRanker
+from gputopo.core.topology import Topology
+
+COUNTER_SET = "gpus"
+MAX_GPUS = 32  # one counter set holds at most 32 counters, and a claim at most 32 devices
+MAX_SET_SIZE = 16  # set names and `members` values stay inside their 63/64-character limits up to 32 GPUs
+DEFAULT_SET_SIZES = (2, 4, 8, 16)
+DEFAULT_MAX_DEVICES = 512
+STANDARD_DOMAIN = "resource.kubernetes.io"
+_NAME_RE = re.compile(r"^(?:gpu-(\d+)|set-(\d+(?:-\d+)+))$")
+
+
+class CatalogError(ValueError):
+    """The topology or the options cannot be offered as DRA devices; the message says which limit and why."""
+
+
+def device_name(gpus: Sequence[int]) -> str:
+    """The one name of the device made of exactly these GPUs."""
+    members = sorted(gpus)
+    if len(members) == 1:
+        return f"gpu-{members[0]}"
+    return "set-" + "-".join(map(str, members))
+
+
+def parse_device_name(name: str) -> GpuSet | None:
+    """The GPU indices a device name spells, or None when it is not one of ours."""
+    m = _NAME_RE.match(name)
+    if m is None:
+        return None
+    members = tuple(int(x) for x in (m.group(1) or m.group(2)).split("-"))
+    if len(members) > 1 and (list(members) != sorted(set(members))):
+        return None
+    return members
+
+
+def counter_name(gpu: int) -> str:
+    return f"gpu{gpu}"
+
+
+@dataclass(frozen=True)
+class Device:
+    """One offered device: its GPUs (topology indices), static score parts and attributes."""
+
+    name: str
+    gpus: GpuSet
+    ring_gbps: float
+    total_gbps: float
+    numa_nodes: int
+    nvlink_island: bool
+    attributes: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.gpus)
+
+
+@dataclass(frozen=True)
+class Offered:
+    """How many sets of one size are offered out of how many exist."""
+
+    size: int
+    offered: int
+    possible: int
+
+    @property
+    def complete(self) -> bool:
+        return self.offered == self.possible
+
+
+class Catalog:
+    """The devices of one node. `groups` lists device names per size, singles first, each in static order."""
+
+    def __init__(self, topology: Topology, devices: Sequence[Device], offered: Sequence[Offered]) -> None:
+        self.topology = topology
+        self.ranker = SetRanker(topology)
+        self.devices: dict[str, Device] = {d.name: d for d in devices}
+        self.devices_by_gpus: dict[GpuSet, Device] = {d.gpus: d for d in devices}
+        self.offered = tuple(offered)
+        sizes = sorted({d.size for d in devices})
+        self.groups: dict[int, list[str]] = {s: [d.name for d in devices if d.size == s] for s in sizes}
+
+    @classmethod
+    def build(
+        cls,
+        topology: Topology,
+        set_sizes: Iterable[int] = DEFAULT_SET_SIZES,
+        max_devices: int = DEFAULT_MAX_DEVICES,
+        keep: Iterable[str] = (),
+    ) -> Catalog:
+        """Every GPU alone, plus sets of each size in `set_sizes` that is 2..min(16, GPUs), within `max_devices`
+        in total. `keep` names devices that must be offered whatever the budget (ones a claim still holds)."""
+        n = topology.size
+        if n > MAX_GPUS:
+            raise CatalogError(
+                f"{n} GPUs: a DRA pool of counter-consuming devices offers at most {MAX_GPUS} GPUs per node "
+                "(one shared counter set holds 32 counters; a claim holds at most 32 devices)"
+            )
+        sizes = sorted({s for s in set_sizes if 2 <= s <= min(n, MAX_SET_SIZE)})
+        bad = [s for s in set_sizes if s < 2 or s > MAX_SET_SIZE]
+        if bad:
+            raise CatalogError(f"set sizes must be within 2..{MAX_SET_SIZE}, got {bad}")
+        room = max_devices - n
+        if room < 0:
+            raise CatalogError(f"max devices {max_devices} is fewer than the node's {n} GPUs (every GPU is offered)")
+        ranker = SetRanker(topology)
+        limits = _share(room, {s: math.comb(n, s) for s in sizes})
+        chosen: dict[int, list[GpuSet]] = {1: [(g,) for g in range(n)]}
+        for s in sizes:
+            chosen[s] = ranker.select(s, limits[s])
+        for name in keep:
+            members = parse_device_name(name)
+            if members is None or not members or max(members) >= n:
+                raise CatalogError(f"held device {name!r} is not a device of this {n}-GPU node")
+            if members not in chosen.setdefault(len(members), []):
+                chosen[len(members)].append(members)
+        islands = {g: tuple(isl) for isl in topology.nvlink_islands() for g in isl}
+        devices = []
+        offered = [Offered(1, n, n)]
+        for s in sorted(chosen):
+            ordered = sorted(chosen[s], key=lambda m: (tuple(-x for x in ranker.static_key(m)), m))
+            devices += [_device(topology, ranker, m, islands) for m in ordered]
+            if s > 1:
+                offered.append(Offered(s, len(ordered), math.comb(n, s)))
+        return cls(topology, devices, offered)
+
+    def gpus_of(self, names: Iterable[str]) -> set[int]:
+        return {g for name in names for g in self.devices[name].gpus}
+
+    def summary(self) -> str:
+        """One line for logs and the `slices` command, e.g. `107 devices: 8 single GPUs, all 28 sets of 2, ...`."""
+        parts = []
+        for o in self.offered:
+            what = "single GPUs" if o.size == 1 else f"sets of {o.size}"
+            parts.append(f"{o.possible} {what}" if o.size == 1 else
+                         f"all {o.possible} {what}" if o.complete else f"{o.offered} of {o.possible} {what}")
+        return f"{len(self.devices)} devices: " + ", ".join(parts)
+
+
+def _share(room: int, wanted: Mapping[int, int]) -> dict[int, int]:
+    """Split `room` device slots over sizes: sizes that need less than an equal share keep what they need, the
+    rest is shared equally among the others (smaller sizes first get any remainder of the division)."""
+    out: dict[int, int] = {}
+    left = dict(wanted)
+    while left:
+        share = room // len(left)
+        small = {s: w for s, w in left.items() if w <= share}
+        if not small:
+            for i, s in enumerate(sorted(left)):
+                out[s] = share + (1 if i < room % len(left) else 0)
+            return out
+        for s, w in small.items():
+            out[s] = w
+            room -= w
+            del left[s]
+    return out
+
+
+def _device(topology: Topology, ranker: SetRanker, members: GpuSet, islands: Mapping[int, tuple[int, ...]]) -> Device:
+    ring, total, neg_numa = ranker.static_key(members)
+    island = islands[members[0]]
+    on_island = len(island) > 1 and set(members) <= set(island)
+    attributes: dict[str, Any] = {
+        "size": {"int": len(members)},
+        "members": {"string": ",".join(map(str, members))},
+        "allreduceGBps": {"int": ring // 1000},
+        "nvlinkIsland": {"bool": on_island},
+        "numaNodes": {"int": -neg_numa},
+    }
+    if len(members) == 1:
+        gpu = topology.gpus[members[0]]
+        attributes["uuid"] = {"string": gpu.id[:64]}
+        if gpu.model:
+            attributes["model"] = {"string": gpu.model[:64]}
+        bus = standard_pci_bus_id(gpu.pci_bus_id)
+        if bus:
+            attributes[f"{STANDARD_DOMAIN}/pciBusID"] = {"string": bus}
+    return Device(
+        name=device_name(members),
+        gpus=members,
+        ring_gbps=ring / 1000,
+        total_gbps=total / 1000,
+        numa_nodes=-neg_numa,
+        nvlink_island=on_island,
+        attributes=attributes,
+    )
+
+
+_BUS_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+
+
+def standard_pci_bus_id(bus: str | None) -> str | None:
+    """NVML's `00000000:07:00.0` as the standard attribute wants it (`dddd:bb:dd.f`, lowercase), or None."""
+    if not bus:
+        return None
+    m = _BUS_RE.match(bus.strip())
+    if m is None:
+        return None
+    domain = int(m.group(1), 16)
+    if domain > 0xFFFF:
+        return None
+    return f"{domain:04x}:{m.group(2).lower()}:{m.group(3).lower()}.{m.group(4)}"

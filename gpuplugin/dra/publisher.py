@@ -1,0 +1,193 @@
+"""Keeps this node's ResourceSlices equal to what the pool should hold, through the official client.
+
+One thread. Anything that may change the pool (a prepare or unprepare, a health change, a watch event on our
+slices: the kubelet deletes all of its node's slices at start, and a driver's after 30 s without a connected
+plugin) asks for a sync; syncs run at most once per `min_interval_s`, and requests that arrive meanwhile fold into
+the next one. A sync lists our slices (the server's truth, not a cache), asks gpuplugin.dra.pool for the wanted
+contents and gpuplugin.dra.sync for the safe order of writes, and makes them. A failed write (a conflict with
+someone else's change, the apiserver away) is logged and the sync retried with backoff.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import kubernetes.client
+import structlog
+
+from gpuplugin.dra.metrics import DraMetrics
+from gpuplugin.dra.pool import PoolPlanner
+from gpuplugin.dra.slices import parse_slice_index, slice_name_prefix
+from gpuplugin.dra.sync import Write, observed_from, plan
+from gputopo.kube import Watcher, get_node, list_objects
+from gputopo.kube.dra import create_slice, delete_slice, replace_slice
+from gputopo.kube.errors import KubeApiError
+
+log = structlog.get_logger(__name__)
+
+StateFn = Callable[[], tuple[set[int], set[int]]]  # -> (used GPUs, unhealthy GPUs)
+
+
+class SlicePublisher:
+    def __init__(
+        self,
+        api: kubernetes.client.ApiClient,
+        planner: PoolPlanner,
+        state: StateFn,
+        *,
+        driver: str,
+        node: str,
+        metrics: DraMetrics | None = None,
+        min_interval_s: float = 0.2,
+        backoff_max_s: float = 30.0,
+    ) -> None:
+        self.api = api
+        self.planner = planner
+        self.state = state
+        self.driver = driver
+        self.node = node
+        self.metrics = metrics if metrics is not None else DraMetrics()
+        self.min_interval_s = min_interval_s
+        self.backoff_max_s = backoff_max_s
+        self.selector = f"spec.driver={driver},spec.nodeName={node}"
+        self.syncs = 0  # completed syncs (written or already current)
+        self._owner: list[dict[str, Any]] | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._watcher: Watcher | None = None
+        self._adopted = False
+        self._sync_lock = threading.Lock()  # one sync at a time (the thread's, or a caller's)
+
+    def start(self) -> SlicePublisher:
+        self._owner = self._node_owner()
+        self._watcher = Watcher(self.api, "resourceslices", self._on_event, field_selector=self.selector,
+                                name=f"watch-slices-{self.node}")
+        self._watcher.start()
+        self._thread = threading.Thread(target=self._run, name="dra-publisher", daemon=True)
+        self._thread.start()
+        self.request()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._watcher is not None:
+            self._watcher.stop()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def request(self) -> None:
+        """Ask for a sync (cheap; folds into the next one)."""
+        self._wake.set()
+
+    def wait_syncs(self, count: int, timeout: float) -> bool:
+        """Block until `count` syncs have completed."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.syncs >= count, timeout)
+
+    # ---- thread ----
+
+    def _on_event(self, event_type: str, obj: dict[str, Any]) -> None:
+        if event_type in ("SYNC", "DELETED", "MODIFIED", "ADDED"):
+            self.request()
+
+    def _run(self) -> None:
+        backoff = self.min_interval_s or 0.05
+        last = 0.0
+        while not self._stop.is_set():
+            self._wake.wait()
+            if self._stop.is_set():
+                return
+            wait = self.min_interval_s - (time.monotonic() - last)
+            if wait > 0 and self._stop.wait(wait):
+                return
+            self._wake.clear()
+            last = time.monotonic()
+            try:
+                self.sync()
+                backoff = self.min_interval_s or 0.05
+            except KubeApiError as e:
+                self.metrics.publish_failures.inc()
+                log.warning("dra.publish.failed", error=str(e), retry_in_s=round(backoff, 2))
+                if self._stop.wait(backoff):
+                    return
+                backoff = min(backoff * 2, self.backoff_max_s)
+                self._wake.set()
+            except Exception:
+                self.metrics.publish_failures.inc()
+                log.exception("dra.publish.crashed")
+                if self._stop.wait(backoff):
+                    return
+                self._wake.set()
+
+    def sync(self) -> list[Write]:
+        """One pass: read our slices, write what differs. Returns the writes made."""
+        with self._sync_lock:
+            return self._sync()
+
+    def _sync(self) -> list[Write]:
+        started = time.perf_counter()
+        items, _ = list_objects(self.api, "resourceslices", field_selector=self.selector)
+        observed = [observed_from(o) for o in items]
+        if not self._adopted:
+            self._adopt(items)
+        used, unhealthy = self.state()
+        writes = plan(observed, self.planner.wanted(used, unhealthy), driver=self.driver, node=self.node)
+        for w in writes:
+            self._apply(w)
+        if writes:
+            old = max((o.generation for o in observed), default=0)
+            same = all(w.body is None or w.body["spec"]["pool"]["generation"] == old for w in writes)
+            mode = "in_place" if observed and same else "generation"
+            self.metrics.publishes.labels(mode=mode).inc()
+            self.metrics.publish_seconds.observe(time.perf_counter() - started)
+            log.info("dra.pool.published", writes=len(writes), mode=mode,
+                     generation=max((w.body["spec"]["pool"]["generation"] for w in writes if w.body), default=None))
+        with self._cond:
+            self.syncs += 1
+            self._cond.notify_all()
+        return writes
+
+    def _adopt(self, items: list[dict[str, Any]]) -> None:
+        """Start from the layout on the server, so a restarted driver keeps updating in place where it can."""
+        by_index = {}
+        for o in items:
+            index = parse_slice_index(o["metadata"]["name"], self.driver, self.node)
+            if index is not None:
+                by_index[index] = observed_from(o).content
+        if by_index and sorted(by_index) == list(range(len(by_index))):
+            self.planner.adopt([by_index[i] for i in range(len(by_index))])
+        self._adopted = True
+
+    def _apply(self, w: Write) -> None:
+        if w.op == "delete":
+            assert w.name is not None
+            delete_slice(self.api, w.name)
+            return
+        assert w.body is not None and w.index is not None
+        meta: dict[str, Any] = {}
+        if self._owner:
+            meta["ownerReferences"] = self._owner
+        if w.op == "create":
+            meta["generateName"] = slice_name_prefix(w.index, self.driver, self.node)
+            create_slice(self.api, {**w.body, "metadata": meta})
+        else:
+            assert w.name is not None
+            meta.update(name=w.name, resourceVersion=w.resource_version)
+            replace_slice(self.api, w.name, {**w.body, "metadata": meta})
+
+    def _node_owner(self) -> list[dict[str, Any]] | None:
+        """The Node as controller owner, so slices go with a deleted Node; None (said once) when unreadable."""
+        try:
+            node = get_node(self.api, self.node)
+        except KubeApiError as e:
+            log.warning("dra.node.unreadable", node=self.node, error=str(e),
+                        consequence="slices without a Node owner")
+            return None
+        return [{"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": node["metadata"]["uid"],
+                 "controller": True}]

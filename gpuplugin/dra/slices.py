@@ -1,0 +1,129 @@
+"""ResourceSlice contents for one node's pool: which device goes into which slice, and the slice objects. Pure.
+
+One pool per node, named after the node (counter-set slices are seen by every node's allocator, so pool names
+must not collide). Slice 0 holds only the shared counter set (one counter per GPU); slices 1.. hold devices, at
+most 64 each (the apiserver's limit for counter-consuming devices), singles first, then each set size; a size
+group that does not fit in the current slice starts a new one.
+
+Layouts are sticky: when the new order can be published by reordering devices inside the slices they are
+already in (the free devices of every size still appear in the new order when read slice by slice), the old
+membership is kept. The publisher then updates slices in place at the same pool generation, and no device is ever
+absent or listed twice in between; otherwise it bumps the generation and rewrites the pool (sync.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from gpuplugin.dra.catalog import COUNTER_SET, Catalog, counter_name
+
+MAX_DEVICES_PER_SLICE = 64
+API_VERSION = "resource.k8s.io/v1"
+Layout = tuple[tuple[str, ...], ...]
+
+
+def pack(order: Mapping[int, Sequence[str]], limit: int = MAX_DEVICES_PER_SLICE) -> Layout:
+    """A fresh layout: size groups in size order, a group that does not fit in the current slice starts a new one
+    (groups over `limit` fill whole slices and their tail may share with the next group)."""
+    slices: list[list[str]] = [[]]
+    for size in sorted(order):
+        group = list(order[size])
+        if len(group) <= limit - len(slices[-1]):
+            slices[-1].extend(group)
+            continue
+        if slices[-1]:
+            slices.append([])
+        for i in range(0, len(group), limit):
+            chunk = group[i : i + limit]
+            if len(slices[-1]) + len(chunk) > limit:
+                slices.append([])
+            slices[-1].extend(chunk)
+    return tuple(tuple(s) for s in slices if s)
+
+
+def arrange(
+    order: Mapping[int, Sequence[str]],
+    free: Iterable[str],
+    previous: Layout | None = None,
+    limit: int = MAX_DEVICES_PER_SLICE,
+) -> Layout:
+    """The layout for `order`: `previous` with each slice reordered when that keeps every size's free devices
+    in the new order, else a fresh `pack`."""
+    if previous is not None:
+        position = {name: i for size in sorted(order) for i, name in enumerate(order[size], start=size << 20)}
+        kept = tuple(tuple(sorted(s, key=lambda n: position.get(n, -1))) for s in previous)
+        if _keeps_order(kept, order, set(free), position, limit):
+            return kept
+    return pack(order, limit)
+
+
+def _keeps_order(
+    layout: Layout, order: Mapping[int, Sequence[str]], free: set[str], position: Mapping[str, int], limit: int
+) -> bool:
+    flat = [n for s in layout for n in s]
+    if len(flat) != len(position) or set(flat) != set(position) or any(len(s) > limit for s in layout):
+        return False
+    for group in order.values():
+        members = set(group)
+        wanted = [n for n in group if n in free]
+        if [n for n in flat if n in members and n in free] != wanted:
+            return False
+    return True
+
+
+def counter_slice_spec(catalog: Catalog) -> dict[str, Any]:
+    counters = {counter_name(g): {"value": "1"} for g in range(catalog.topology.size)}
+    return {"sharedCounters": [{"name": COUNTER_SET, "counters": counters}]}
+
+
+def device_spec(catalog: Catalog, name: str, unhealthy: Iterable[int], taint_key: str) -> dict[str, Any]:
+    device = catalog.devices[name]
+    out: dict[str, Any] = {
+        "name": name,
+        "attributes": dict(device.attributes),
+        "consumesCounters": [
+            {"counterSet": COUNTER_SET, "counters": {counter_name(g): {"value": "1"} for g in device.gpus}}
+        ],
+    }
+    if not set(unhealthy).isdisjoint(device.gpus):
+        out["taints"] = [{"key": taint_key, "effect": "NoSchedule"}]
+    return out
+
+
+def slice_contents(
+    catalog: Catalog, layout: Layout, unhealthy: Iterable[int] = (), *, taint_key: str
+) -> list[dict[str, Any]]:
+    """The `spec` parts that differ per slice (sharedCounters or devices), index 0 first."""
+    sick = set(unhealthy)
+    out = [counter_slice_spec(catalog)]
+    out += [{"devices": [device_spec(catalog, n, sick, taint_key) for n in names]} for names in layout]
+    return out
+
+
+def slice_object(
+    content: Mapping[str, Any], *, driver: str, node: str, generation: int, count: int
+) -> dict[str, Any]:
+    """A whole ResourceSlice body (no metadata) for one slice's content."""
+    spec: dict[str, Any] = {
+        "driver": driver,
+        "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+        "nodeName": node,
+    }
+    spec.update(content)
+    return {"apiVersion": API_VERSION, "kind": "ResourceSlice", "spec": spec}
+
+
+def slice_name_prefix(index: int, driver: str, node: str) -> str:
+    """generateName of slice `index`, as the Go helper forms it: names sort in index order."""
+    return f"{index:05x}-{driver}-{node}-"
+
+
+def parse_slice_index(name: str, driver: str, node: str) -> int | None:
+    head, sep, rest = name.partition("-")
+    if not sep or len(head) < 5 or not rest.startswith(f"{driver}-{node}-"):
+        return None
+    try:
+        return int(head, 16)
+    except ValueError:
+        return None

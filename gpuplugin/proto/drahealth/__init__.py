@@ -1,0 +1,1 @@
+"""Kubelet DRA resource health API (generated)."""

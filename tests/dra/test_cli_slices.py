@@ -1,0 +1,48 @@
+"""`gpuplugin slices` as a user runs it: a real process, YAML that validates, clear errors with exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.dra.conftest import DGX1
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuplugin.cli", "slices", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_prints_valid_slices_with_the_allocated_quads_gpus_last() -> None:
+    out = run("--topology", str(DGX1), "--node-name", "gpu-node-1", "--allocated", "set-0-1-2-3", "--unhealthy", "7")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("# 107 devices: 8 single GPUs, all 28 sets of 2, all 70 sets of 4")
+    docs = list(yaml.safe_load_all(out.stdout))
+    assert len(docs) == 4
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.36.0", strict=True)
+        assert doc["metadata"]["generateName"].endswith("-gpu-topology.io-gpu-node-1-")
+    singles = [d for d in docs[1]["spec"]["devices"] if d["attributes"]["size"]["int"] == 1]
+    assert {d["name"] for d in singles[:3]} == {"gpu-4", "gpu-5", "gpu-6"}  # 0-3 held, 7 unhealthy: 4,5,6 first
+    assert [d for d in singles if d.get("taints")] == [next(d for d in singles if d["name"] == "gpu-7")]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--allocated", "set-0-1,set-1-2"], "share GPUs"),
+    (["--allocated", "set-0-9"], "does not publish"),
+    (["--unhealthy", "x"], "not a comma-separated list"),
+    (["--set-sizes", "3,64"], "set sizes must be within"),
+    (["--node-name", ""], "node_name"),
+])
+def test_bad_input_exits_2_naming_the_problem(args: list[str], message: str) -> None:
+    base = {"--node-name": "n1"}
+    argv = ["--topology", str(DGX1)]
+    for key, value in base.items():
+        if key not in args:
+            argv += [key, value]
+    out = run(*argv, *args)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
