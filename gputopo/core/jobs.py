@@ -37,6 +37,8 @@ from gputopo.core.locality import Locality, Place
 from gputopo.core.topology import Topology
 
 _EPS = 1e-9
+_RING_MEMO_LIMIT = 100_000
+_RINGS: dict[tuple[str, tuple[int, ...]], float] = {}
 
 
 class JobModelError(CoreError):
@@ -99,19 +101,31 @@ def job_allreduce_gbps(pods: Sequence[PodSlot], locality: Locality) -> JobEstima
     best, limit = math.inf, Limit.NONE
     for p in pods:
         if len(p.gpus) >= 2:
-            ring = allreduce_gbps(p.topo, p.gpus)
+            ring = pod_ring_gbps(p.topo, p.gpus)
             if ring < best:
                 best, limit = ring, Limit.POD_RING
     if any(len(members) >= 2 for members in nodes.values()) and best > bandwidth.HOST_PATH_GBPS:
         best, limit = bandwidth.HOST_PATH_GBPS, Limit.HOST_PATH
     if len(nodes) >= 2:
-        net = network_bottleneck([_node_of(members) for members in nodes.values()], locality)
+        net = _network_bottleneck([_node_of(members) for members in nodes.values()], locality)
         if net < best:
             best, limit = net, Limit.NETWORK
     return JobEstimate(best, limit, len(nodes), split)
 
 
-def network_bottleneck(nodes: Sequence[_Node], locality: Locality) -> float:
+def pod_ring_gbps(topo: Topology, gpus: tuple[int, ...]) -> float:
+    """`allreduce_gbps` of a pod, memoised: a planner weighs the same pods in many candidate placements."""
+    key = (topo.fingerprint, gpus)
+    hit = _RINGS.get(key)
+    if hit is None:
+        hit = allreduce_gbps(topo, gpus)
+        if len(_RINGS) >= _RING_MEMO_LIMIT:
+            _RINGS.clear()
+        _RINGS[key] = hit
+    return hit
+
+
+def _network_bottleneck(nodes: Sequence[_Node], locality: Locality) -> float:
     """The best ring's slowest inter-node edge over nodes given by their two end rates and their places."""
     root = _tree(list(nodes), len(locality.levels) - 1)
     factors = [locality.factor(i) for i in range(-1, len(locality.levels))]
@@ -126,7 +140,7 @@ def network_bottleneck(nodes: Sequence[_Node], locality: Locality) -> float:
     return candidates[lo] if _ring_exists(root, candidates[lo], locality) else 0.0
 
 
-def node_rates(pod_rates: Sequence[float]) -> tuple[float, float]:
+def _node_rates(pod_rates: Sequence[float]) -> tuple[float, float]:
     """A node's two ring ends: its best pod faces the harder edge, the second-best the other."""
     ordered = sorted(pod_rates, reverse=True)
     return (ordered[0], ordered[1] if len(ordered) > 1 else ordered[0])
@@ -156,7 +170,7 @@ def _group(pods: Sequence[PodSlot], levels: int) -> dict[str, list[PodSlot]]:
 
 
 def _node_of(members: Sequence[PodSlot]) -> _Node:
-    return _Node(node_rates([p.network_gbps for p in members]), members[0].place)
+    return _Node(_node_rates([p.network_gbps for p in members]), members[0].place)
 
 
 def _span(nodes: dict[str, list[PodSlot]], locality: Locality) -> int:

@@ -245,8 +245,10 @@ def _network_gbps(nics: Sequence[Nic], n: int, pcie_generation: int, socket_link
 
 
 def _fingerprint(topo: Topology) -> str:
-    """Identity of what the allocator sees (bandwidths and NUMA), not of names: nodes of one model share it."""
+    """Identity of what placement sees (bandwidths, NUMA, each GPU's network rate), not of names: nodes of one model
+    share it, and a cache keyed on it never mixes up two nodes whose NICs differ."""
     h = hashlib.sha256()
     h.update(repr(topo.bandwidth_mbps).encode())
     h.update(repr(tuple(g.numa_node for g in topo.gpus)).encode())
+    h.update(repr(topo.network_gbps).encode())
     return h.hexdigest()[:16]
