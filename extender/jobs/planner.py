@@ -3,7 +3,8 @@
 Pure: the caller hands in each node's free GPUs (a bitmask, reservations already taken out), topology and
 locality, and the job (pods of k GPUs, members already placed). The answer is the plan with the best estimated job
 all-reduce (gputopo.core.jobs) the cluster offers now, then the one spanning the fewest locality levels, then the
-least fragmentation: fewest whole free nodes broken, fewest GPUs left stranded on the nodes it touches, fewest nodes.
+least fragmentation: fewest whole free nodes broken, then the fullest racks (best fit: emptier racks stay whole for
+larger jobs), then fewest GPUs left stranded on the nodes it touches, then fewest nodes.
 
 How. Candidate fills are built cheaply, each with an upper bound of its estimate that is exact when it stays in one
 rack; the job model then weighs the best candidates only, best bound first, until no bound can beat the best
@@ -200,20 +201,29 @@ _VALUES: dict[tuple[str, int, int, int], float] = {}
 
 
 def _pods(topo: Topology, free: int, k: int, c: int, network: bool) -> tuple[_Pod, ...]:
-    """The c pods of k GPUs this free set gives the job, chosen together (memoised): the split with the best
-    `_pods_value`, then the best weakest ring, then the best ring total; searched exhaustively while the splits
-    number at most `_SPLIT_LIMIT`, else one pod at a time, best first."""
+    """The c pods of k GPUs this free set gives the job, chosen together (memoised): one at a time, best first,
+    unless that leaves a weak pod below what a balanced split reaches; then the split with the best
+    `_pods_value`, weakest ring and ring total, by branch and bound over disjoint subsets (at most `_SPLIT_LIMIT`
+    complete splits looked at)."""
     key = (topo.fingerprint, free, k, c, network)
     hit = _PODS.get(key)
     if hit is not None:
         return hit
-    out = _best_split(topo, free, k, c, network) if c > 1 else None
-    if out is None:
-        out = _one_by_one(topo, free, k, c, network)
+    out = _one_by_one(topo, free, k, c, network)
+    if c > 1 and len(out) == c and _pods_value(list(out), network) < _ceiling(topo, free, c, network):
+        out = _best_split(topo, free, k, c, network, out)
     if len(_PODS) >= _MEMO_LIMIT:
         _PODS.clear()
     _PODS[key] = out
     return out
+
+
+def _ceiling(topo: Topology, free: int, c: int, network: bool) -> float:
+    """No c pods of this free set reach more: the host path between them, and the second-best NIC path."""
+    if not network:
+        return HOST_PATH_GBPS
+    rates = sorted((topo.network_gbps[g] for g in bits(free)), reverse=True)
+    return min(HOST_PATH_GBPS, rates[1] if len(rates) > 1 else rates[0])
 
 
 def _pod(topo: Topology, gpus: tuple[int, ...]) -> _Pod:
@@ -240,28 +250,30 @@ def _one_by_one(topo: Topology, free: int, k: int, c: int, network: bool) -> tup
     return tuple(pods)
 
 
-def _best_split(topo: Topology, free: int, k: int, c: int, network: bool) -> tuple[_Pod, ...] | None:
-    subsets = [_pod(topo, combo) for combo in combinations(bits(free), k)]
-    if math.comb(len(subsets), c) > _SPLIT_LIMIT * 50:
-        return None
-    best: tuple[tuple, tuple[_Pod, ...]] | None = None
-    seen = 0
-    for group in combinations(subsets, c):
-        used = 0
-        for pod in group:
-            m = mask_of(pod.gpus)
-            if used & m:
-                break
-            used |= m
-        else:
-            seen += 1
-            if seen > _SPLIT_LIMIT:
-                return None
-            rings = [p.ring for p in group]
-            score = (_pods_value(list(group), network), min(rings), sum(rings))
-            if best is None or score > best[0]:
-                best = (score, group)
-    return best[1] if best else None
+def _best_split(topo: Topology, free: int, k: int, c: int, network: bool,
+                greedy: tuple[_Pod, ...]) -> tuple[_Pod, ...]:
+    subsets = sorted((_pod(topo, combo) for combo in combinations(bits(free), k)), key=lambda p: (-p.ring, p.gpus))
+    masks = [mask_of(p.gpus) for p in subsets]
+    rings = [p.ring for p in greedy]
+    best = [(_pods_value(list(greedy), network), min(rings), sum(rings)), greedy]
+    budget = [_SPLIT_LIMIT]
+
+    def search(start: int, used: int, chosen: list[_Pod]) -> None:
+        if len(chosen) == c:
+            budget[0] -= 1
+            chosen_rings = [p.ring for p in chosen]
+            score = (_pods_value(chosen, network), min(chosen_rings), sum(chosen_rings))
+            if score > best[0]:
+                best[0], best[1] = score, tuple(chosen)
+            return
+        for i in range(start, len(subsets) - (c - len(chosen)) + 1):
+            if budget[0] <= 0 or subsets[i].ring < best[0][0]:
+                return  # rings only fall from here: no completion beats the best value
+            if not used & masks[i]:
+                search(i + 1, used | masks[i], [*chosen, subsets[i]])
+
+    search(0, 0, [])
+    return best[1]  # type: ignore[return-value]
 
 
 def _pods_value(pods: list[_Pod], multi: bool) -> float:
@@ -304,10 +316,11 @@ class _Bucket:
     whole: bool  # every GPU free before this job
     free_count: int
     snaps: list[NodeSnapshot]
+    fp: str = ""  # topology fingerprint
+    name: str = ""  # first node's name, once sorted
 
-    @property
-    def name(self) -> str:
-        return self.snaps[0].name
+    def __post_init__(self) -> None:
+        self.fp = self.topo.fingerprint
 
 
 def _buckets(snaps: dict[str, NodeSnapshot], k: int, member_count: Counter[str]) -> tuple[list[_Bucket], int]:
@@ -329,7 +342,9 @@ def _buckets(snaps: dict[str, NodeSnapshot], k: int, member_count: Counter[str])
         bucket.snaps.append(snap)
     buckets = list(by_state.values())
     for b in buckets:
-        b.snaps.sort(key=lambda s: s.name)
+        if len(b.snaps) > 1:
+            b.snaps.sort(key=lambda s: s.name)
+        b.name = b.snaps[0].name
     return buckets, room
 
 
@@ -344,23 +359,33 @@ Entry = tuple[tuple, _Bucket, int, float]  # (sort key, bucket, pods per node at
 class _Candidate:
     fill: Fill
     upper: float  # the model's estimate when the fill stays in one rack, an upper bound otherwise
-    order: tuple  # (-upper, split, whole nodes broken, GPUs left stranded, nodes): best first
+    order: tuple  # (-upper, split, whole nodes broken, GPUs its racks keep free, GPUs stranded, nodes): best first
 
 
 def _candidates(buckets: list[_Bucket], remaining: int, locality: Locality, member_pods: dict[str, list[_Pod]],
                 member_places: dict[str, Place]) -> list[_Candidate]:
     out: list[_Candidate] = []
+    rack_free: dict[Place, int] = {}
+    for b in buckets:
+        rack_free[b.place] = rack_free.get(b.place, 0) + b.free_count * len(b.snaps)
     single = _single_host(buckets, remaining, member_pods)
     if single is not None:
-        out.append(_candidate([(single, single.snaps[0], remaining, False)], locality, member_pods, member_places))
-    most = max(b.cap + b.members for b in buckets)
-    ranked = list(_ranked_racks(buckets, sorted({1, 2, most}), remaining))
-    spread = ranked[0][0]  # q = 1: where the pods a packing fill leaves over go
-    for racks, ranks in ranked:
+        out.append(_candidate([(single, single.snaps[0], remaining, False)], locality, member_pods, member_places,
+                               rack_free))
+    spread_racks, spread_ranks = _ranked_racks(buckets, 1, remaining)
+    passes = [(spread_racks, spread_ranks)]
+    reach = max((-r[1] for r in spread_ranks.values() if r[2] <= -remaining), default=0.0)
+    # a pass with q >= 2 puts two pods on a node somewhere, which caps it at the host path: when one rack already
+    # reaches beyond that spreading, packing cannot win
+    if member_pods or reach <= HOST_PATH_GBPS * (1 + _REL_EPS):
+        most = max(b.cap + b.members for b in buckets)
+        passes += [_ranked_racks(buckets, q, remaining) for q in sorted({2, most} - {0, 1})]
+    for racks, ranks in passes:
         ordered = sorted(racks, key=ranks.__getitem__)
         for level in range(len(locality.levels) + 1):
-            for fill in _domain_fills(racks, ordered, ranks, level, remaining, member_places, spread):
-                out.append(_candidate(fill, locality, member_pods, member_places))
+            for fill in _domain_fills(racks, ordered, ranks, level, remaining, member_places, spread_racks,
+                                      rack_free):
+                out.append(_candidate(fill, locality, member_pods, member_places, rack_free))
     return out
 
 
@@ -373,26 +398,35 @@ def _single_host(buckets: list[_Bucket], remaining: int, member_pods: dict[str, 
     return min(hosts, key=lambda b: (-_value(b.topo, b.free, b.k, remaining, False), b.free_count, b.name))
 
 
-def _ranked_racks(buckets: list[_Bucket], qs: list[int],
-                  remaining: int) -> Iterable[tuple[dict[Place, list[Entry]], dict[Place, tuple]]]:
-    """Per pods-per-node limit q: each rack's buckets that can take a pod, best first (members; then, spreading,
+def _ranked_racks(buckets: list[_Bucket], q: int,
+                  remaining: int) -> tuple[dict[Place, list[Entry]], dict[Place, tuple]]:
+    """With at most q pods per node: each rack's buckets that can take a pod, best first (members; then, spreading,
     what the node's pods let a ring reach, packing, the most pods; then the tightest fit), and each rack's rank."""
-    per_q: list[dict[Place, list[Entry]]] = [{} for _ in qs]
+    racks: dict[Place, list[Entry]] = {}
+    values = _VALUES
     for b in buckets:
-        for i, q in enumerate(qs):
-            c = min(b.cap, q - b.members)
-            if c <= 0:
-                continue
+        c = min(b.cap, q - b.members)
+        if c <= 0:
+            continue
+        value = values.get((b.fp, b.free, b.k, c * 2 + 1))
+        if value is None:
             value = _value(b.topo, b.free, b.k, c, True)
-            left = b.free_count - c * b.k
-            key = (-b.members, -value, left, b.name) if q == 1 else (-b.members, -c, -value, left, b.name)
-            per_q[i].setdefault(b.place, []).append((key, b, c, value))
-    for racks in per_q:
-        ranks = {}
-        for place, entries in racks.items():
-            entries.sort(key=lambda e: e[0])
-            ranks[place] = _rack_rank(entries, remaining)
-        yield racks, ranks
+        left = b.free_count - c * b.k
+        key = (-b.members, -value, left, b.name) if q == 1 else (-b.members, -c, -value, left, b.name)
+        entries = racks.get(b.place)
+        if entries is None:
+            racks[b.place] = [(key, b, c, value)]
+        else:
+            entries.append((key, b, c, value))
+    ranks = {}
+    for place, entries in racks.items():
+        entries.sort(key=_first)
+        ranks[place] = _rack_rank(entries, remaining)
+    return racks, ranks
+
+
+def _first(entry: Entry) -> tuple:
+    return entry[0]
 
 
 def _rack_rank(entries: list[Entry], remaining: int) -> tuple:
@@ -402,23 +436,28 @@ def _rack_rank(entries: list[Entry], remaining: int) -> tuple:
     value = math.inf
     for _, b, c, v in entries:
         members += b.members
-        for _snap in b.snaps:
-            if capacity < remaining:
-                value = min(value, v)
-                left += b.free_count - min(c, remaining - capacity) * b.k
-            capacity += c
+        nodes = len(b.snaps)
+        if capacity < remaining:
+            value = min(value, v)
+            taken = min(nodes * c, remaining - capacity)
+            left += min(nodes, -(-(remaining - capacity) // c)) * b.free_count - taken * b.k
+        capacity += nodes * c
     return (-members, -value, -capacity, entries[0][1].name, left)
 
 
 def _domain_fills(racks: dict[Place, list[Entry]], ordered: list[Place], ranks: dict[Place, tuple], level: int,
-                  remaining: int, member_places: dict[str, Place], spread: dict[Place, list[Entry]]) -> Iterable[Fill]:
-    """At level 0 one fill per rack that holds the job, for the best ranked racks and the tightest of the best
-    reaching; above, per domain, its racks best first. With members, only the domain holding them all."""
+                  remaining: int, member_places: dict[str, Place], spread: dict[Place, list[Entry]],
+                  rack_free: dict[Place, int]) -> Iterable[Fill]:
+    """At level 0 one fill per rack that holds the job: the best ranked racks, and of those reaching as far the
+    tightest fills and the fullest racks; above, per domain, its racks best first. With members, only the domain
+    holding them all."""
     if level == 0 and not member_places:
         fitting = [p for p in ordered if -ranks[p][2] >= remaining]
         reach = ranks[fitting[0]][1] if fitting else 0.0
-        tight = sorted((p for p in fitting if ranks[p][1] == reach), key=lambda p: ranks[p][4])
-        ordered = list(dict.fromkeys(fitting[:_RACKS_PER_ORDER] + tight[:_RACKS_PER_ORDER]))
+        best = [p for p in fitting if ranks[p][1] == reach]
+        tight = sorted(best, key=lambda p: ranks[p][4])
+        full = sorted(best, key=lambda p: (rack_free.get(p, 0), p))
+        ordered = list(dict.fromkeys(fitting[:_RACKS_PER_ORDER] + tight[:_RACKS_PER_ORDER] + full[:_RACKS_PER_ORDER]))
     domains: dict[Place, list[Place]] = {}
     for place in ordered:
         domains.setdefault(place[level:], []).append(place)
@@ -467,7 +506,7 @@ def _rest(fill: Fill, spread: Iterable[Entry], need: int) -> Fill:
 
 
 def _candidate(fill: Fill, locality: Locality, member_pods: dict[str, list[_Pod]],
-               member_places: dict[str, Place]) -> _Candidate:
+               member_places: dict[str, Place], rack_free: dict[Place, int]) -> _Candidate:
     in_fill = {snap.name for _, snap, _, _ in fill}
     nodes = len(in_fill | member_pods.keys())
     multi = nodes > 1
@@ -481,7 +520,8 @@ def _candidate(fill: Fill, locality: Locality, member_pods: dict[str, list[_Pod]
     for name, pods in member_pods.items():
         if name not in in_fill:
             upper = min(upper, _pods_value(pods, multi))
-    gpus = sum(c * b.k for b, _, c, _ in fill) + sum(len(p.gpus) for pods in member_pods.values() for p in pods)
+    member_gpus = sum(len(p.gpus) for pods in member_pods.values() for p in pods)
+    gpus = sum(c * b.k for b, _, c, _ in fill) + member_gpus
     if gpus <= 1:
         upper = 0.0
     places = {b.place for b, _, _, _ in fill} | set(member_places.values())
@@ -489,7 +529,8 @@ def _candidate(fill: Fill, locality: Locality, member_pods: dict[str, list[_Pod]
     split = max(locality.split(a, first) for a in places) if len(places) > 1 else -1
     broken = sum(1 for b, _, c, _ in fill if b.whole and c * b.k < b.topo.size)
     left = sum(b.free_count - c * b.k for b, _, c, _ in fill)
-    return _Candidate(fill, upper, (-upper, split, broken, left, nodes))
+    racks_left = sum(rack_free.get(p, 0) for p in {b.place for b, _, _, _ in fill}) - (gpus - member_gpus)
+    return _Candidate(fill, upper, (-upper, split, broken, racks_left, left, nodes))
 
 
 # -- weighing a fill -------------------------------------------------------------------------------------------
@@ -513,7 +554,7 @@ def _plan_of(request: JobRequest, fill: Fill, member_slots: list[PodSlot], dropp
 
 
 def _better(a: tuple, b: tuple) -> bool:
-    """(gbps, split, broken, stranded, nodes): more bandwidth, then less of everything else."""
+    """(gbps, split, broken, racks' free GPUs, stranded, nodes): more bandwidth, then less of everything else."""
     if abs(a[0] - b[0]) > _REL_EPS * max(a[0], b[0], 1e-12):
         return a[0] > b[0]
     return a[1:] < b[1:]
