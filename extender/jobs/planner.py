@@ -325,21 +325,23 @@ class _Bucket:
 
 def _buckets(snaps: dict[str, NodeSnapshot], k: int, member_count: Counter[str]) -> tuple[list[_Bucket], int]:
     by_state: dict[tuple, _Bucket] = {}
+    get = by_state.get
     room = 0
     for snap in snaps.values():
         free = snap.free
         count = free.bit_count()
-        members = member_count.get(snap.name, 0)
+        members = member_count[snap.name] if member_count else 0
         if count < k and not members:
             continue
-        topo = snap.topo
         room += count // k
+        topo = snap.topo
         key = (snap.place, topo.fingerprint, free, snap.name if members else None)
-        bucket = by_state.get(key)
+        bucket = get(key)
         if bucket is None:
             bucket = by_state[key] = _Bucket(snap.place, topo, free, k, count // k, members, count == topo.size,
-                                             count, [])
-        bucket.snaps.append(snap)
+                                             count, [snap])
+        else:
+            bucket.snaps.append(snap)
     buckets = list(by_state.values())
     for b in buckets:
         if len(b.snaps) > 1:
