@@ -8,6 +8,7 @@ import pytest
 
 from gputopo.core import (
     NodeState,
+    TopologyError,
     TopologyFormatError,
     state_from_json,
     state_to_json,
@@ -148,3 +149,18 @@ def test_too_many_nics_are_refused() -> None:
     doc["nics"] = doc["nics"] * 30
     with pytest.raises(TopologyFormatError, match="at most 256"):
         topology_from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "", "gpu_links": (LinkKind.PIX,)}, "needs a name"),
+        ({"name": "m", "gpu_links": (LinkKind.NVLINK,)}, "over PCIe only, not NVLINK"),
+        ({"name": "m", "gpu_links": (LinkKind.PIX,), "link_gbit": 0.0}, "link rate must be"),
+        ({"name": "m", "gpu_links": (LinkKind.PIX,), "link_gbit": float("inf")}, "link rate must be"),
+        ({"name": "m", "gpu_links": (LinkKind.PIX,), "link_gbit": True}, "link rate must be"),
+    ],
+)
+def test_nics_refuse_what_no_nic_is(kwargs, message) -> None:
+    with pytest.raises(TopologyError, match=message):
+        Nic(**kwargs)
