@@ -122,6 +122,16 @@ class Keys:
     def min_gbps(self) -> str:
         return self._key("min-allreduce-gbps")
 
+    # Pod annotations a user may set to place the pods of one job together (extender.jobs.membership): the job's
+    # name when nothing the ecosystem writes says it, and how many GPU pods it has.
+    @property
+    def job(self) -> str:
+        return self._key("job")
+
+    @property
+    def job_size(self) -> str:
+        return self._key("job-size")
+
 
 DEFAULT_KEYS = Keys()
 

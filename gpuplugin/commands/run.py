@@ -18,6 +18,7 @@ import click
 import structlog
 
 from gpuplugin.config import SETTINGS, PluginConfig
+from gputopo.discovery.nics import attach_nics
 from gputopo.logs import configure_logging
 
 log = structlog.get_logger("gpuplugin.run")
@@ -66,7 +67,7 @@ def discover(cfg: PluginConfig) -> Discovered:
     for gone in node.excluded:
         log.warning("plugin.gpu.left_out", nvml_index=gone.nvml_index, uuid=gone.uuid, reason=gone.reason)
     return Discovered(
-        node.topology,
+        attach_nics(node.topology),  # NVML lists no NICs: they come from the PCI tree
         minors={i: d.minor for i, d in enumerate(node.devices) if d.minor is not None},
         nvml_indices={i: d.nvml_index for i, d in enumerate(node.devices)},
         backend=backend,

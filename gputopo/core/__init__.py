@@ -11,6 +11,8 @@ from gputopo.core.codec import (
     topology_to_json,
 )
 from gputopo.core.errors import AllocationError, CoreError, TopologyError, TopologyFormatError, TopologyParseError
+from gputopo.core.jobs import JobEstimate, JobModelError, Limit, PodSlot, job_allreduce_gbps
+from gputopo.core.locality import Level, Locality, LocalityError, parse_locality
 from gputopo.core.topology import Gpu, Link, LinkKind, Nic, Topology
 
 __all__ = [
@@ -18,10 +20,17 @@ __all__ = [
     "AllocationError",
     "CoreError",
     "Gpu",
+    "JobEstimate",
+    "JobModelError",
+    "Level",
+    "Limit",
     "Link",
     "LinkKind",
+    "Locality",
+    "LocalityError",
     "Nic",
     "NodeState",
+    "PodSlot",
     "Topology",
     "TopologyError",
     "TopologyFormatError",
@@ -29,6 +38,8 @@ __all__ = [
     "allreduce_gbps",
     "best_possible_gbps",
     "best_subset",
+    "job_allreduce_gbps",
+    "parse_locality",
     "placement_efficiency",
     "state_from_json",
     "state_to_json",

@@ -9,6 +9,12 @@ Sources (collected in ../shared/topologies/SOURCES.md):
 - PCIe path classes are ranked PIX > PXB > PHB > NODE > SYS by fixed fractions of the x16 figure (each extra bridge
   or host-bridge crossing costs P2P throughput; nccl-tests#178 shows ~20 GB/s once a Gen4 ring leaves a switch).
   SYS is further capped by the socket interconnect (NCCL: Intel UPI 10, AMD xGMI Zen3/4 24; default 16 here).
+
+Between pods and nodes (the job model, gputopo.core.jobs); which figures were measured here is said at each:
+- Host path between two pods on one node: MEASURED HERE, 2x H200 (../shared/recordings/README.md).
+- NIC path of a GPU: GPUDirect RDMA at the NIC's line rate when the NIC is an RDMA device on the GPU's PCIe switch
+  (PIX/PXB); otherwise staged through host memory. Not measured here (no multi-node machine).
+- Oversubscription per network locality level crossed: an assumption, configurable; not measured.
 """
 
 from __future__ import annotations
@@ -99,3 +105,52 @@ def pair_bandwidth_mbps(link: Link | None, pcie_generation: int, socket_link_gbp
     if link is None:
         return 0
     return round(link_gbps(link, pcie_generation, socket_link_gbps) * 1000)
+
+
+# -- between pods and between nodes ------------------------------------------------------------------------------
+
+# Two pods on one node each see only their own GPUs: CUDA IPC needs the peer GPU visible, so NCCL falls back to
+# shared memory through the host (NCCL issues #324, #945). MEASURED HERE: NCCL all-reduce bus bandwidth, 2 ranks,
+# 1 GiB, NCCL_P2P_DISABLE=1 on 2x H200 = 25.8 GB/s (../shared/recordings/README.md); a later run of bench/nccl.py
+# gave 27.4 (bench/results/nccl-h200x2.md). The lower figure is kept. Until the pod-to-pod calibration lands it
+# stands for every machine, whatever its PCIe generation, and for pods of any size.
+HOST_PATH_GBPS = 25.8
+
+# PCIe path classes at which a GPU reaches an RDMA NIC with GPUDirect RDMA: the NIC under the GPU's own PCIe switch
+# (one switch PIX, or several PXB). Beyond them (PHB, NODE, SYS) traffic crosses the CPU's host bridge, where NCCL's
+# NCCL_NET_GDR_LEVEL path types stop using GPUDirect by default, and NVIDIA's GPUDirect RDMA manual asks for GPU and
+# HCA on the same PCIe root complex; data is then staged through host memory.
+GDR_CLASSES = frozenset({"PIX", "PXB"})
+
+# ASSUMED when a NIC's line rate is unknown (`nvidia-smi topo -m` text names NICs but not their rate): 100 Gb/s,
+# the slowest NIC among the shared fixtures that document theirs (../shared/topologies/SOURCES.md: DGX-1 4x EDR
+# 100 Gb/s, deepep13 8x 100G RoCE). A DGX H100 has 400 Gb/s per GPU (the issue's 50 GB/s per GPU).
+DEFAULT_NIC_GBIT = 100.0
+
+# ASSUMED: each network locality level a ring edge crosses (rack -> spine -> core -> zone) keeps this share of the
+# bandwidth: 0.5 is a 2:1 oversubscribed uplink. Training fabrics are often built non-blocking (1:1, factor 1.0)
+# inside a scalable unit and oversubscribed above it; 2:1-3:1 is the common figure for oversubscribed east-west
+# fabrics (aidatacenterguide.com, ch. 8.5 "Scale-Out Topology, Sizing & Oversubscription"). Not measured;
+# configurable per level (gputopo.core.locality).
+DEFAULT_LEVEL_FACTOR = 0.5
+
+
+def nic_line_gbps(link_gbit: float | None) -> float:
+    """A NIC's line rate in GB/s per direction (Gb/s / 8); the assumed default when unknown."""
+    return (link_gbit if link_gbit is not None else DEFAULT_NIC_GBIT) / 8.0
+
+
+def gpu_nic_gbps(kind: str, rdma: bool | None, link_gbit: float | None, pcie_generation: int,
+                 socket_link_gbps: float) -> float:
+    """GB/s one GPU sends to the network through one NIC at PCIe path class `kind`.
+
+    GPUDirect RDMA (an RDMA NIC on the GPU's switch) runs at line rate. Otherwise the data is staged through host
+    memory: no faster than the host path, than the PCIe class between GPU and NIC, or than the line. An RDMA flag of
+    None counts as RDMA: the NICs `nvidia-smi topo -m` lists are RDMA devices (NVML enumerates them as such, so a
+    SoftiWARP device appears there too: NVIDIA/NVSentinel#1485). A plain Ethernet NIC (NCCL's socket transport) is
+    given the staged figure, an upper bound: its real rate is not measured here.
+    """
+    line = nic_line_gbps(link_gbit)
+    if rdma is not False and kind in GDR_CLASSES:
+        return line
+    return min(line, HOST_PATH_GBPS, pcie_class_gbps(kind, pcie_generation, socket_link_gbps))

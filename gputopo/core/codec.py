@@ -7,8 +7,13 @@ Topology (version 1), keys kept short so a 16-GPU node with NICs fits in 4 KiB:
      "links": ["SW12@3", "NV2@2", "PIX", ...],          # upper triangle, row-major: (0,1), (0,2), ..., (n-2,n-1)
      "bw": [300000, ...],                               # MB/s per direction, same order (informational)
      "nics": [[name, "IIHS..."], ...],                  # one letter per GPU: PIX I, PXB B, PHB H, NODE N, SYS S
+     "nicattr": [[rdma 1|0|null, link Gb/s|null], ...], # same order as "nics"; only when some NIC has one
      "pcie": 4, "sock": 16.0}
 GPU index = position in "gpus". The reader rebuilds bandwidths from "links" so every reader scores identically.
+
+"nicattr" was added inside version 1 rather than as version 2: readers built before it ignore unknown keys and
+keep reading the NIC rows they know (a version bump would make them refuse every node during a rolling upgrade,
+plugins and extender being upgraded separately), and this reader takes a document without it as "unknown".
 
 State (version 1): {"v": 1, "gen": int, "used": [ids], "unhealthy": [ids]}
 """
@@ -25,6 +30,7 @@ from gputopo.core.topology import Gpu, Link, LinkKind, Nic, Topology
 
 TOPOLOGY_VERSION = 1
 STATE_VERSION = 1
+MAX_NICS = 256
 _LINK_RE = re.compile(r"^(NV|SW)(\d{1,3})@(\d)$")
 _NIC_LETTER = {LinkKind.PIX: "I", LinkKind.PXB: "B", LinkKind.PHB: "H", LinkKind.NODE: "N", LinkKind.SYS: "S"}
 _NIC_KIND = {v: k for k, v in _NIC_LETTER.items()}
@@ -71,6 +77,8 @@ def topology_to_dict(topo: Topology) -> dict[str, Any]:
     out: dict[str, Any] = {"v": TOPOLOGY_VERSION, "gpus": gpus, "models": models, "links": links, "bw": bw}
     if topo.nics:
         out["nics"] = [[nic.name, "".join(_NIC_LETTER[k] for k in nic.gpu_links)] for nic in topo.nics]
+        if any(nic.rdma is not None or nic.link_gbit is not None for nic in topo.nics):
+            out["nicattr"] = [[_flag(nic.rdma), nic.link_gbit] for nic in topo.nics]
     out["pcie"] = topo.pcie_generation
     out["sock"] = topo.socket_link_gbps
     return out
@@ -132,15 +140,22 @@ def topology_from_dict(data: Any) -> Topology:
                 raise TopologyFormatError(f"links[{k}] (GPU{i}-GPU{j}): {e}") from None
             matrix[i][j] = matrix[j][i] = link
             k += 1
+    raw_nics = data.get("nics", [])
+    _expect(isinstance(raw_nics, list) and len(raw_nics) <= MAX_NICS, f"'nics' must be a list of at most {MAX_NICS}")
+    attrs = _nic_attributes(data.get("nicattr"), len(raw_nics))
     nics = []
-    for m, entry in enumerate(data.get("nics", [])):
+    for m, entry in enumerate(raw_nics):
         ok = isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)
         _expect(ok, f"nics[{m}] must be [name, links]")
         try:
             kinds = tuple(_NIC_KIND[x] for x in entry[1])
         except KeyError:
             raise TopologyFormatError(f"nics[{m}] has an unknown PCIe class in {entry[1]!r}") from None
-        nics.append(Nic(entry[0], kinds))
+        rdma, rate = attrs[m]
+        try:
+            nics.append(Nic(entry[0], kinds, rdma, rate))
+        except TopologyError as e:
+            raise TopologyFormatError(f"nics[{m}]: {e}") from None
     pcie = data.get("pcie", 4)
     sock = data.get("sock", 16.0)
     _expect(isinstance(pcie, int) and not isinstance(pcie, bool), "'pcie' must be an integer")
@@ -151,6 +166,26 @@ def topology_from_dict(data: Any) -> Topology:
         raise
     except TopologyError as e:
         raise TopologyFormatError(str(e)) from None
+
+
+def _flag(value: bool | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _nic_attributes(raw: Any, count: int) -> list[tuple[bool | None, float | None]]:
+    """(rdma, link Gb/s) per NIC from "nicattr"; all unknown when the key is absent (written before it existed)."""
+    if raw is None:
+        return [(None, None)] * count
+    _expect(isinstance(raw, list) and len(raw) == count, f"'nicattr' must list {count} entries, one per NIC")
+    out: list[tuple[bool | None, float | None]] = []
+    for m, entry in enumerate(raw):
+        _expect(isinstance(entry, list) and len(entry) == 2, f"nicattr[{m}] must be [rdma, link Gb/s]")
+        rdma, rate = entry
+        _expect(rdma in (None, 0, 1) and not isinstance(rdma, float), f"nicattr[{m}] rdma must be 1, 0 or null")
+        number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
+        _expect(rate is None or number, f"nicattr[{m}] link rate must be a number of Gb/s or null")
+        out.append((None if rdma is None else bool(rdma), None if rate is None else float(rate)))
+    return out
 
 
 def topology_from_json(text: str | bytes) -> Topology:

@@ -8,6 +8,7 @@ shape and symmetry and fills the matrix from `bandwidth.pair_bandwidth_mbps`.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -33,6 +34,8 @@ class LinkKind(StrEnum):
 
 
 PCIE_KINDS: tuple[LinkKind, ...] = (LinkKind.PIX, LinkKind.PXB, LinkKind.PHB, LinkKind.NODE, LinkKind.SYS)
+# Above any NIC made (1.6 Tb/s is the fastest port announced): a larger figure is a unit mistake, not a NIC.
+MAX_NIC_GBIT = 6400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +79,27 @@ class Gpu:
 
 @dataclass(frozen=True, slots=True)
 class Nic:
-    """A NIC and its PCIe relation to each GPU, kept for GPU-NIC affinity."""
+    """A NIC and its PCIe path class to each GPU: whether a GPU reaches the network with GPUDirect RDMA.
+
+    `rdma`: an RDMA device (InfiniBand or RoCE), False for a plain Ethernet NIC, None when the source cannot say.
+    `link_gbit`: line rate in Gb/s (the unit NICs are sold and reported in), None when unknown.
+    """
 
     name: str
     gpu_links: tuple[LinkKind, ...]
+    rdma: bool | None = None
+    link_gbit: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise TopologyError("a NIC needs a name")
+        bad = [k.value for k in self.gpu_links if k not in PCIE_KINDS]
+        if bad:
+            raise TopologyError(f"NIC {self.name} relates to GPUs over PCIe only, not {', '.join(sorted(set(bad)))}")
+        rate = self.link_gbit
+        number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
+        if rate is not None and not (number and math.isfinite(rate) and 0 < rate <= MAX_NIC_GBIT):
+            raise TopologyError(f"NIC {self.name} link rate must be 0-{MAX_NIC_GBIT:g} Gb/s, got {rate!r}")
 
 
 @dataclass(frozen=True)
@@ -91,6 +111,9 @@ class Topology:
     socket_link_gbps: float = bandwidth.DEFAULT_SOCKET_LINK_GBPS
     bandwidth_mbps: tuple[tuple[int, ...], ...] = field(default=(), compare=False)
     fingerprint: str = field(default="", compare=False)
+    # GB/s each GPU reaches the network at: its best NIC path (bandwidth.gpu_nic_gbps); with no NIC listed, a NIC
+    # of the assumed default rate across the socket, staged through host memory (what a GPU far from any NIC gets).
+    network_gbps: tuple[float, ...] = field(default=(), compare=False)
 
     @classmethod
     def build(
@@ -145,6 +168,7 @@ class Topology:
             pcie_generation=pcie_generation,
             socket_link_gbps=socket_link_gbps,
             bandwidth_mbps=bw,
+            network_gbps=_network_gbps(nics, n, pcie_generation, socket_link_gbps),
         )
         object.__setattr__(topo, "fingerprint", _fingerprint(topo))
         return topo
@@ -208,9 +232,23 @@ class Topology:
         return islands
 
 
+def _network_gbps(nics: Sequence[Nic], n: int, pcie_generation: int, socket_link_gbps: float) -> tuple[float, ...]:
+    def best(i: int) -> float:
+        if not nics:
+            return bandwidth.gpu_nic_gbps(LinkKind.SYS.value, None, None, pcie_generation, socket_link_gbps)
+        return max(
+            bandwidth.gpu_nic_gbps(nic.gpu_links[i].value, nic.rdma, nic.link_gbit, pcie_generation, socket_link_gbps)
+            for nic in nics
+        )
+
+    return tuple(best(i) for i in range(n))
+
+
 def _fingerprint(topo: Topology) -> str:
-    """Identity of what the allocator sees (bandwidths and NUMA), not of names: nodes of one model share it."""
+    """Identity of what placement sees (bandwidths, NUMA, each GPU's network rate), not of names: nodes of one model
+    share it, and a cache keyed on it never mixes up two nodes whose NICs differ."""
     h = hashlib.sha256()
     h.update(repr(topo.bandwidth_mbps).encode())
     h.update(repr(tuple(g.numa_node for g in topo.gpus)).encode())
+    h.update(repr(topo.network_gbps).encode())
     return h.hexdigest()[:16]

@@ -13,6 +13,8 @@ What text cannot say, and how it is settled here (pass `nvlink_generation` / `gp
   same either way.
 - The NVLink generation is inferred from lane counts (`infer_nvlink_generation`); B200 prints NV18 like H100
   and A800 prints NV8 like H800, so those read as NVLink 4 unless the model is given.
+- NICs are the RDMA devices NVML enumerates (their legend names are verbs devices, mlx5_N; a SoftiWARP device
+  shows up there too, NVIDIA/NVSentinel#1485), so they are marked RDMA; their line rate is not in the text (None).
 - GPU ids are "GPU0".."GPUn" (text has no UUIDs). A NUMA affinity such as "0-1" (a cpuset spanning nodes)
   gives numa_node None rather than picking one of them. Without any NUMA column, distinct CPU affinity groups
   stand for NUMA nodes (`_numa_from_cpu_affinity`).
@@ -116,7 +118,7 @@ def parse_nvidia_smi_topo(
 
     gpus = _numa_from_cpu_affinity([_gpu(i, rows[i], gpu_model) for i in range(n)])
     nics = [
-        Nic(legend.get(name, name), tuple(_PCIE_TOKENS[tokens[n + k][j]] for j in range(n)))
+        Nic(legend.get(name, name), tuple(_PCIE_TOKENS[tokens[n + k][j]] for j in range(n)), rdma=True)
         for k, name in enumerate(header.nics)
     ]
     if pcie_generation is None:

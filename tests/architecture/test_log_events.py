@@ -1,5 +1,6 @@
 """One log event naming scheme across the product: `component.noun.verb` (lowercase, three dotted parts), where
-the component is the binary or shared part that speaks: plugin, dra (the DRA driver), extender, kube, discovery, worker, sim."""
+the component is the binary or shared part that speaks: plugin, dra (the DRA driver), extender, kube, discovery,
+worker, sim."""
 
 from __future__ import annotations
 

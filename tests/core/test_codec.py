@@ -8,6 +8,7 @@ import pytest
 
 from gputopo.core import (
     NodeState,
+    TopologyError,
     TopologyFormatError,
     state_from_json,
     state_to_json,
@@ -93,3 +94,73 @@ def test_state_round_trip_and_errors() -> None:
         state_from_json("used=GPU-a")
     with pytest.raises(TopologyFormatError, match="not JSON"):
         state_from_json("[" * 100_000)
+
+
+def _with_nic_attributes() -> Topology:
+    topo = _sixteen_with_nics()
+    nics = [Nic(n.name, n.gpu_links, k % 2 == 0, 400.0 if k < 8 else None) for k, n in enumerate(topo.nics)]
+    return Topology.build(topo.gpus, topo.links, nics, topo.pcie_generation, topo.socket_link_gbps)
+
+
+def test_nic_attributes_round_trip_and_still_fit_in_4_kib() -> None:
+    topo = _with_nic_attributes()
+    text = topology_to_json(topo)
+    assert len(text.encode()) <= 4096, len(text)
+    again = topology_from_json(text)
+    assert [(n.rdma, n.link_gbit) for n in again.nics] == [(n.rdma, n.link_gbit) for n in topo.nics]
+    assert again.network_gbps == topo.network_gbps
+
+
+def test_nic_rows_of_a_reader_before_attributes_stay_readable_both_ways() -> None:
+    """Written before 'nicattr' existed: NICs read with unknown attributes. Written now: the rows an older reader
+    validates ([name, letters]) are unchanged, and the attributes ride in a key it ignores."""
+    doc = json.loads(topology_to_json(_with_nic_attributes()))
+    assert all(isinstance(row, list) and len(row) == 2 for row in doc["nics"])
+    doc.pop("nicattr")
+    old = topology_from_json(json.dumps(doc))
+    assert all(n.rdma is None and n.link_gbit is None for n in old.nics)
+    plain = json.loads(topology_to_json(Topology.build(old.gpus, old.links, old.nics)))
+    assert "nicattr" not in plain  # nothing known, nothing written
+
+
+@pytest.mark.parametrize(
+    ("attrs", "message"),
+    [
+        ("x", "'nicattr' must list 10 entries"),
+        ([[1, 400]] * 9, "'nicattr' must list 10 entries"),
+        ([[1, 400, 3]] * 10, r"nicattr\[0\] must be \[rdma, link Gb/s\]"),
+        ([[2, 400]] * 10, r"nicattr\[0\] rdma must be 1, 0 or null"),
+        ([[0.5, 400]] * 10, r"nicattr\[0\] rdma must be 1, 0 or null"),
+        ([[1, "400"]] * 10, r"nicattr\[0\] link rate must be a number"),
+        ([[1, True]] * 10, r"nicattr\[0\] link rate must be a number"),
+        ([[1, -5]] * 10, r"nics\[0\]: NIC mlx5_0 link rate must be"),
+        ([[1, 1e9]] * 10, r"nics\[0\]: NIC mlx5_0 link rate must be"),
+    ],
+)
+def test_bad_nic_attributes_are_named(attrs, message) -> None:
+    doc = _doc()
+    doc["nicattr"] = attrs
+    with pytest.raises(TopologyFormatError, match=message):
+        topology_from_json(json.dumps(doc))
+
+
+def test_too_many_nics_are_refused() -> None:
+    doc = _doc()
+    doc["nics"] = doc["nics"] * 30
+    with pytest.raises(TopologyFormatError, match="at most 256"):
+        topology_from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "", "gpu_links": (LinkKind.PIX,)}, "needs a name"),
+        ({"name": "m", "gpu_links": (LinkKind.NVLINK,)}, "over PCIe only, not NVLINK"),
+        ({"name": "m", "gpu_links": (LinkKind.PIX,), "link_gbit": 0.0}, "link rate must be"),
+        ({"name": "m", "gpu_links": (LinkKind.PIX,), "link_gbit": float("inf")}, "link rate must be"),
+        ({"name": "m", "gpu_links": (LinkKind.PIX,), "link_gbit": True}, "link rate must be"),
+    ],
+)
+def test_nics_refuse_what_no_nic_is(kwargs, message) -> None:
+    with pytest.raises(TopologyError, match=message):
+        Nic(**kwargs)
