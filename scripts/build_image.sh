@@ -16,6 +16,9 @@
 # (--index-url, passed as a secret since it may hold credentials).
 #
 # Usage: scripts/build_image.sh [--tag NAME] [--ca-bundle FILE] [--index-url URL] [--no-stand-in] [--keep-image]
+#                               [--layers]
+# --layers keeps each step as a cached layer for the next run; with vfs storage every layer is a full copy of the
+# file system, so a build without it (the default) is the faster one: about 75 s here, downloads included.
 # Environment: GPU_TOPOLOGY_IMAGE_STATE (default /var/tmp/gpu-topology-image): buildah storage and the stand-in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +28,7 @@ CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 INDEX_URL=""
 STAND_IN=1
 KEEP_IMAGE=0
+CACHE=(--layers=false)
 while [ $# -gt 0 ]; do
   case "$1" in
     --tag) TAG=$2; shift 2 ;;
@@ -32,7 +36,8 @@ while [ $# -gt 0 ]; do
     --index-url) INDEX_URL=$2; shift 2 ;;
     --no-stand-in) STAND_IN=0; shift ;;
     --keep-image) KEEP_IMAGE=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --layers) CACHE=(--layers); shift ;;
+    -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -137,7 +142,7 @@ fi
 
 step "building $TAG (buildah $(buildah --version | awk '{print $3}'), vfs storage, chroot isolation)"
 start=$(date +%s)
-"${BUILDAH[@]}" build --pull=never --layers --isolation chroot -f Dockerfile -t "$TAG" "${args[@]}" . \
+"${BUILDAH[@]}" build --pull=never "${CACHE[@]}" --isolation chroot -f Dockerfile -t "$TAG" "${args[@]}" . \
   >"$STATE/build.log" 2>&1 || { tail -40 "$STATE/build.log" >&2; exit 1; }
 build_s=$(( $(date +%s) - start ))
 grep -E '^(pruned |imports: )' "$STATE/build.log" || true

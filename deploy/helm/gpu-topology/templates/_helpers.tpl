@@ -100,7 +100,7 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{/* The extender container's extra env and volume mounts, and its pod's extra volumes. */}}
+{{/* The extender container's extra environment variables (extender.extraEnv), if any. */}}
 {{- define "gpu-topology.extenderEnv" -}}
 {{- with .Values.extender.extraEnv }}
 env:
