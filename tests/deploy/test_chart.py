@@ -1,7 +1,6 @@
 """The Helm chart: lints clean, values reach the objects they configure, bad values fail with a clear message,
 and with default values it installs the same pods as the kustomize manifests."""
 
-
 from __future__ import annotations
 
 import copy
