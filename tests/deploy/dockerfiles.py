@@ -1,6 +1,6 @@
-"""Reading our Dockerfiles and .dockerignore the way `docker build` does, for the image tests.
+"""Reading our Dockerfile and .dockerignore the way `docker build` does, for the image tests.
 
-Only the Dockerfile syntax the two images use is understood (FROM ... AS, COPY src dst, COPY --from); the
+Only the Dockerfile syntax the image uses is understood (FROM ... AS, COPY src dst, COPY --from); the
 .dockerignore matcher follows Docker's rules (patterns relative to the context root, `**` for any number of
 directories, `!` re-includes, the last matching pattern wins, a file is excluded when it or a parent matches).
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.deploy.rendering import ROOT
 
-DOCKERFILES = (ROOT / "Dockerfile.plugin", ROOT / "Dockerfile.extender")
+DOCKERFILE = ROOT / "Dockerfile"
 
 
 @dataclass(frozen=True)

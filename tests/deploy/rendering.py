@@ -8,14 +8,15 @@ helm-python-sdk (Helm v4's Go engine through libhelm_c), the same engine `helm t
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import helm_python
-import kubernetes_validate.utils
 import yaml
+from helm_python import _native as helm_native
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -75,27 +76,40 @@ class ChartVariant:
 
 CHART_VARIANTS: dict[str, ChartVariant] = {
     "defaults": ChartVariant("gpu-topology", "gpu-topology", {}),
-    # Every knob moved off its default, in another release and namespace.
+    # Every knob moved off its default, in another release and namespace (created by the chart).
     "custom": ChartVariant(
         "prod",
         "gpu-system",
         {
             "resourceName": "acme.example/gpu",
             "annotationPrefix": "topo.acme.example",
+            "image": {"repository": "registry.acme.example/gpu-topology", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
+            "imagePullSecrets": [{"name": "acme-registry"}],
+            "namespace": {"name": "gpu-topology-prod", "create": True},
             "plugin": {
                 "deviceListStrategy": "cdi",
                 "deviceIdStrategy": "index",
                 "metricsPort": 9400,
+                "failOnInitError": False,
                 "runtimeClassName": "nvidia",
+                "priorityClassName": "acme-node-critical",
+                "podAnnotations": {"acme.example/team": "ml-platform"},
+                "podLabels": {"acme.example/cost-center": "gpu"},
                 "nodeSelector": {"acme.example/gpu-pool": "training"},
                 "tolerations": [{"key": "acme.example/dedicated", "operator": "Equal", "value": "gpu",
                                  "effect": "NoSchedule"}],
-                "image": {"repository": "registry.acme.example/gpu-topology/plugin", "tag": "0.1.0-rc1",
-                          "pullPolicy": "Always"},
+                "extraEnv": [{"name": "TZ", "value": "UTC"}],
+                "extraVolumes": [{"name": "acme-ca", "configMap": {"name": "acme-ca"}}],
+                "extraVolumeMounts": [{"name": "acme-ca", "mountPath": "/etc/acme-ca", "readOnly": True}],
             },
-            "extender": {"reservationTimeout": 120,
-                         "image": {"repository": "registry.acme.example/gpu-topology/extender",
-                                   "tag": "0.1.0-rc1"}},
+            "extender": {
+                "reservationTimeout": 120,
+                "islandPenalty": 0.5,
+                "islandSpare": 2,
+                "extraEnv": [{"name": "TZ", "value": "UTC"}],
+                "extraVolumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}],
+                "extraVolumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+            },
             "scheduler": {
                 "schedulerName": "topology-aware",
                 "image": {"tag": "v1.35.4"},
@@ -105,11 +119,16 @@ CHART_VARIANTS: dict[str, ChartVariant] = {
                 "nodeCacheCapable": False,
                 "extenderPort": 18888,
                 "extenderMetricsPort": 18889,
+                "priorityClassName": "",
+                "podAnnotations": {"acme.example/team": "ml-platform"},
+                "podLabels": {"acme.example/cost-center": "scheduling"},
                 "leaderElection": {"resourceName": "topology-aware-leader"},
                 "podDisruptionBudget": {"minAvailable": 2},
             },
             "networkPolicy": {"metricsFrom": [{"namespaceSelector": {
                 "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]},
+            "serviceMonitor": {"enabled": True, "interval": "15s", "scrapeTimeout": "5s",
+                               "labels": {"release": "kube-prometheus-stack"}},
         },
     ),
     # Wiring into the existing default scheduler: standalone HTTPS extender, no kube-scheduler of ours.
@@ -132,15 +151,24 @@ def _chart() -> helm_python.Chart:
     return helm_python.Chart.load(CHART)
 
 
-def render_chart_files(variant: ChartVariant) -> dict[str, str]:
-    """Template path -> rendered text, exactly as `helm template` would print it."""
-    return _chart().render(values=variant.values, name=variant.release, namespace=variant.namespace,
-                           is_install=True)
+def render_chart_files(variant: ChartVariant, kube_version: str | None = None) -> dict[str, str]:
+    """Template path -> rendered text, exactly as `helm template [--kube-version v1.X.Y]` would print it.
+
+    `kube_version` is what `.Capabilities.KubeVersion` holds (Helm's built-in default when None; the API server's
+    version on a real install). helm-python-sdk 0.2.2's Chart.render does not pass it on, though its libhelm_c's
+    render options take it (the option `helm template --kube-version` sets), so it goes through the same native call.
+    """
+    options = {"name": variant.release, "namespace": variant.namespace, "is_install": True}
+    if kube_version is not None:
+        options["kube_version"] = kube_version
+    rendered = helm_native.call_string("helm_render", _chart()._raw(), json.dumps(variant.values),
+                                       json.dumps(options))
+    return dict(json.loads(rendered))
 
 
-def render_chart(variant: ChartVariant) -> list[Obj]:
+def render_chart(variant: ChartVariant, kube_version: str | None = None) -> list[Obj]:
     objects: list[Obj] = []
-    for path, text in sorted(render_chart_files(variant).items()):
+    for path, text in sorted(render_chart_files(variant, kube_version).items()):
         if path.endswith(".yaml"):
             objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
     return objects
@@ -156,14 +184,6 @@ def all_renderings() -> dict[str, list[Obj]]:
     for name, variant in CHART_VARIANTS.items():
         sets[f"helm:{name}"] = render_chart(variant)
     return sets
-
-
-def newest_kubernetes_versions(count: int = 2) -> list[str]:
-    """The newest `count` minor versions kubernetes-validate ships schemas for, e.g. ['1.36.0', '1.37.0']."""
-    minors: dict[str, str] = {}
-    for version in kubernetes_validate.utils.all_versions():
-        minors[kubernetes_validate.utils.major_minor(version)] = version
-    return list(minors.values())[-count:]
 
 
 def containers(obj: Obj) -> Iterator[tuple[Obj, Obj]]:

@@ -11,7 +11,8 @@ README = (DEPLOY / "README.md").read_text()
 
 def test_every_path_it_names_exists() -> None:
     # deploy/<name> after `kubectl logs` / `port-forward` is a Deployment, not a path.
-    paths = set(re.findall(r"(?<!logs )(?<!port-forward )\b(deploy/[\w./-]+|Dockerfile\.\w+)", README))
+    paths = set(re.findall(r"(?<!logs )(?<!port-forward )(?<![/\w])((?:deploy|scripts|tests)/[\w./-]+|Dockerfile\b)",
+                           README))
     assert paths
     for path in paths:
         path = path.rstrip(".")

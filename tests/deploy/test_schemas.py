@@ -1,51 +1,100 @@
-"""Every object deploy/ can produce validates against the Kubernetes OpenAPI schemas, offline and strictly."""
+"""Every object deploy/ can produce validates strictly against the Kubernetes OpenAPI schemas of every minor version
+the project claims (Chart.yaml's kubeVersion floor, which README.md states, to the newest kubernetes-validate
+ships), offline.
+
+The chart's output depends on the cluster's version only through kube-scheduler's image tag (a test below proves
+it), so each rendering is made once and its distinct objects are validated against each version.
+"""
 
 from __future__ import annotations
+
+import json
+import re
 
 import kubernetes_validate
 import pytest
 
-from tests.deploy.rendering import MANIFESTS, SCHEDULER_DIR, all_renderings, newest_kubernetes_versions
+from tests.deploy import schemas
+from tests.deploy.rendering import (
+    CHART_VARIANTS,
+    MANIFESTS,
+    ROOT,
+    SCHEDULER_DIR,
+    all_renderings,
+    containers,
+    find,
+    render_chart,
+)
 
-VERSIONS = newest_kubernetes_versions(2)
-# Cluster objects only: kustomization.yaml files and KubeSchedulerConfiguration files are not API objects
-# (the scheduler configuration has its own tests in test_scheduler_config.py).
-NOT_API_OBJECTS = {"Kustomization", "KubeSchedulerConfiguration"}
-
-
-def _cases() -> list[tuple[str, int, str]]:
-    return [(name, i, version) for name, objs in all_renderings().items() for i in range(len(objs))
-            for version in VERSIONS]
-
-
-def test_two_newest_minors_are_distinct_and_recent() -> None:
-    assert len(VERSIONS) == 2 and VERSIONS[0] != VERSIONS[1]
-    assert all(tuple(map(int, v.split(".")[:2])) >= (1, 30) for v in VERSIONS)
+VERSIONS = schemas.supported_versions()
 
 
-@pytest.mark.parametrize("rendering", sorted(all_renderings()))
+def _distinct_objects() -> list[tuple[str, dict]]:
+    """(renderings that produce it, object) for every distinct object of every rendering."""
+    seen: dict[str, tuple[list[str], dict]] = {}
+    for name, objects in all_renderings().items():
+        for obj in objects:
+            key = json.dumps(obj, sort_keys=True)
+            seen.setdefault(key, ([], obj))[0].append(name)
+    return [(", ".join(names), obj) for names, obj in seen.values()]
+
+
+def test_versions_run_from_the_claimed_floor_to_the_newest_shipped() -> None:
+    shipped = sorted({schemas.minor(v) for v in kubernetes_validate.utils.all_versions()})
+    assert [schemas.minor(v) for v in VERSIONS] == [m for m in shipped if m >= schemas.oldest_supported()]
+    assert schemas.minor(VERSIONS[0]) == schemas.oldest_supported() and len(VERSIONS) >= 2
+
+
+def test_readme_claims_what_is_validated() -> None:
+    """README.md and deploy/README.md state the floor that Chart.yaml enforces and the range tested here."""
+    oldest, newest = (".".join(map(str, schemas.minor(v))) for v in (VERSIONS[0], VERSIONS[-1]))
+    readme = (ROOT / "README.md").read_text()
+    deploy_readme = (ROOT / "deploy" / "README.md").read_text()
+    for text in (readme, deploy_readme):
+        assert f"Kubernetes {oldest} or newer" in text
+        assert f"Kubernetes {oldest} to {newest}" in text
+        assert not re.search(r"Kubernetes 1\.\d+ and 1\.\d+", text), "an older, narrower claim is left"
+
+
 @pytest.mark.parametrize("version", VERSIONS)
-def test_every_object_validates_strictly(rendering: str, version: str) -> None:
-    objects = all_renderings()[rendering]
-    assert objects, f"{rendering} produced no objects"
-    failures = []
-    for obj in objects:
-        try:
-            kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            where = ".".join(str(p) for p in e.path)
-            failures.append(f"{obj['kind']}/{obj['metadata'].get('name')}: {where}: {e.message}")
-        except kubernetes_validate.SchemaNotFoundError as e:
-            failures.append(f"{obj['kind']}/{obj['metadata'].get('name')}: {e.message}")
-    assert not failures, f"{rendering} against Kubernetes {version}:\n" + "\n".join(failures)
+def test_every_object_validates_strictly(version: str) -> None:
+    problems = []
+    for where, obj in _distinct_objects():
+        problems += [f"[{where}] {line}" for line in schemas.failures([obj], version)]
+    assert not problems, f"against Kubernetes {version}:\n" + "\n".join(problems)
+
+
+def test_chart_output_depends_on_the_cluster_version_only_through_the_scheduler_image() -> None:
+    """What lets the test above validate one rendering per variant against every version."""
+    oldest, newest = (f"v{v}" for v in (VERSIONS[0], VERSIONS[-1]))
+    for name, variant in CHART_VARIANTS.items():
+        early, late = render_chart(variant, oldest), render_chart(variant, newest)
+        for obj in early + late:
+            for _, container in containers(obj):
+                if container["name"] == "kube-scheduler":
+                    container["image"] = container["image"].rsplit(":", 1)[0]
+        assert early == late, name
+
+
+@pytest.mark.parametrize("version", [VERSIONS[0], VERSIONS[-1], "1.33.5-eks-2d5f260", "1.32.2-gke.1182003"])
+def test_default_kube_scheduler_follows_the_cluster(version: str) -> None:
+    """kube-scheduler must not be newer than kube-apiserver: by default its tag is the cluster's own version,
+    provider suffixes dropped (the upstream image has tags vX.Y.Z only)."""
+    (deployment,) = find(render_chart(CHART_VARIANTS["defaults"], f"v{version}"), "Deployment")
+    images = {c["name"]: c["image"] for _, c in containers(deployment)}
+    plain = ".".join(re.findall(r"\d+", version)[:3])
+    assert images["kube-scheduler"] == f"registry.k8s.io/kube-scheduler:v{plain}"
+    # An explicit tag wins (a mirror without that tag).
+    (custom,) = find(render_chart(CHART_VARIANTS["custom"], f"v{version}"), "Deployment")
+    assert {c["name"]: c["image"] for _, c in containers(custom)}["kube-scheduler"].endswith(":v1.35.4")
 
 
 def test_validation_catches_a_broken_object() -> None:
     """The validator really rejects what the API server would (a typo'd field under strict mode)."""
     daemonset = next(o for o in all_renderings()["kustomize:deploy/manifests"] if o["kind"] == "DaemonSet")
     broken = {**daemonset, "spec": {**daemonset["spec"], "updateStrategyy": {}}}
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(broken, VERSIONS[-1], strict=True)
+    assert schemas.failures([broken], VERSIONS[-1])
+    assert schemas.failures([daemonset], VERSIONS[-1]) == []
 
 
 @pytest.mark.parametrize("directory", [MANIFESTS, SCHEDULER_DIR], ids=["manifests", "scheduler"])

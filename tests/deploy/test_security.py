@@ -67,7 +67,7 @@ BREAKAGES: dict[str, tuple[str, Callable[[Obj], None]]] = {
     "host network": ("DaemonSet", lambda o: o["spec"]["template"]["spec"].update(hostNetwork=True)),
     "no limits": ("DaemonSet", lambda o: _first_container(o)["resources"].pop("limits")),
     "no probe": ("Deployment", lambda o: _first_container(o).pop("readinessProbe")),
-    "latest": ("DaemonSet", lambda o: _first_container(o).update(image="gpu-topology/plugin:latest")),
+    "latest": ("DaemonSet", lambda o: _first_container(o).update(image="gpu-topology:latest")),
     "host root": ("DaemonSet", lambda o: o["spec"]["template"]["spec"]["volumes"][0]["hostPath"].update(path="/")),
 }
 

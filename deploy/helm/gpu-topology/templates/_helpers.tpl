@@ -21,8 +21,45 @@ app.kubernetes.io/name: {{ include "gpu-topology.fullname" .ctx }}-{{ .name }}
 app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 {{- end -}}
 
+{{/* Where every namespaced object goes: namespace.name, else the release namespace. */}}
+{{- define "gpu-topology.namespace" -}}
+{{- default .Release.Namespace .Values.namespace.name -}}
+{{- end -}}
+
+{{/* The one image of both halves. */}}
 {{- define "gpu-topology.image" -}}
-{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* kube-scheduler's image: the tag given, else the cluster's own version (vMAJOR.MINOR.PATCH of the API server, with
+     a provider suffix such as -eks-... dropped), since kube-scheduler must not be newer than kube-apiserver. */}}
+{{- define "gpu-topology.schedulerImage" -}}
+{{- $tag := .Values.scheduler.image.tag -}}
+{{- if not $tag -}}
+{{- $v := semver .Capabilities.KubeVersion.Version -}}
+{{- $tag = printf "v%d.%d.%d" $v.Major $v.Minor $v.Patch -}}
+{{- end -}}
+{{- printf "%s:%s" .Values.scheduler.image.repository $tag -}}
+{{- end -}}
+
+{{/* A pod template's labels: the chart's and the component's, plus the user's podLabels, which may not replace
+     them (the selector depends on them). (dict "ctx" $ "name" "plugin" "component" "device-plugin" "extra" map) */}}
+{{- define "gpu-topology.podLabels" -}}
+{{- $own := merge (fromYaml (include "gpu-topology.labels" .ctx)) (fromYaml (include "gpu-topology.selectorLabels" .)) (dict "app.kubernetes.io/component" .component) -}}
+{{- range $key, $_ := .extra }}
+{{- if hasKey $own $key }}
+{{- fail (printf "podLabels may not set %s: the chart sets it (selectors depend on it)" $key) }}
+{{- end }}
+{{- end }}
+{{- toYaml (merge (dict) $own .extra) -}}
+{{- end -}}
+
+{{/* imagePullSecrets of every pod. */}}
+{{- define "gpu-topology.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{- define "gpu-topology.leaseName" -}}
@@ -56,8 +93,18 @@ app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 - --resource-name={{ .Values.resourceName }}
 - --annotation-prefix={{ .Values.annotationPrefix }}
 - --reservation-timeout={{ .Values.extender.reservationTimeout }}
+- --island-penalty={{ .Values.extender.islandPenalty }}
+- --island-spare={{ .Values.extender.islandSpare }}
 {{- range .Values.extender.extraArgs }}
 - {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* The extender container's extra environment variables (extender.extraEnv), if any. */}}
+{{- define "gpu-topology.extenderEnv" -}}
+{{- with .Values.extender.extraEnv }}
+env:
+  {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
 

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Build the image from ./Dockerfile with buildah (Debian's package; vfs storage, chroot isolation: no daemon, no
+# privileges beyond root in this machine's sandbox), then prove it works by running inside it:
+#   gpuplugin --help, gpu-extender serve --help, and a standalone extender answering kube-scheduler's
+#   POST /filter (scripts/image_smoke.py).
+# Prints the build time and the image size. Takes minutes; tests/deploy/test_image_build.py runs it when
+# GPU_TOPOLOGY_IMAGE_TEST=1.
+#
+# Where the base image (the Dockerfile's PYTHON_IMAGE) cannot be pulled, a local stand-in of the same Debian release
+# and Python minor is made and tagged with its name: Debian bookworm (debootstrap, minbase, the shared libraries
+# CPython links) with this machine's own Python 3.11 build copied under /usr/local and pip from its ensurepip, the
+# layout of the official python:3.11-slim-bookworm. The stand-in is kept in the storage for the next run.
+#
+# Behind a proxy, pip inside the build gets what a user there would hand in: the CA bundle as a build secret
+# (--ca-bundle, default /etc/ssl/certs/ca-certificates.crt when it exists) and, optionally, an index URL
+# (--index-url, passed as a secret since it may hold credentials).
+#
+# Usage: scripts/build_image.sh [--tag NAME] [--ca-bundle FILE] [--index-url URL] [--no-stand-in] [--keep-image]
+#                               [--layers]
+# --layers keeps each step as a cached layer for the next run; with vfs storage every layer is a full copy of the
+# file system, so a build without it (the default) is the faster one: about 75 s here, downloads included.
+# Environment: GPU_TOPOLOGY_IMAGE_STATE (default /var/tmp/gpu-topology-image): buildah storage and the stand-in.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TAG=localhost/gpu-topology:dev
+CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
+INDEX_URL=""
+STAND_IN=1
+KEEP_IMAGE=0
+CACHE=(--layers=false)
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tag) TAG=$2; shift 2 ;;
+    --ca-bundle) CA_BUNDLE=$2; shift 2 ;;
+    --index-url) INDEX_URL=$2; shift 2 ;;
+    --no-stand-in) STAND_IN=0; shift ;;
+    --keep-image) KEEP_IMAGE=1; shift ;;
+    --layers) CACHE=(--layers); shift ;;
+    -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+STATE=${GPU_TOPOLOGY_IMAGE_STATE:-/var/tmp/gpu-topology-image}
+mkdir -p "$STATE"
+BUILDAH=(buildah --root "$STATE/storage" --runroot "$STATE/run" --storage-driver vfs)
+export BUILDAH_ISOLATION=chroot
+step() { printf '==> %s\n' "$*"; }
+
+need() {  # need COMMAND DEBIAN_PACKAGE: install from Debian's packages when we may
+  command -v "$1" >/dev/null && return
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    step "installing $2 (Debian package)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
+  else
+    echo "$1 is missing: apt-get install $2" >&2
+    exit 1
+  fi
+}
+need buildah buildah
+
+BASE=$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile)
+case "$BASE" in */*) BASE_REF=$BASE ;; *) BASE_REF=docker.io/library/$BASE ;; esac
+
+make_stand_in() {
+  # Debian release and Python minor come from the base image's tag, e.g. python:3.11-slim-bookworm.
+  local release=${BASE##*-} python_minor
+  python_minor=$(sed -E 's/^[^:]*:([0-9]+\.[0-9]+).*/\1/' <<<"$BASE")
+  local python="python$python_minor"
+  command -v "$python" >/dev/null || { echo "no $python on this machine for the stand-in base" >&2; exit 1; }
+  local prefix
+  prefix=$("$python" -c 'import sys; print(sys.base_prefix)')
+  need debootstrap debootstrap
+  local rootfs="$STATE/stand-in-rootfs"
+  if mountpoint -q "$rootfs/proc" 2>/dev/null; then umount "$rootfs/proc"; fi
+  rm -rf --one-file-system "$rootfs"
+  step "stand-in base: Debian $release (debootstrap minbase) + $python from $prefix"
+  # ca-certificates, netbase, tzdata and the libraries CPython's modules link, as the official slim image keeps.
+  debootstrap --variant=minbase \
+    --include=ca-certificates,netbase,tzdata,libbz2-1.0,libexpat1,libffi8,libgdbm6,liblzma5,libncursesw6,libnsl2,libreadline8,libsqlite3-0,libssl3,libtirpc3,libuuid1,zlib1g \
+    "$release" "$rootfs" "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" >"$STATE/debootstrap.log" 2>&1 \
+    || { tail -20 "$STATE/debootstrap.log" >&2; exit 1; }
+  # The interpreter, its shared library and its standard library (no site-packages, tests, IDLE or Tk).
+  mkdir -p "$rootfs/usr/local/bin" "$rootfs/usr/local/lib"
+  cp -a "$prefix/bin/$python" "$rootfs/usr/local/bin/"
+  cp -a "$prefix"/lib/libpython"$python_minor"*.so* "$rootfs/usr/local/lib/"
+  # Trimmed as the official image is: no tests, no static library, no bytecode; no docs, manuals or translations
+  # (debian:bookworm-slim leaves those out).
+  tar -C "$prefix/lib" --exclude="$python/site-packages/*" --exclude=test --exclude=tests --exclude=idle_test \
+    --exclude="$python/idlelib" --exclude="$python/tkinter" --exclude="$python/turtledemo" \
+    --exclude='libpython*.a' --exclude='__pycache__' --exclude='*.pyc' -cf - "$python" \
+    | tar -C "$rootfs/usr/local/lib" -xf -
+  for link in python3 python; do ln -sf "$python" "$rootfs/usr/local/bin/$link"; done
+  chroot "$rootfs" /sbin/ldconfig
+  chroot "$rootfs" "/usr/local/bin/$python" -m ensurepip --default-pip >"$STATE/ensurepip.log" 2>&1 \
+    || { cat "$STATE/ensurepip.log" >&2; exit 1; }
+  ln -sf pip3 "$rootfs/usr/local/bin/pip"
+  find "$rootfs/usr/local" -depth -name __pycache__ -exec rm -rf {} +
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/lib/apt/lists/* \
+    "$rootfs"/debootstrap "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* \
+    "$rootfs"/usr/share/locale/*
+  local ctr mnt
+  ctr=$("${BUILDAH[@]}" from scratch)
+  mnt=$("${BUILDAH[@]}" mount "$ctr")
+  tar -C "$rootfs" --one-file-system -cf - . | tar -C "$mnt" -xf -
+  "${BUILDAH[@]}" umount "$ctr" >/dev/null
+  "${BUILDAH[@]}" config --env PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --env LANG=C.UTF-8 --env PYTHON_VERSION="$("$python" -c 'import platform; print(platform.python_version())')" \
+    --cmd "$python" --label gpu-topology.stand-in=true "$ctr"
+  "${BUILDAH[@]}" commit --quiet "$ctr" "$BASE_REF" >/dev/null
+  "${BUILDAH[@]}" rm "$ctr" >/dev/null
+  rm -rf --one-file-system "$rootfs"
+}
+
+if "${BUILDAH[@]}" inspect --type image "$BASE_REF" >/dev/null 2>&1; then
+  step "base $BASE_REF: in local storage"
+elif timeout 60 "${BUILDAH[@]}" pull --quiet "$BASE_REF" >/dev/null 2>&1; then
+  step "base $BASE_REF: pulled"
+elif [ "$STAND_IN" = 1 ]; then
+  stand_in_start=$(date +%s)
+  make_stand_in
+  step "stand-in base made in $(( $(date +%s) - stand_in_start )) s (kept in $STATE for the next run)"
+else
+  echo "cannot pull $BASE_REF and --no-stand-in was given" >&2
+  exit 1
+fi
+
+args=(--build-arg "SOURCE_URL=$(python3 deploy/image/source_url.py)"
+      --build-arg "REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+      --build-arg "CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+      --build-arg "VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')")
+secrets_dir=$(mktemp -d)
+trap 'rm -rf "$secrets_dir"' EXIT
+if [ -n "$CA_BUNDLE" ] && [ -s "$CA_BUNDLE" ]; then
+  args+=(--secret "id=ca_bundle,src=$CA_BUNDLE")
+fi
+if [ -n "$INDEX_URL" ]; then
+  printf '%s' "$INDEX_URL" >"$secrets_dir/index-url"
+  args+=(--secret "id=pip_index_url,src=$secrets_dir/index-url")
+fi
+
+step "building $TAG (buildah $(buildah --version | awk '{print $3}'), vfs storage, chroot isolation)"
+start=$(date +%s)
+"${BUILDAH[@]}" build --pull=never "${CACHE[@]}" --isolation chroot -f Dockerfile -t "$TAG" "${args[@]}" . \
+  >"$STATE/build.log" 2>&1 || { tail -40 "$STATE/build.log" >&2; exit 1; }
+build_s=$(( $(date +%s) - start ))
+grep -E '^(pruned |imports: )' "$STATE/build.log" || true
+
+# Sizes from the manifests (uncompressed layer tars): the whole image, and what it adds to the base.
+layer_bytes() { "${BUILDAH[@]}" inspect --type image --format '{{.Manifest}}' "$1" \
+  | python3 -c 'import json, sys; print(sum(l["size"] for l in json.load(sys.stdin)["layers"]))'; }
+size=$(layer_bytes "$TAG")
+base_size=$(layer_bytes "$BASE_REF")
+label=$("${BUILDAH[@]}" inspect --type image --format '{{index .OCIv1.Config.Labels "org.opencontainers.image.source"}}' "$TAG")
+
+step "running both binaries inside $TAG"
+ctr=$("${BUILDAH[@]}" from --pull=never "$TAG")
+cleanup() {
+  "${BUILDAH[@]}" rm "$ctr" >/dev/null 2>&1 || true
+  if [ "$KEEP_IMAGE" = 0 ]; then "${BUILDAH[@]}" rmi "$TAG" >/dev/null 2>&1 || true; fi
+  rm -rf "$secrets_dir"
+}
+trap cleanup EXIT
+in_image() { "${BUILDAH[@]}" run --isolation chroot "$ctr" -- "$@"; }
+in_image id -u | grep -qx 10001 || { echo "the image does not run as uid 10001" >&2; exit 1; }
+in_image gpuplugin --help | grep -q 'run' || { echo "gpuplugin --help lacks 'run'" >&2; exit 1; }
+echo "gpuplugin --help: ok"
+in_image gpu-extender serve --help | grep -q -- '--inventory' || { echo "serve --help lacks --inventory" >&2; exit 1; }
+echo "gpu-extender serve --help: ok"
+in_image python -c "$(cat scripts/image_smoke.py)"
+
+printf 'image %s: %d MB (%d bytes; %d MB on top of the %d MB base), built in %d s\n' "$TAG" \
+  "$((size / 1000000))" "$size" "$(((size - base_size) / 1000000))" "$((base_size / 1000000))" "$build_s"
+printf 'org.opencontainers.image.source=%s\n' "$label"
