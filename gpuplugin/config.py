@@ -56,6 +56,9 @@ class PluginConfig(BaseModel):
         tuple(sorted(DEFAULT_IGNORED_XIDS)), description="Xids that do not mark a GPU unhealthy (comma-separated).")
     health_probe_interval: float = Field(DEFAULT_PROBE_INTERVAL_S, description="Seconds between health probes "
                                                                                 "of each GPU.")
+    fail_on_init_error: bool = Field(
+        True, description="Exit when NVML cannot be initialised (no driver in the pod); --no-fail-on-init-error stays "
+                          "up advertising no GPUs, healthy, until restarted.")
     health_recovery: Annotated[float | Literal["never"], Cli(metavar="SECONDS|never")] = Field(
         DEFAULT_RECOVERY_S, description="Seconds of passing probes before an unhealthy GPU is healthy again, or never.")
 

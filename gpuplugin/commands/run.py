@@ -28,6 +28,10 @@ class StartupError(Exception):
     """The plugin cannot start; the message says why and what to do."""
 
 
+class NvmlUnavailable(StartupError):
+    """NVML cannot be loaded or initialised: no driver or toolkit visible in this container."""
+
+
 @dataclass
 class Discovered:
     topology: Any
@@ -50,12 +54,14 @@ def discover(cfg: PluginConfig) -> Discovered:
         from gputopo.discovery.nvml import DiscoveryError, discover_node
         from gputopo.discovery.nvml_backend import LiveNvmlBackend, NvmlError
     except ImportError as e:
-        raise StartupError(f"NVML discovery is unavailable ({e}); pass --topology FILE to run without NVML") from None
+        raise NvmlUnavailable(
+            f"NVML discovery is unavailable ({e}); pass --topology FILE to run without NVML"
+        ) from None
     backend = LiveNvmlBackend()
     try:
         backend.init()
     except NvmlError as e:
-        raise StartupError(
+        raise NvmlUnavailable(
             f"cannot initialise NVML: {e}. Is the NVIDIA driver installed and visible in this container? "
             "(--topology FILE runs without NVML)"
         ) from None
@@ -107,7 +113,7 @@ def start_publication(cfg: PluginConfig, manager: Any) -> Any:
     reason = no_cluster_reason(cfg)
     if reason is not None:
         # credentials without a node name is a misconfiguration; the other reasons are choices
-        (log.warning if reason.startswith("no node name") else log.info)(f"publication off: {reason}")
+        (log.warning if reason.startswith("no node name") else log.info)("plugin.publish.off", reason=reason)
         return None
     from gpuplugin.publisher import start_publisher
 
@@ -210,6 +216,25 @@ def start_plan_watch(cfg: PluginConfig, manager: Any) -> Callable[[], None] | No
     return stop
 
 
+def wait_without_gpus(cfg: PluginConfig, stop: threading.Event, why: str) -> None:
+    """--no-fail-on-init-error: stay up advertising nothing (no registration with the kubelet), healthy on /healthz
+    so the liveness probe does not restart-loop the pod, until a signal; a restart after the driver is fixed
+    brings the GPUs."""
+    from gpuplugin.metrics import MetricsServer, PluginMetrics
+    from gputopo.metrics import process_registry
+
+    log.warning("plugin.nvml.unavailable", error=why, action="waiting without GPUs (--no-fail-on-init-error)")
+    server = None
+    if cfg.metrics_port:
+        server = MetricsServer(PluginMetrics(process_registry()).registry, lambda: True, cfg.metrics_port).start()
+    try:
+        stop.wait()
+    finally:
+        if server is not None:
+            server.stop()
+
+
+
 @click.command("run", epilog=SETTINGS.epilog)
 @SETTINGS.command
 def command(cfg: PluginConfig) -> None:
@@ -225,6 +250,12 @@ def command(cfg: PluginConfig) -> None:
     signal.signal(signal.SIGINT, on_signal)
     try:
         run_plugin(cfg, stop)
+    except NvmlUnavailable as e:
+        if cfg.fail_on_init_error:
+            log.error("plugin.process.start_failed", error=str(e))
+            click.echo(f"Error: {e}", err=True)
+            sys.exit(1)
+        wait_without_gpus(cfg, stop, str(e))
     except StartupError as e:
         log.error("plugin.process.start_failed", error=str(e))
         click.echo(f"Error: {e}", err=True)

@@ -15,20 +15,28 @@ LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "c
 LOGGERS = re.compile(r"^(log|_log|logger|self\._log|self\.log|self\._logger)$")
 
 
+def _is_log_method(func: ast.expr) -> bool:
+    """`log.info`, `self._log.warning`, or `(log.warning if x else log.debug)`."""
+    if isinstance(func, ast.IfExp):
+        return _is_log_method(func.body) and _is_log_method(func.orelse)
+    return isinstance(func, ast.Attribute) and func.attr in LEVELS and bool(LOGGERS.match(ast.unparse(func.value)))
+
+
 def log_events() -> list[tuple[str, int, str]]:
-    """(file, line, event) of every structlog call with a literal event name in the product's packages."""
+    """(file, line, event) of every structlog call in the product's packages; an event that is not a literal string
+    (an f-string, a variable) is reported as its source text, so it fails the scheme."""
     found = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             if "proto" in path.parts:
                 continue
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                if not (isinstance(node, ast.Call) and _is_log_method(node.func) and node.args):
                     continue
-                if node.func.attr not in LEVELS or not LOGGERS.match(ast.unparse(node.func.value)):
-                    continue
-                if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-                    found.append((str(path.relative_to(ROOT)), node.lineno, node.args[0].value))
+                first = node.args[0]
+                literal = isinstance(first, ast.Constant) and isinstance(first.value, str)
+                found.append((str(path.relative_to(ROOT)), node.lineno,
+                              first.value if literal else f"<not a literal: {ast.unparse(first)}>"))
     return found
 
 
