@@ -35,8 +35,9 @@ def test_prints_valid_slices_with_the_allocated_quads_gpus_last() -> None:
     (["--allocated", "set-0-1,set-1-2"], "share GPUs"),
     (["--allocated", "set-0-9"], "does not publish"),
     (["--unhealthy", "x"], "not a comma-separated list"),
-    (["--set-sizes", "3,64"], "set sizes must be within"),
-    (["--node-name", ""], "node_name"),
+    (["--set-sizes", "3,64"], "--set-sizes: set sizes must be within 2..16, got [64]"),
+    (["--set-sizes", "2,x"], "not a comma-separated list"),
+    (["--node-name", ""], "node-name is required"),
 ])
 def test_bad_input_exits_2_naming_the_problem(args: list[str], message: str) -> None:
     base = {"--node-name": "n1"}
