@@ -163,8 +163,8 @@ class Catalog:
         offered = [Offered(1, n, n)]
         for s in sorted(chosen):
             ordered = sorted(chosen[s], key=lambda m: (tuple(-x for x in ranker.static_key(m)), m))
-            for single in SINGLE_GROUPS if s == 1 else (set_group(s),):
-                devices += [_device(topology, ranker, m, islands, single) for m in ordered]
+            for group in SINGLE_GROUPS if s == 1 else (set_group(s),):
+                devices += [_device(topology, ranker, m, islands, group) for m in ordered]
             if s > 1:
                 offered.append(Offered(s, len(ordered), math.comb(n, s)))
         return cls(topology, devices, offered)
@@ -173,8 +173,7 @@ class Catalog:
         return {g for name in names for g in self.devices[name].gpus}
 
     def summary(self) -> str:
-        """One line for logs and the `slices` command, e.g. `115 devices: 2 x 8 single GPUs, all 28 sets of 2,
-        ...`."""
+        """One line for logs and the `slices` command, e.g. `115 devices: 2 x 8 single GPUs, all 28 sets of 2`."""
         parts = []
         for o in self.offered:
             what = "single GPUs" if o.size == 1 else f"sets of {o.size}"
