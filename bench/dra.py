@@ -3,10 +3,11 @@
 1. For every shared `nvidia-smi topo -m` fixture, a cluster of 16 such nodes under the arrival stream of
    bench/placement.py (its `trace` and `simulate`, same seed and load; jobs larger than the node are left out).
    Node choice for DRA pods is kube-scheduler's (LeastAllocated, no device-quality score); the device is what the
-   documented allocator gives: the first free device of the requested size in published order. Compared:
-   (s) sets, the empty node's order forever; (r) sets, order republished after each allocation change;
-   (1) N single-GPU devices (what `nvidia.com/gpu: N` gets through DRAExtendedResource), republished order;
-   (x) the extender with plans (policy (c) of bench/placement.py).
+   documented allocator gives: the first free device of the requested class in published order. Compared:
+   (s) claim templates (sets for N > 1, the one-<i> singles of the one-gpu class for 1 GPU), the empty node's
+   order forever; (r) the same, order republished after each allocation change;
+   (1) N single-GPU devices of the gpu-<i> list (what `nvidia.com/gpu: N` gets through DRAExtendedResource),
+   republished order; (x) the extender with plans (policy (c) of bench/placement.py).
 2. Objects and bytes of one node's pool for 4, 8 and 16 GPUs.
 3. Republish latency: a prepare, then the publisher's sync against the in-process apiserver over HTTP.
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from bench.common import RESULTS, SHARED, machine_line, markdown_table, percentile
 from bench.placement import ExtenderPolicy, Job, Node, least_allocated, simulate, summarise, trace
-from gpuplugin.dra.catalog import Catalog
+from gpuplugin.dra.catalog import ONE, RINGS, Catalog, set_group
 from gpuplugin.dra.ordering import publication_order
 from gpuplugin.dra.pool import PoolPlanner
 from gpuplugin.dra.slices import slice_object
@@ -33,8 +34,8 @@ from gputopo.core import Topology
 from gputopo.discovery.loader import load_topology_file
 
 NODES = 16
-POLICIES = ("s: DRA sets, static order", "r: DRA sets, republished", "1: DRA singles (nvidia.com/gpu: N)",
-            "x: extender + plans")
+POLICIES = ("s: DRA templates, static order", "r: DRA templates, republished",
+            "1: DRA singles (nvidia.com/gpu: N)", "x: extender + plans")
 
 
 @functools.cache
@@ -48,9 +49,9 @@ class DraPolicy:
     def __init__(self, singles: bool, republish: bool) -> None:
         self.singles = singles
         self.republish = republish
-        self._orders: dict[tuple[str, frozenset[int]], dict[int, list[str]]] = {}
+        self._orders: dict[tuple[str, frozenset[int]], dict[str, list[str]]] = {}
 
-    def _order(self, node: Node) -> dict[int, list[str]]:
+    def _order(self, node: Node) -> dict[str, list[str]]:
         cat = _catalog(node.topo)
         used = frozenset(range(node.topo.size)) - frozenset(node.free) if self.republish else frozenset()
         key = (node.topo.fingerprint, used)
@@ -65,9 +66,10 @@ class DraPolicy:
         cat = _catalog(node.topo)
         order = self._order(node)
         if self.singles or job.size == 1:
-            picked = [cat.devices[n].gpus[0] for n in order[1] if cat.devices[n].gpus[0] in node.free][: job.size]
+            singles = order[RINGS if self.singles else ONE]
+            picked = [cat.devices[n].gpus[0] for n in singles if cat.devices[n].gpus[0] in node.free][: job.size]
             return node, tuple(sorted(picked))
-        for name in order.get(job.size, []):
+        for name in order.get(set_group(job.size), []):
             if set(cat.devices[name].gpus) <= node.free:
                 return node, cat.devices[name].gpus
         return None  # no free set of that size on the chosen node: the pod waits
@@ -131,7 +133,8 @@ def republish_latency(rounds: int) -> str:
         rng = random.Random(7)
         times, modes = [], []
         for i in range(rounds):
-            name = rng.choice([n for n in cat.devices if cat.devices[n].size in (1, 2, 4)])
+            # one-<i> holds its GPU as gpu-<i> does (the same state to republish): draw from one of the two lists
+            name = rng.choice([n for n, d in cat.devices.items() if d.size in (1, 2, 4) and d.group != ONE])
             body = {"metadata": {"name": f"c{i}", "namespace": "default"}, "spec": {"devices": {"requests": []}}}
             uid = fake.add_claim(body)["metadata"]["uid"]
             fake.allocate_claim("default", f"c{i}", NODE, [{"request": "r", "driver": DRIVER, "pool": NODE,
@@ -195,8 +198,9 @@ def main() -> None:
         f"{args.rounds}` on {machine_line()}.\n",
         f"## Placement efficiency under churn ({NODES} nodes per fixture, arrival stream of bench/placement.py)\n",
         "Mean placement efficiency of multi-GPU jobs (all-reduce estimate / best on the empty node), and jobs that "
-        "waited while enough GPUs were free in the cluster. s: sets, static order; r: sets, republished order; "
-        "1: N single GPUs in published order; x: the extender with plans.\n",
+        "waited while enough GPUs were free in the cluster. s: claim templates (a set for N > 1 GPUs, a one-<i> "
+        "single of the one-gpu class for 1 GPU), static order; r: the same, republished order; 1: N gpu-<i> "
+        "singles in published order for every job (`nvidia.com/gpu: N`); x: the extender with plans.\n",
         table,
         "\nMean over fixtures: " + ", ".join(f"{p.split(':')[0]} {v:.3f}" for p, v in means.items()) + ".\n",
         "\n## One node's pool\n", pub,

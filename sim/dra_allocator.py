@@ -204,8 +204,19 @@ def attribute(device: Mapping[str, Any], driver: str, name: str) -> Any:
 
 
 def by_size(driver: str, size: int, min_gbps: int = 0) -> Selector:
-    """The selector of this project's classes: devices of `driver` with `size` GPUs (and at least `min_gbps`)."""
+    """The selector of this project's classes for `size` GPUs (and at least `min_gbps`): gpu-set-<size>.<driver>
+    for sets; for size 1, gpu.<driver>, the singles in ring order (what `nvidia.com/gpu: N` and the `any-N` tiers
+    get), not the one-<i> singles of the one-gpu class."""
     def select(d_driver: str, device: Mapping[str, Any]) -> bool:
         return (d_driver == driver and attribute(device, driver, "size") == size
+                and (size != 1 or attribute(device, driver, "order") == "rings")
                 and (attribute(device, driver, "allreduceGBps") or 0) >= min_gbps)
+    return select
+
+
+def one_gpu(driver: str) -> Selector:
+    """The selector of the class one-gpu.<driver>: the singles ordered for 1-GPU claims (the one-gpu template)."""
+    def select(d_driver: str, device: Mapping[str, Any]) -> bool:
+        return (d_driver == driver and attribute(device, driver, "size") == 1
+                and attribute(device, driver, "order") == "one")
     return select

@@ -12,6 +12,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import click
@@ -40,14 +41,15 @@ class Discovered:
     backend: Any = None  # the live NVML backend, for the health monitor
 
 
-def discover(cfg: PluginConfig) -> Discovered:
-    """The node's topology: from --topology, else live NVML (imported lazily: a topology file needs no driver)."""
-    if cfg.topology is not None:
+def discover(topology: Path | None) -> Discovered:
+    """The node's topology: from the `topology` file, else live NVML (imported lazily: a topology file needs no
+    driver). Both node agents (`run`, `dra`) start here."""
+    if topology is not None:
         from gputopo.core.errors import CoreError
         from gputopo.discovery.loader import load_topology_file
 
         try:
-            return Discovered(load_topology_file(cfg.topology))
+            return Discovered(load_topology_file(topology))
         except CoreError as e:
             raise StartupError(f"cannot load topology: {e}") from None
     try:
@@ -128,7 +130,7 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
     from gpuplugin.metrics import MetricsServer, PluginMetrics
     from gputopo.metrics import process_registry
 
-    found = discover(cfg)
+    found = discover(cfg.topology)
     metrics = PluginMetrics(process_registry())
     cleanup: list[Callable[[], None]] = []
     if found.backend is not None:

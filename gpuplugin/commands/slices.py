@@ -1,16 +1,27 @@
 """`gpuplugin slices`: the ResourceSlices the DRA driver would publish for a machine and an allocation state, as
-YAML (the what-if companion of `gpuplugin topo`)."""
+YAML (the what-if companion of `gpuplugin topo`). A what-if tool like `gpuplugin plan`: plain options, with the
+driver's defaults and checks (gpuplugin.dra.settings.DraSettings)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 import yaml
+from pydantic import ValidationError
 
 from gpuplugin.dra.catalog import Catalog, CatalogError
 from gpuplugin.dra.pool import PoolPlanner
 from gpuplugin.dra.settings import DraSettings, parse_ints
 from gpuplugin.dra.slices import slice_name_prefix, slice_object
 from gputopo.core import CoreError
+
+_DEFAULTS = DraSettings.model_fields
+
+
+def _problem(err: Any) -> str:
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return f"--{str(err['loc'][0]).replace('_', '-')}: {message}" if err["loc"] else message
 
 
 class _ExitTwo(click.ClickException):
@@ -31,10 +42,10 @@ def render(settings: DraSettings, catalog: Catalog, allocated: list[str], unheal
     contents = planner.wanted(used, unhealthy)
     docs = []
     for index, content in enumerate(contents):
-        obj = slice_object(content, driver=settings.driver_name, node=settings.node_name, generation=1,
+        obj = slice_object(content, driver=settings.driver_name, node=settings.node, generation=1,
                            count=len(contents))
         obj = {"apiVersion": obj["apiVersion"], "kind": obj["kind"],
-               "metadata": {"generateName": slice_name_prefix(index, settings.driver_name, settings.node_name)},
+               "metadata": {"generateName": slice_name_prefix(index, settings.driver_name, settings.node)},
                "spec": obj["spec"]}
         docs.append(obj)
     head = (f"# {catalog.summary()}; {len(contents)} slices (1 counter set + {len(contents) - 1} device slices)\n"
@@ -46,23 +57,27 @@ def render(settings: DraSettings, catalog: Catalog, allocated: list[str], unheal
 @click.option("--topology", "topology_file", required=True, type=click.Path(dir_okay=False),
               help="nvidia-smi topo -m text, NVML recording or topology JSON.")
 @click.option("--node-name", required=True, help="The node (pool name and spec.nodeName).")
-@click.option("--allocated", default="", help="Devices held by claims, e.g. set-0-1-2-3,gpu-5.")
+@click.option("--allocated", default="", help="Devices held by claims, e.g. set-0-1-2-3,gpu-5,one-6.")
 @click.option("--unhealthy", default="", help="GPU indices that are unhealthy, e.g. 3,7.")
-@click.option("--driver-name", default=DraSettings.model_fields["driver_name"].default, show_default=True)
-@click.option("--set-sizes", default=",".join(map(str, DraSettings.model_fields["set_sizes"].default)),
-              show_default=True, help="Sizes of GPU-set devices.")
-@click.option("--max-devices", type=int, default=DraSettings.model_fields["max_devices"].default, show_default=True)
-@click.option("--static", is_flag=True, help="The empty node's order (what a driver that never reorders publishes).")
+@click.option("--driver-name", default=_DEFAULTS["driver_name"].default, show_default=True)
+@click.option("--set-sizes", default=",".join(map(str, _DEFAULTS["set_sizes"].default)), show_default=True,
+              help="Sizes of GPU-set devices.")
+@click.option("--max-devices", type=int, default=_DEFAULTS["max_devices"].default, show_default=True)
+@click.option("--republish/--no-republish", default=_DEFAULTS["republish"].default, show_default=True,
+              help="The order for this state, or (--no-republish) the empty node's order, which a driver run "
+                   "with --no-republish keeps forever.")
 def command(topology_file: str, node_name: str, allocated: str, unhealthy: str, driver_name: str, set_sizes: str,
-            max_devices: int, static: bool) -> None:
+            max_devices: int, republish: bool) -> None:
     """Print the ResourceSlices the DRA driver would publish, as YAML."""
     from gpuplugin.commands.topo import load
 
     try:
         settings = DraSettings(node_name=node_name, driver_name=driver_name, max_devices=max_devices,
-                               set_sizes=tuple(parse_ints(set_sizes, "--set-sizes")), republish=not static)
+                               set_sizes=set_sizes, republish=republish)
         catalog = Catalog.build(load(topology_file), settings.set_sizes, settings.max_devices)
         sick = parse_ints(unhealthy, "--unhealthy")
+    except ValidationError as e:
+        raise _ExitTwo("; ".join(_problem(err) for err in e.errors())) from None
     except (ValueError, CoreError, CatalogError) as e:
         raise _ExitTwo(str(e)) from None
     names = [x.strip() for x in allocated.split(",") if x.strip()]

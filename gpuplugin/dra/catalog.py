@@ -1,7 +1,14 @@
 """Which devices a node offers through DRA, and what each device is: pure, derived from the topology alone.
 
-Every GPU is a device of its own (`gpu-3`), and GPU sets of the configured sizes are devices too (`set-0-1-2-3`),
-each consuming one shared counter per member GPU so that the scheduler's allocator never hands a GPU out twice.
+Every GPU is offered alone twice, once in each of two published groups with their own order, because the two
+consumers of single GPUs want different orders (gpuplugin.dra.ordering):
+- `gpu-3` (group "gpu", attribute order=rings): the first N free form good rings, for `nvidia.com/gpu: N` through
+  the DRAExtendedResource class and the `any-N` fallback of the "best N" templates;
+- `one-3` (group "one", attribute order=one): the order successive 1-GPU claims should take them, which keeps the
+  best blocks whole for the multi-GPU claims that follow.
+Both consume the GPU's one counter, so a GPU is never handed out through both. GPU sets of the configured sizes are
+devices too (`set-0-1-2-3`, group "set-4"), each consuming one shared counter per member GPU so that the scheduler's
+allocator never hands a GPU out twice.
 
 **The trap this module is built around:** the allocator recomputes the counters an allocated device uses from the
 device as currently published. A device that disappears, or whose counter list changes, while a claim holds it
@@ -30,19 +37,29 @@ MAX_SET_SIZE = 16  # set names and `members` values stay inside their 63/64-char
 DEFAULT_SET_SIZES = (2, 4, 8, 16)
 DEFAULT_MAX_DEVICES = 512
 STANDARD_DOMAIN = "resource.kubernetes.io"
-_NAME_RE = re.compile(r"^(?:gpu-(\d+)|set-(\d+(?:-\d+)+))$")
+RINGS = "gpu"  # group (and name prefix) of the singles whose first N free form good rings
+ONE = "one"  # group (and name prefix) of the singles in the order successive 1-GPU claims take them
+SINGLE_GROUPS = (RINGS, ONE)
+_NAME_RE = re.compile(r"^(?:(gpu|one)-(\d+)|set-(\d+(?:-\d+)+))$")
 
 
 class CatalogError(ValueError):
     """The topology or the options cannot be offered as DRA devices; the message says which limit and why."""
 
 
-def device_name(gpus: Sequence[int]) -> str:
-    """The one name of the device made of exactly these GPUs."""
+def device_name(gpus: Sequence[int], single: str = RINGS) -> str:
+    """The one name of the device made of exactly these GPUs (for one GPU: the one in group `single`)."""
     members = sorted(gpus)
     if len(members) == 1:
-        return f"gpu-{members[0]}"
+        if single not in SINGLE_GROUPS:
+            raise ValueError(f"single-GPU group must be one of {SINGLE_GROUPS}, got {single!r}")
+        return f"{single}-{members[0]}"
     return "set-" + "-".join(map(str, members))
+
+
+def set_group(size: int) -> str:
+    """The group (devices published together, best first) of the sets of `size` GPUs."""
+    return f"set-{size}"
 
 
 def parse_device_name(name: str) -> GpuSet | None:
@@ -50,7 +67,7 @@ def parse_device_name(name: str) -> GpuSet | None:
     m = _NAME_RE.match(name)
     if m is None:
         return None
-    members = tuple(int(x) for x in (m.group(1) or m.group(2)).split("-"))
+    members = tuple(int(x) for x in (m.group(2) or m.group(3)).split("-"))
     if len(members) > 1 and (list(members) != sorted(set(members))):
         return None
     return members
@@ -62,10 +79,12 @@ def counter_name(gpu: int) -> str:
 
 @dataclass(frozen=True)
 class Device:
-    """One offered device: its GPUs (topology indices), static score parts and attributes."""
+    """One offered device: its GPUs (topology indices), the group it is published in, static score parts and
+    attributes."""
 
     name: str
     gpus: GpuSet
+    group: str  # RINGS, ONE or set_group(size)
     ring_gbps: float
     total_gbps: float
     numa_nodes: int
@@ -91,16 +110,17 @@ class Offered:
 
 
 class Catalog:
-    """The devices of one node. `groups` lists device names per size, singles first, each in static order."""
+    """The devices of one node. `groups` lists device names per group (RINGS, ONE, then sets by size), each in
+    static order."""
 
     def __init__(self, topology: Topology, devices: Sequence[Device], offered: Sequence[Offered]) -> None:
         self.topology = topology
         self.ranker = SetRanker(topology)
         self.devices: dict[str, Device] = {d.name: d for d in devices}
-        self.devices_by_gpus: dict[GpuSet, Device] = {d.gpus: d for d in devices}
         self.offered = tuple(offered)
-        sizes = sorted({d.size for d in devices})
-        self.groups: dict[int, list[str]] = {s: [d.name for d in devices if d.size == s] for s in sizes}
+        self.groups: dict[str, list[str]] = {}
+        for d in devices:
+            self.groups.setdefault(d.group, []).append(d.name)
 
     @classmethod
     def build(
@@ -110,8 +130,9 @@ class Catalog:
         max_devices: int = DEFAULT_MAX_DEVICES,
         keep: Iterable[str] = (),
     ) -> Catalog:
-        """Every GPU alone, plus sets of each size in `set_sizes` that is 2..min(16, GPUs), within `max_devices`
-        in total. `keep` names devices that must be offered whatever the budget (ones a claim still holds)."""
+        """Every GPU alone (in both single groups), plus sets of each size in `set_sizes` that is 2..min(16, GPUs),
+        within `max_devices` in total. `keep` names devices that must be offered whatever the budget (ones a claim
+        still holds)."""
         n = topology.size
         if n > MAX_GPUS:
             raise CatalogError(
@@ -122,9 +143,10 @@ class Catalog:
         bad = [s for s in set_sizes if s < 2 or s > MAX_SET_SIZE]
         if bad:
             raise CatalogError(f"set sizes must be within 2..{MAX_SET_SIZE}, got {bad}")
-        room = max_devices - n
+        room = max_devices - len(SINGLE_GROUPS) * n
         if room < 0:
-            raise CatalogError(f"max devices {max_devices} is fewer than the node's {n} GPUs (every GPU is offered)")
+            raise CatalogError(f"max devices {max_devices} is fewer than the node's {len(SINGLE_GROUPS) * n} "
+                               f"single-GPU devices (every GPU is offered in {len(SINGLE_GROUPS)} groups)")
         ranker = SetRanker(topology)
         limits = _share(room, {s: math.comb(n, s) for s in sizes})
         chosen: dict[int, list[GpuSet]] = {1: [(g,) for g in range(n)]}
@@ -141,7 +163,8 @@ class Catalog:
         offered = [Offered(1, n, n)]
         for s in sorted(chosen):
             ordered = sorted(chosen[s], key=lambda m: (tuple(-x for x in ranker.static_key(m)), m))
-            devices += [_device(topology, ranker, m, islands) for m in ordered]
+            for group in SINGLE_GROUPS if s == 1 else (set_group(s),):
+                devices += [_device(topology, ranker, m, islands, group) for m in ordered]
             if s > 1:
                 offered.append(Offered(s, len(ordered), math.comb(n, s)))
         return cls(topology, devices, offered)
@@ -150,11 +173,11 @@ class Catalog:
         return {g for name in names for g in self.devices[name].gpus}
 
     def summary(self) -> str:
-        """One line for logs and the `slices` command, e.g. `107 devices: 8 single GPUs, all 28 sets of 2, ...`."""
+        """One line for logs and the `slices` command, e.g. `115 devices: 2 x 8 single GPUs, all 28 sets of 2`."""
         parts = []
         for o in self.offered:
             what = "single GPUs" if o.size == 1 else f"sets of {o.size}"
-            parts.append(f"{o.possible} {what}" if o.size == 1 else
+            parts.append(f"{len(SINGLE_GROUPS)} x {o.possible} {what}" if o.size == 1 else
                          f"all {o.possible} {what}" if o.complete else f"{o.offered} of {o.possible} {what}")
         return f"{len(self.devices)} devices: " + ", ".join(parts)
 
@@ -178,7 +201,8 @@ def _share(room: int, wanted: Mapping[int, int]) -> dict[int, int]:
     return out
 
 
-def _device(topology: Topology, ranker: SetRanker, members: GpuSet, islands: Mapping[int, tuple[int, ...]]) -> Device:
+def _device(topology: Topology, ranker: SetRanker, members: GpuSet, islands: Mapping[int, tuple[int, ...]],
+            group: str) -> Device:
     ring, total, neg_numa = ranker.static_key(members)
     island = islands[members[0]]
     on_island = len(island) > 1 and set(members) <= set(island)
@@ -190,6 +214,8 @@ def _device(topology: Topology, ranker: SetRanker, members: GpuSet, islands: Map
         "numaNodes": {"int": -neg_numa},
     }
     if len(members) == 1:
+        # what tells the two single-GPU groups apart in a DeviceClass's CEL (deploy/dra/deviceclasses.yaml)
+        attributes["order"] = {"string": "rings" if group == RINGS else "one"}
         gpu = topology.gpus[members[0]]
         attributes["uuid"] = {"string": gpu.id[:64]}
         if gpu.model:
@@ -198,8 +224,9 @@ def _device(topology: Topology, ranker: SetRanker, members: GpuSet, islands: Map
         if bus:
             attributes[f"{STANDARD_DOMAIN}/pciBusID"] = {"string": bus}
     return Device(
-        name=device_name(members),
+        name=device_name(members, group),
         gpus=members,
+        group=group,
         ring_gbps=ring / 1000,
         total_gbps=total / 1000,
         numa_nodes=-neg_numa,

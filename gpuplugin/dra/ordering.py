@@ -1,34 +1,40 @@
 """The order devices are published in, for the GPUs currently free: pure.
 
 The scheduler's allocator takes the first free device in published order (and the first N free singles for a
-request of N). So, per size, the free sets come first, best first for the free GPUs as they are now (the
-allocator's score, including what each set leaves for later requests), then every other set in catalog order;
-the singles come in an order whose first N form good rings (gputopo.core.ranking). Used and unhealthy GPUs are
-never free. Only the order changes with the state: which devices exist never does (catalog.py).
+request of N). So, per group, the free devices come first, then every other device of the group in catalog order:
+- sets of each size: best first for the free GPUs as they are now (the allocator's score, including what each set
+  leaves for later requests);
+- singles `gpu-<i>` (requests of N singles, `nvidia.com/gpu: N`): an order whose first N form good rings;
+- singles `one-<i>` (1-GPU claims): the order successive 1-GPU allocations should take them, so that a lone GPU is
+  taken where it breaks no block (gputopo.core.ranking says why one order cannot serve both).
+Used and unhealthy GPUs are never free. Only the order changes with the state: which devices exist never does
+(catalog.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpuplugin.dra.catalog import Catalog
+from gpuplugin.dra.catalog import ONE, RINGS, Catalog, device_name
 
 
 def publication_order(
     catalog: Catalog, used: Iterable[int] = (), unhealthy: Iterable[int] = ()
-) -> dict[int, list[str]]:
-    """Device names per size (singles first), in the order to publish them for this state."""
+) -> dict[str, list[str]]:
+    """Device names per group (catalog.groups' keys and order), in the order to publish them for this state."""
     free = set(range(catalog.topology.size)) - set(used) - set(unhealthy)
-    out: dict[int, list[str]] = {}
-    for size, names in catalog.groups.items():
-        devices = [catalog.devices[n] for n in names]
-        if size == 1:
-            first = [f"gpu-{g}" for g in catalog.ranker.single_order(free)]
+    out: dict[str, list[str]] = {}
+    for group, names in catalog.groups.items():
+        if group == RINGS:
+            first = [device_name((g,), RINGS) for g in catalog.ranker.single_order(free)]
+        elif group == ONE:
+            first = [device_name((g,), ONE) for g in catalog.ranker.one_at_a_time_order(free)]
         else:
+            devices = [catalog.devices[n] for n in names]
             ranked = catalog.ranker.rank(free, [d.gpus for d in devices if free.issuperset(d.gpus)])
-            first = [catalog.devices_by_gpus[m].name for m in ranked]
+            first = [device_name(m) for m in ranked]
         taken = set(first)
-        out[size] = first + [n for n in names if n not in taken]
+        out[group] = first + [n for n in names if n not in taken]
     return out
 
 

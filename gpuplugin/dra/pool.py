@@ -22,7 +22,7 @@ class PoolPlanner:
         self.layout: Layout | None = None
         self._static = publication_order(catalog)
 
-    def order(self, used: Iterable[int] = (), unhealthy: Iterable[int] = ()) -> dict[int, list[str]]:
+    def order(self, used: Iterable[int] = (), unhealthy: Iterable[int] = ()) -> dict[str, list[str]]:
         return publication_order(self.catalog, used, unhealthy) if self.republish else self._static
 
     def wanted(self, used: Iterable[int] = (), unhealthy: Iterable[int] = ()) -> list[dict[str, Any]]:

@@ -1,11 +1,12 @@
 """Keeps this node's ResourceSlices equal to what the pool should hold, through the official client.
 
-One thread. Anything that may change the pool (a prepare or unprepare, a health change, a watch event on our
+One `Worker`. Anything that may change the pool (a prepare or unprepare, a health change, a watch event on our
 slices: the kubelet deletes all of its node's slices at start, and a driver's after 30 s without a connected
-plugin) asks for a sync; syncs run at most once per `min_interval_s`, and requests that arrive meanwhile fold into
-the next one. A sync lists our slices (the server's truth, not a cache), asks gpuplugin.dra.pool for the wanted
-contents and gpuplugin.dra.sync for the safe order of writes, and makes them. A failed write (a conflict with
-someone else's change, the apiserver away) is logged and the sync retried with backoff.
+plugin) asks for a sync; syncs run at most once per `min_interval_s`, requests that arrive meanwhile fold into the
+next one, and with no request a sync still runs every `resync_s`. A sync lists our slices (the server's truth, not
+a cache), asks gpuplugin.dra.pool for the wanted contents and gpuplugin.dra.sync for the safe order of writes, and
+makes them. A failed sync (a conflict with someone else's change, the apiserver away) is logged and retried after
+the shared `Backoff`, which requests do not cut short.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import kubernetes.client
 import structlog
@@ -25,13 +26,15 @@ from gpuplugin.dra.sync import Write, observed_from, plan
 from gputopo.kube import Watcher, get_node, list_objects
 from gputopo.kube.dra import create_slice, delete_slice, replace_slice
 from gputopo.kube.errors import KubeApiError
+from gputopo.retry import Backoff
+from gputopo.workers import Worker
 
 log = structlog.get_logger(__name__)
 
 StateFn = Callable[[], tuple[set[int], set[int]]]  # -> (used GPUs, unhealthy GPUs)
 
 
-class SlicePublisher:
+class SlicePublisher(Worker):
     def __init__(
         self,
         api: kubernetes.client.ApiClient,
@@ -42,8 +45,11 @@ class SlicePublisher:
         node: str,
         metrics: DraMetrics | None = None,
         min_interval_s: float = 0.2,
+        resync_s: float = 300.0,
+        backoff_initial_s: float = 0.2,
         backoff_max_s: float = 30.0,
     ) -> None:
+        super().__init__("dra-publisher", join_timeout_s=10.0)
         self.api = api
         self.planner = planner
         self.state = state
@@ -51,39 +57,33 @@ class SlicePublisher:
         self.node = node
         self.metrics = metrics if metrics is not None else DraMetrics()
         self.min_interval_s = min_interval_s
-        self.backoff_max_s = backoff_max_s
+        self.resync_s = resync_s
         self.selector = f"spec.driver={driver},spec.nodeName={node}"
         self.syncs = 0  # completed syncs (written or already current)
+        self._backoff = Backoff(backoff_initial_s, backoff_max_s)
+        self._last_sync = float("-inf")
         self._owner: list[dict[str, Any]] | None = None
-        self._wake = threading.Event()
-        self._stop = threading.Event()
         self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
         self._watcher: Watcher | None = None
         self._adopted = False
         self._sync_lock = threading.Lock()  # one sync at a time (the thread's, or a caller's)
 
-    def start(self) -> SlicePublisher:
+    def start(self) -> Self:
         self._owner = self._node_owner()
         self._watcher = Watcher(self.api, "resourceslices", self._on_event, field_selector=self.selector,
-                                name=f"watch-slices-{self.node}")
+                                name=f"watch-slices-{self.node}", metrics=self.metrics.watch)
         self._watcher.start()
-        self._thread = threading.Thread(target=self._run, name="dra-publisher", daemon=True)
-        self._thread.start()
-        self.request()
-        return self
+        return super().start()
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the watch (no more requests), then the loop. Safe to call twice."""
         if self._watcher is not None:
             self._watcher.stop()
-        if self._thread is not None:
-            self._thread.join(10)
+        super().stop(timeout)
 
     def request(self) -> None:
         """Ask for a sync (cheap; folds into the next one)."""
-        self._wake.set()
+        self.wake()
 
     def wait_syncs(self, count: int, timeout: float) -> bool:
         """Block until `count` syncs have completed."""
@@ -96,34 +96,25 @@ class SlicePublisher:
         if event_type in ("SYNC", "DELETED", "MODIFIED", "ADDED"):
             self.request()
 
-    def _run(self) -> None:
-        backoff = self.min_interval_s or 0.05
-        last = 0.0
-        while not self._stop.is_set():
-            self._wake.wait()
-            if self._stop.is_set():
+    def loop(self) -> None:
+        delay, wakeable = 0.0, True
+        while not self.pause(delay, wakeable=wakeable):
+            wait = self.min_interval_s - (time.monotonic() - self._last_sync)
+            if wait > 0 and self.pause(wait, wakeable=False):  # coalesce whatever arrives meanwhile
                 return
-            wait = self.min_interval_s - (time.monotonic() - last)
-            if wait > 0 and self._stop.wait(wait):
-                return
-            self._wake.clear()
-            last = time.monotonic()
+            self._last_sync = time.monotonic()
             try:
                 self.sync()
-                backoff = self.min_interval_s or 0.05
-            except KubeApiError as e:
+            except Exception as e:
                 self.metrics.publish_failures.inc()
-                log.warning("dra.publish.failed", error=str(e), retry_in_s=round(backoff, 2))
-                if self._stop.wait(backoff):
-                    return
-                backoff = min(backoff * 2, self.backoff_max_s)
-                self._wake.set()
-            except Exception:
-                self.metrics.publish_failures.inc()
-                log.exception("dra.publish.crashed")
-                if self._stop.wait(backoff):
-                    return
-                self._wake.set()
+                delay, wakeable = self._backoff.failed(), False
+                if isinstance(e, KubeApiError):
+                    log.warning("dra.publish.failed", error=str(e), retry_in_s=round(delay, 2))
+                else:
+                    log.exception("dra.publish.crashed", retry_in_s=round(delay, 2))
+                continue
+            self._backoff.reset()
+            delay, wakeable = self.resync_s, True
 
     def sync(self) -> list[Write]:
         """One pass: read our slices, write what differs. Returns the writes made."""

@@ -5,7 +5,9 @@ unix sockets, as the Go helper lays them out (../shared/reference/dra-api.md sec
   path, versions v1.DRAPlugin [+ v1alpha1.DRAResourceHealth]); the kubelet finds it by watching the registry;
 - `<plugin dir>/dra.sock` serves DRAPlugin (and DRAResourceHealth when health is on).
 One gRPC server listens on both. A socket someone removed is served again (the kubelet re-registers a socket that
-is created again). The answers of NodePrepareResources hold every requested UID, with an error per bad claim.
+is created again): the server is a `Worker` that checks both sockets every `poll_interval_s`, and retries a
+failed re-serve after the shared `Backoff`. The answers of NodePrepareResources hold every requested UID, with an
+error per bad claim.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Self
 
 import grpc
 import structlog
@@ -27,6 +30,8 @@ from gpuplugin.proto.drahealth.v1alpha1 import api_pb2 as health_pb2
 from gpuplugin.proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from gpuplugin.proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from gpuplugin.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from gputopo.retry import Backoff
+from gputopo.workers import Worker
 
 log = structlog.get_logger(__name__)
 
@@ -94,7 +99,7 @@ class _Health(health_grpc.DRAResourceHealthServicer):
         """The full list at once, then again after every health change, until the kubelet goes away."""
         driver = self._server.driver
         serial = driver.health_serial
-        while context.is_active() and not self._server.stopping.is_set():
+        while context.is_active() and not self._server.stopping:
             now = int(time.time())
             msg = health_pb2.NodeWatchResourcesResponse()
             for name, healthy, message in driver.device_health():
@@ -102,18 +107,20 @@ class _Health(health_grpc.DRAResourceHealthServicer):
                                 health=health_pb2.HEALTHY if healthy else health_pb2.UNHEALTHY,
                                 last_updated_time=now, message=message)
             yield msg
-            while context.is_active() and not self._server.stopping.is_set():
+            while context.is_active() and not self._server.stopping:
                 new = driver.wait_health_change(serial, 0.5)
                 if new != serial:
                     serial = new
                     break
 
 
-class DraServer:
+class DraServer(Worker):
     """Serves the three services on both sockets; `start()` then `stop()`. Re-serves a removed socket."""
 
     def __init__(self, driver: Driver, registry_dir: Path, plugin_dir: Path, *, health: bool = True,
-                 poll_interval_s: float = 1.0, max_workers: int = 8) -> None:
+                 poll_interval_s: float = 1.0, max_workers: int = 8, backoff_initial_s: float = 0.2,
+                 backoff_max_s: float = 10.0) -> None:
+        super().__init__("dra-sockets")
         self.driver = driver
         self.health = health
         self.registry_dir = Path(registry_dir)
@@ -122,12 +129,11 @@ class DraServer:
         self.dra_socket = self.plugin_dir / "dra.sock"
         self.poll_interval_s = poll_interval_s
         self.max_workers = max_workers
-        self.stopping = threading.Event()
         self.registered = threading.Event()
         self.registration_error = ""
+        self._backoff = Backoff(backoff_initial_s, backoff_max_s)
         self._server: grpc.Server | None = None
         self._identities: tuple = ()
-        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def note_registration(self, ok: bool, error: str) -> None:
@@ -172,17 +178,18 @@ class DraServer:
         self._identities = (file_identity(self.reg_socket), file_identity(self.dra_socket))
         log.info("dra.server.serving", registration=str(self.reg_socket), dra=str(self.dra_socket))
 
-    def start(self) -> DraServer:
+    def start(self) -> Self:
+        """Serve at once (raises ServeError when the sockets cannot be served), then watch them."""
         with self._lock:
             self._serve()
-        self._thread = threading.Thread(target=self._watch, name="dra-sockets", daemon=True)
-        self._thread.start()
-        return self
+        return super().start()
 
-    def _watch(self) -> None:
-        while not self.stopping.wait(self.poll_interval_s):
+    def loop(self) -> None:
+        delay = self.poll_interval_s
+        while not self.pause(delay):
             with self._lock:
-                if self.stopping.is_set() or self._intact():
+                if self.stopping or self._intact():
+                    delay = self.poll_interval_s
                     continue
                 log.warning("dra.socket.removed", action="serving again")
                 self._stop_server(0.2)
@@ -190,7 +197,11 @@ class DraServer:
                 try:
                     self._serve()
                 except ServeError as e:
-                    log.error("dra.server.failed", error=str(e))
+                    delay = self._backoff.failed()
+                    log.error("dra.server.failed", error=str(e), retry_in_s=round(delay, 2))
+                    continue
+                self._backoff.reset()
+                delay = self.poll_interval_s
 
     def _stop_server(self, grace: float) -> None:
         if self._server is not None:
@@ -201,10 +212,9 @@ class DraServer:
                 path.unlink(missing_ok=True)
         self._identities = ()
 
-    def stop(self) -> None:
-        self.stopping.set()
-        if self._thread is not None:
-            self._thread.join(5)
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop watching, then serving, and remove our sockets. Safe to call twice."""
+        super().stop(timeout)
         with self._lock:
             self._stop_server(0.5)
         log.info("dra.server.stopped")

@@ -1,20 +1,25 @@
-"""Settings of the DRA driver (`gpuplugin dra`) and of its what-if companion (`gpuplugin slices`).
+"""Settings of the DRA driver (`gpuplugin dra`): one pydantic model, loaded by gputopo.settings (flags > environment
+`GPUPLUGIN_DRA_<FLAG>` > YAML `--config` file > the defaults below; `NODE_NAME`, from the downward API, also gives
+the node name).
 
-Kept in this one pydantic model with plain click options in gpuplugin/commands/dra.py and slices.py, so they can
-move to the project's generated options (gputopo/settings.py) as they are: one field, one flag, env
-GPUPLUGIN_DRA_<FIELD>.
+`gpuplugin slices`, the what-if companion, builds the same model from its own plain options, so both commands
+share the defaults and the checks.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpuplugin.dra.catalog import DEFAULT_MAX_DEVICES, DEFAULT_SET_SIZES, MAX_SET_SIZE
 from gputopo.contract import DEFAULT_PREFIX, dns_subdomain_problem
+from gputopo.logs import LogLevel
+from gputopo.settings import Cli, ReadableFile, SettingsLoader
 
-ENV_PREFIX = "GPUPLUGIN_DRA_"
+ENV_PREFIX = "GPUPLUGIN_DRA"
+DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 
 
 def parse_ints(text: str | None, what: str) -> list[int]:
@@ -28,22 +33,44 @@ def parse_ints(text: str | None, what: str) -> list[int]:
 
 
 class DraSettings(BaseModel):
+    """Validated settings. Field names are the flag names with '_' for '-' (min_publish_interval_s: the flag says
+    --min-publish-interval)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    driver_name: str = Field(DEFAULT_PREFIX, description="DRA driver name (DNS subdomain), also the attribute domain.")
-    node_name: str = Field(..., min_length=1, description="This node's name: the pool name and spec.nodeName.")
-    topology: Path | None = Field(None, description="Topology file instead of NVML discovery.")
-    registry_dir: Path = Field(Path("/var/lib/kubelet/plugins_registry"), description="Kubelet plugin registry.")
-    plugin_dir: Path | None = Field(None, description="Socket and state dir [/var/lib/kubelet/plugins/<driver>].")
+    node_name: Annotated[str | None, Cli(env=("NODE_NAME",))] = Field(
+        None, description="This node's name (required): the pool name and spec.nodeName.")
+    driver_name: str = Field(DEFAULT_PREFIX, description="DRA driver name (DNS subdomain), also the attribute "
+                                                         "domain and the CDI vendor.")
+    topology: ReadableFile | None = Field(
+        None, description="Run on this topology file (nvidia-smi topo -m text, NVML recording, compact JSON) "
+                          "instead of NVML.")
+    registry_dir: Path = Field(Path("/var/lib/kubelet/plugins_registry"),
+                               description="The kubelet's plugin registry (our registration socket).")
+    plugin_dir: Path | None = Field(None, description="Our DRA socket and state [/var/lib/kubelet/plugins/<driver>].")
     cdi_dir: Path = Field(Path("/var/run/cdi"), description="Where CDI spec files for prepared claims go.")
-    set_sizes: tuple[int, ...] = Field(DEFAULT_SET_SIZES, description="Sizes of GPU-set devices.")
-    max_devices: int = Field(DEFAULT_MAX_DEVICES, gt=0, description="Most devices per pool.")
-    republish: bool = Field(True, description="Reorder the published devices after every allocation change.")
-    min_publish_interval_s: float = Field(0.2, ge=0, description="Rate limit of republishes.")
+    set_sizes: Annotated[tuple[int, ...], Cli(metavar="SIZE,...")] = Field(
+        DEFAULT_SET_SIZES, description="Sizes of GPU-set devices (comma-separated).")
+    max_devices: int = Field(DEFAULT_MAX_DEVICES, gt=0, description="Most devices per pool (the best sets per "
+                                                                   "size beyond).")
+    republish: bool = Field(True, description="Reorder the published devices after every allocation change "
+                                              "(--no-republish: the empty node's order forever).")
+    min_publish_interval_s: Annotated[float, Cli(flag="min-publish-interval")] = Field(
+        0.2, ge=0, description="Seconds between two republishes at least.")
     health: bool = Field(True, description="Serve the dra-health v1alpha1 service fed by NVML Xid health.")
     nvidia_cdi: bool = Field(True, description="Also name NVIDIA's CDI devices (nvidia.com/gpu=<uuid>) per GPU.")
-    metrics_port: int = Field(8080, ge=0, le=65535, description="Port of /metrics and /healthz; 0 = off.")
-    log_level: str = Field("info", pattern="^(debug|info|warning|error)$")
+    metrics_port: int = Field(8080, ge=0, le=65535, description="Port of /metrics and /healthz; 0 turns them off.")
+    log_level: LogLevel = Field("info", description="Least level logged.")
+
+    @field_validator("node_name")
+    @classmethod
+    def _node_name(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        problem = dns_subdomain_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @field_validator("driver_name")
     @classmethod
@@ -53,6 +80,11 @@ class DraSettings(BaseModel):
             raise ValueError(problem or f"{value!r} is longer than 63 characters")
         return value
 
+    @field_validator("set_sizes", mode="before")
+    @classmethod
+    def _split_sizes(cls, value: Any) -> Any:
+        return tuple(parse_ints(value, "set sizes")) if isinstance(value, str) else value
+
     @field_validator("set_sizes")
     @classmethod
     def _sizes(cls, value: tuple[int, ...]) -> tuple[int, ...]:
@@ -61,10 +93,31 @@ class DraSettings(BaseModel):
             raise ValueError(f"set sizes must be within 2..{MAX_SET_SIZE}, got {bad}")
         return value
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _needs_node(self) -> DraSettings:
+        if self.node_name is None:
+            raise ValueError("node-name is required (--node-name, GPUPLUGIN_DRA_NODE_NAME or NODE_NAME): it names "
+                             "the pool and its spec.nodeName")
+        return self
+
+    @property
+    def node(self) -> str:
+        """The node name (never None once validated)."""
+        assert self.node_name is not None
+        return self.node_name
+
     @property
     def state_dir(self) -> Path:
-        return self.plugin_dir if self.plugin_dir is not None else Path("/var/lib/kubelet/plugins") / self.driver_name
+        return self.plugin_dir if self.plugin_dir is not None else DEFAULT_PLUGINS_DIR / self.driver_name
 
     @property
     def taint_key(self) -> str:
         return f"{self.driver_name}/unhealthy"
+
+
+SETTINGS = SettingsLoader(DraSettings, ENV_PREFIX)

@@ -2,11 +2,11 @@
 
 One pool per node, named after the node (counter-set slices are seen by every node's allocator, so pool names
 must not collide). Slice 0 holds only the shared counter set (one counter per GPU); slices 1.. hold devices, at
-most 64 each (the apiserver's limit for counter-consuming devices), singles first, then each set size; a size
-group that does not fit in the current slice starts a new one.
+most 64 each (the apiserver's limit for counter-consuming devices), in catalog group order (the two single-GPU
+groups, then each set size); a group that does not fit in the current slice starts a new one.
 
 Layouts are sticky: when the new order can be published by reordering devices inside the slices they are
-already in (the free devices of every size still appear in the new order when read slice by slice), the old
+already in (the free devices of every group still appear in the new order when read slice by slice), the old
 membership is kept. The publisher then updates slices in place at the same pool generation, and no device is ever
 absent or listed twice in between; otherwise it bumps the generation and rewrites the pool (sync.py).
 """
@@ -23,12 +23,12 @@ API_VERSION = "resource.k8s.io/v1"
 Layout = tuple[tuple[str, ...], ...]
 
 
-def pack(order: Mapping[int, Sequence[str]], limit: int = MAX_DEVICES_PER_SLICE) -> Layout:
-    """A fresh layout: size groups in size order, a group that does not fit in the current slice starts a new one
+def pack(order: Mapping[str, Sequence[str]], limit: int = MAX_DEVICES_PER_SLICE) -> Layout:
+    """A fresh layout: groups in `order`'s order, a group that does not fit in the current slice starts a new one
     (groups over `limit` fill whole slices and their tail may share with the next group)."""
     slices: list[list[str]] = [[]]
-    for size in sorted(order):
-        group = list(order[size])
+    for names in order.values():
+        group = list(names)
         if len(group) <= limit - len(slices[-1]):
             slices[-1].extend(group)
             continue
@@ -43,15 +43,15 @@ def pack(order: Mapping[int, Sequence[str]], limit: int = MAX_DEVICES_PER_SLICE)
 
 
 def arrange(
-    order: Mapping[int, Sequence[str]],
+    order: Mapping[str, Sequence[str]],
     free: Iterable[str],
     previous: Layout | None = None,
     limit: int = MAX_DEVICES_PER_SLICE,
 ) -> Layout:
-    """The layout for `order`: `previous` with each slice reordered when that keeps every size's free devices
+    """The layout for `order`: `previous` with each slice reordered when that keeps every group's free devices
     in the new order, else a fresh `pack`."""
     if previous is not None:
-        position = {name: i for size in sorted(order) for i, name in enumerate(order[size], start=size << 20)}
+        position = {name: i for k, names in enumerate(order.values()) for i, name in enumerate(names, start=k << 20)}
         kept = tuple(tuple(sorted(s, key=lambda n: position.get(n, -1))) for s in previous)
         if _keeps_order(kept, order, set(free), position, limit):
             return kept
@@ -59,7 +59,7 @@ def arrange(
 
 
 def _keeps_order(
-    layout: Layout, order: Mapping[int, Sequence[str]], free: set[str], position: Mapping[str, int], limit: int
+    layout: Layout, order: Mapping[str, Sequence[str]], free: set[str], position: Mapping[str, int], limit: int
 ) -> bool:
     flat = [n for s in layout for n in s]
     if len(flat) != len(position) or set(flat) != set(position) or any(len(s) > limit for s in layout):

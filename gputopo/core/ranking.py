@@ -10,6 +10,11 @@ the order we publish, and this module decides that order with the allocator's ow
 - `SetRanker.single_order(free)`: the free GPUs in an order whose prefixes form good rings: the prefix of the
   largest power of two P <= |free| is the best P-set of `free`, and each smaller power-of-two prefix is the best
   set of that size inside the next larger one (a nested chain: one order cannot make every prefix optimal).
+  For a request of N singles at once (`nvidia.com/gpu: N`).
+- `SetRanker.one_at_a_time_order(free)`: the free GPUs in the order successive 1-GPU requests should take them:
+  each is `best_subset(left, 1)` of the GPUs still left, so a lone GPU goes first where it breaks no block (an
+  orphan) and the best blocks stay whole for the multi-GPU requests. `single_order` cannot serve both consumers:
+  its first GPU lies inside the best free block by construction, so 1-GPU requests taking it break that block.
 - `SetRanker.select(size, limit)`: which `limit` sets of one size to offer when all of them are too many: best
   first by the static part of the score, with every GPU's share capped so that losing one GPU does not take out
   most of the offer.
@@ -88,6 +93,16 @@ class SetRanker:
             while len(order) < len(stage):
                 grown = best_subset(self.topology, stage, len(order) + 1, must_include=order).gpus
                 order.append(next(g for g in grown if g not in order))
+        return order
+
+    def one_at_a_time_order(self, free: Iterable[int]) -> list[int]:
+        """The free GPUs in the order repeated 1-GPU allocations take them (see the module docstring)."""
+        left = set(free)
+        order: list[int] = []
+        while left:
+            (g,) = best_subset(self.topology, left, 1).gpus
+            order.append(g)
+            left.discard(g)
         return order
 
     def select(self, size: int, limit: int) -> list[GpuSet]:

@@ -14,7 +14,7 @@ from gputopo.core.ranking import SetRanker
 from gputopo.core.topology import Topology
 from gputopo.discovery.loader import load_topology_file
 from tests.conftest import SHARED
-from tests.core.reference import COMMON_SIZES, best_ring, score
+from tests.core.reference import COMMON_SIZES, best_ring, exhaustive_best, score
 from tests.core.strategies import topologies
 
 
@@ -81,6 +81,24 @@ def test_single_order_of_a_dgx1_starts_with_an_nvlink_pair(dgx1) -> None:
     assert math.isclose(
         SetRanker(dgx1).static_key(order[:4])[0] / 1000, best_subset(dgx1, range(8), 4).allreduce_gbps
     )
+
+
+@SLOW_OK
+@given(st.data())
+def test_one_at_a_time_order_is_the_exhaustive_best_single_of_what_is_left_each_time(data) -> None:
+    topo = data.draw(topologies(2, 7))
+    free = data.draw(free_sets(topo))
+    order = SetRanker(topo).one_at_a_time_order(free)
+    assert sorted(order) == free
+    for i, g in enumerate(order):
+        assert exhaustive_best(topo, order[i:], 1)[1] == (g,)
+
+
+def test_one_at_a_time_keeps_the_best_free_quad_of_a_dgx1_whole(dgx1) -> None:
+    """GPUs 0 and 1 held: ring order starts inside the NV2 quad 4-7; one at a time takes 2 and 3 first."""
+    free = range(2, 8)
+    assert SetRanker(dgx1).single_order(free)[0] in {4, 5, 6, 7}
+    assert SetRanker(dgx1).one_at_a_time_order(free)[:2] == [2, 3]
 
 
 def test_rank_refuses_a_set_outside_the_free_gpus(dgx1) -> None:

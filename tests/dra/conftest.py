@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpuplugin.dra.catalog import Catalog
+from gpuplugin.dra.catalog import ONE, Catalog
 from gpuplugin.dra.cdi import CdiWriter
 from gpuplugin.dra.driver import Driver
 from gpuplugin.dra.pool import PoolPlanner
@@ -27,7 +27,7 @@ from gputopo.core.topology import Topology
 from gputopo.discovery.loader import load_topology_file
 from gputopo.kube import make_api_client
 from gputopo.kube.dra import get_claim
-from sim.dra_allocator import Alternative, DeviceRef, Request, allocate, by_size
+from sim.dra_allocator import Alternative, DeviceRef, Request, Selector, allocate, by_size, one_gpu
 from sim.dra_kubelet import DraKubeletSim
 from tests.conftest import SHARED
 from tests.fakes.kubeapi_dra import FakeDraKubeApi
@@ -37,6 +37,12 @@ NODE = "gpu-node-1"
 TAINT = f"{DRIVER}/unhealthy"
 DGX1 = SHARED / "topologies" / "dgx1-v100-ucxpy.txt"
 A6000 = SHARED / "topologies" / "pcie-8x-rtxa6000-nvlinkbridge-pairs-2socket-unige-baobab.txt"
+
+
+def selector(kind: int | str) -> Selector:
+    """A class of ours: GPU sets or ring-ordered singles (gpu.<driver>) by size, or ONE: the singles of the
+    one-gpu class (the same GPUs and counters as the ring-ordered ones, in another order)."""
+    return one_gpu(DRIVER) if kind == ONE else by_size(DRIVER, int(kind))
 
 
 @functools.cache
@@ -101,18 +107,18 @@ class DraNode:
     server: DraServer
     kubelet: DraKubeletSim
 
-    def claim(self, name: str, size: int = 4, count: int = 1, config: list | None = None,
+    def claim(self, name: str, size: int | str = 4, count: int = 1, config: list | None = None,
               device: str | None = None) -> tuple[str, str, str]:
-        """A claim as a user creates it, allocated as the scheduler's allocator would on the published slices
-        (or to `device`), with the recorded shapes. Returns (namespace, uid, name)."""
+        """A claim as a user creates it for `count` devices of class `size` (see `selector`), allocated as the
+        scheduler's allocator would on the published slices (or to `device`), with the recorded shapes. Returns
+        (namespace, uid, name)."""
         body = json.loads(RECORDED_CLAIM.read_text())
         body["metadata"] = {"name": name, "namespace": "default"}
         created = self.fake.add_claim(body)
         if device is None:
             held = [r for c in self.driver.prepared().values() for r in c.devices]
             refs = [DeviceRef(DRIVER, NODE, d.device) for d in held]
-            result = allocate(self.fake.slices(NODE), refs, [Request("gpus", (Alternative(by_size(DRIVER, size),
-                                                                                           count),))])
+            result = allocate(self.fake.slices(NODE), refs, [Request("gpus", (Alternative(selector(size), count),))])
             assert result is not None, "the allocator found nothing"
             results = [{"request": "gpus", "driver": DRIVER, "pool": r.pool, "device": r.device}
                        for r in result.devices["gpus"]]

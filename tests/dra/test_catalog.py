@@ -11,7 +11,16 @@ import kubernetes_validate
 import pytest
 
 from bench.common import shared_topology_files
-from gpuplugin.dra.catalog import Catalog, CatalogError, device_name, parse_device_name, standard_pci_bus_id
+from gpuplugin.dra.catalog import (
+    ONE,
+    RINGS,
+    Catalog,
+    CatalogError,
+    device_name,
+    parse_device_name,
+    set_group,
+    standard_pci_bus_id,
+)
 from gpuplugin.dra.ordering import publication_order
 from gpuplugin.dra.pool import PoolPlanner
 from gpuplugin.dra.slices import MAX_DEVICES_PER_SLICE, slice_object
@@ -86,10 +95,10 @@ def test_shapes_follow_the_recorded_slices() -> None:
     assert set(slices[0]["spec"]) == set(counters["spec"]) - {"devices"} | {"sharedCounters"}
     ours = {d["name"]: d for s in slices[1:] for d in s["spec"]["devices"]}
     theirs = recorded["spec"]["devices"]
-    assert ours["gpu-0"]["consumesCounters"] == theirs[0]["consumesCounters"]
+    assert ours["gpu-0"]["consumesCounters"] == ours["one-0"]["consumesCounters"] == theirs[0]["consumesCounters"]
     assert ours["set-0-3"]["consumesCounters"] == next(d for d in theirs if d["name"] == "pair-0-3")["consumesCounters"]
     # the same best-first order of pairs as the real trial's DGX-1 ranking
-    pairs = [n for n in publication_order(catalog(str(DGX1)))[2]]
+    pairs = [n for n in publication_order(catalog(str(DGX1)))[set_group(2)]]
     assert [p.replace("set-", "pair-") for p in pairs] == [d["name"] for d in theirs if d["name"].startswith("pair")]
 
 
@@ -97,10 +106,24 @@ def test_names_are_a_function_of_the_members() -> None:
     for members in [(3,), (0, 3), (0, 1, 2, 3), tuple(range(16, 32))]:
         assert parse_device_name(device_name(members)) == members
         assert len(device_name(members)) <= 63
-    for bad in ["gpu-", "set-3", "set-3-1", "pair-0-1", "set-1-1", "gpu-1-2"]:
+    assert device_name((3,)) == "gpu-3" and device_name((3,), ONE) == "one-3" and parse_device_name("one-3") == (3,)
+    for bad in ["gpu-", "set-3", "set-3-1", "pair-0-1", "set-1-1", "gpu-1-2", "one-1-2", "two-1"]:
         assert parse_device_name(bad) is None
+    with pytest.raises(ValueError, match="single-GPU group"):
+        device_name((3,), "set-2")
     assert standard_pci_bus_id("00000000:07:00.0") == "0000:07:00.0"
     assert standard_pci_bus_id("garbage") is None
+
+
+def test_every_gpu_is_offered_in_both_single_groups_with_one_counter_and_a_telling_attribute() -> None:
+    cat = catalog(str(DGX1))
+    assert list(cat.groups)[:2] == [RINGS, ONE]
+    for group, order in ((RINGS, "rings"), (ONE, "one")):
+        devices = [cat.devices[n] for n in cat.groups[group]]
+        assert sorted(d.gpus for d in devices) == [(g,) for g in range(8)]
+        assert {d.attributes["order"]["string"] for d in devices} == {order}
+    assert "order" not in cat.devices["set-0-3"].attributes
+    assert cat.summary().startswith("115 devices: 2 x 8 single GPUs, all 28 sets of 2")
 
 
 def test_a_node_too_big_for_its_sets_offers_the_best_few_per_size_and_says_how_many() -> None:
@@ -112,7 +135,7 @@ def test_a_node_too_big_for_its_sets_offers_the_best_few_per_size_and_says_how_m
     assert "of 1820 sets of 4" in cat.summary()
     # every GPU is in some quad and some 8-set: losing GPUs does not empty a size
     for size in (4, 8):
-        assert set(itertools.chain(*(cat.devices[n].gpus for n in cat.groups[size]))) == set(range(16))
+        assert set(itertools.chain(*(cat.devices[n].gpus for n in cat.groups[set_group(size)]))) == set(range(16))
     assert limit_problems(rendered(cat)) == []
 
 
@@ -129,7 +152,7 @@ def test_held_devices_stay_offered_whatever_the_budget() -> None:
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"set_sizes": [1]}, "set sizes must be within"),
     ({"set_sizes": [32]}, "set sizes must be within"),
-    ({"max_devices": 4}, "fewer than the node"),
+    ({"max_devices": 15}, "fewer than the node's 16 single-GPU devices"),
 ])
 def test_bad_options_are_refused_with_the_reason(kwargs: dict, message: str) -> None:
     with pytest.raises(CatalogError, match=message):

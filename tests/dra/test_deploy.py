@@ -68,3 +68,11 @@ def test_chart_classes_are_the_example_classes(objects: list[dict]) -> None:
                                                                            .read_text())}
     assert chart == static
     assert chart["gpu.gpu-topology.io"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert "extendedResourceName" not in chart["one-gpu.gpu-topology.io"]
+    # every template asks for classes that exist; "1 GPU" for the singles ordered for 1-GPU claims
+    templates = {t["metadata"]["name"]: t["spec"]["spec"]["devices"]["requests"]
+                 for t in yaml.safe_load_all((DEPLOY / "dra" / "claim-templates.yaml").read_text())}
+    asked = {r.get("exactly", {}).get("deviceClassName") for rs in templates.values() for r in rs} | {
+        a["deviceClassName"] for rs in templates.values() for r in rs for a in r.get("firstAvailable", [])}
+    assert asked - {None} <= set(static)
+    assert templates["one-gpu"][0]["exactly"]["deviceClassName"] == "one-gpu.gpu-topology.io"

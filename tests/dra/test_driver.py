@@ -7,16 +7,17 @@ import json
 
 import pytest
 
+from gpuplugin.dra.catalog import ONE
 from gpuplugin.dra.errors import StateError
 from gpuplugin.dra.state import StateFile
 from sim.dra_kubelet import PrepareError
 from tests.dra.conftest import DRIVER, NODE, DraNode, make_driver
 
 
-def singles_order(node: DraNode) -> list[str]:
+def singles_order(node: DraNode, prefix: str = "gpu-") -> list[str]:
     devices = [d for s in sorted(node.slices(), key=lambda s: s["metadata"]["name"])
                for d in s["spec"].get("devices", [])]
-    return [d["name"] for d in devices if d["name"].startswith("gpu-")]
+    return [d["name"] for d in devices if d["name"].startswith(prefix)]
 
 
 def test_registers_publishes_and_recreates_the_slices_the_kubelet_deleted(dra_node: DraNode) -> None:
@@ -26,12 +27,18 @@ def test_registers_publishes_and_recreates_the_slices_the_kubelet_deleted(dra_no
     assert dra_node.settled()
     slices = dra_node.slices()
     assert len(slices) == 4 and all(s["metadata"]["ownerReferences"][0]["kind"] == "Node" for s in slices)
-    first = {s["spec"]["pool"]["generation"] for s in slices}
+    first = {s["metadata"]["name"] for s in slices}
     for s in slices:  # the kubelet's start: every slice of the node goes
         dra_node.fake.delete_slice(s["metadata"]["name"])
     assert dra_node.settled()
     again = dra_node.slices()
-    assert len(again) == 4 and {s["spec"]["pool"]["generation"] for s in again} != first
+    # created again (the generation may or may not go up: that depends on whether a sync saw a partial pool)
+    assert len(again) == 4 and first.isdisjoint(s["metadata"]["name"] for s in again)
+    def devices(pool: list[dict]) -> list[str]:
+        return [d["name"] for s in sorted(pool, key=lambda s: s["metadata"]["name"])
+                for d in s["spec"].get("devices", [])]
+
+    assert devices(again) == devices(slices)
 
 
 def test_prepare_is_idempotent_writes_cdi_and_state_and_republishes(dra_node: DraNode) -> None:
@@ -63,6 +70,26 @@ def test_extended_resource_singles_come_first_free_in_ring_order(dra_node: DraNo
     got = [d.device_name for d in dra_node.kubelet.prepare(DRIVER, [(ns, uid, name)])[uid]]
     a, b = (int(x[4:]) for x in got)
     assert dra_node.driver.catalog.topology.link(a, b).lanes == 2  # an NV2 pair, not the NV1 the trial got
+
+
+def test_one_gpu_claims_take_a_gpu_that_breaks_no_block(dra_node: DraNode) -> None:
+    """With GPUs 0 and 1 held on a DGX-1, the first free single in ring order lies in the NV2 quad 4-7 (good for
+    `nvidia.com/gpu: 2`, bad for a lone GPU); a one-gpu claim gets GPU 2 instead, and the quad stays whole."""
+    pair = dra_node.claim("pair", device="set-0-1")
+    dra_node.kubelet.prepare(DRIVER, [pair])
+    assert dra_node.settled()
+    assert singles_order(dra_node)[0] == "gpu-4"
+    ns, uid, name = dra_node.claim("one", size=ONE)
+    (device,) = dra_node.kubelet.prepare(DRIVER, [(ns, uid, name)])[uid]
+    assert device.device_name == "one-2"
+    assert device.cdi_device_ids[1:] == [f"nvidia.com/gpu={dra_node.driver.catalog.topology.gpus[2].id}"]
+    assert dra_node.settled()
+    assert dra_node.driver.used_gpus() == {0, 1, 2}
+    assert {int(n[4:]) for n in singles_order(dra_node, "one-")[-3:]} == {0, 1, 2}  # held GPUs go last in both
+    assert {int(n[4:]) for n in singles_order(dra_node, "gpu-")[-3:]} == {0, 1, 2}
+    ns4, uid4, name4 = dra_node.claim("four", size=4)
+    (quad,) = dra_node.kubelet.prepare(DRIVER, [(ns4, uid4, name4)])[uid4]
+    assert quad.device_name == "set-4-5-6-7"
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

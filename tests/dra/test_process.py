@@ -1,5 +1,6 @@
-"""`gpuplugin dra` as a process on a node: registers with the kubelet stand-in, publishes, prepares, stops cleanly on
-SIGTERM, and calls exactly the Kubernetes API that deploy/rbac-calls.yaml declares for it (so its RBAC grants)."""
+"""`gpuplugin dra` as a process on a node: registers with the kubelet stand-in, publishes, prepares, serves its
+metrics on the process's registry, stops cleanly on SIGTERM, and calls exactly the Kubernetes API that
+deploy/rbac-calls.yaml declares for it (so its RBAC grants)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from sim.dra_allocator import Alternative, Request, allocate, by_size
 from sim.dra_kubelet import DraKubeletSim
+from sim.ports import free_port
 from tests.deploy.test_rbac_calls import assert_equals_table
 from tests.dra.conftest import DGX1, DRIVER, NODE, RECORDED_CLAIM
 from tests.fakes.gpunode import write_kubeconfig
@@ -44,7 +47,8 @@ def test_driver_process_serves_a_claim_and_calls_only_its_declared_api() -> None
             env = dict(os.environ, KUBECONFIG=str(write_kubeconfig(root / "kubeconfig", fake.url)), NODE_NAME=NODE)
             args = [sys.executable, "-m", "gpuplugin.cli", "dra", "--topology", str(DGX1), "--registry-dir",
                     str(root / "registry"), "--plugin-dir", str(root / "plugin"), "--cdi-dir", str(root / "cdi"),
-                    "--metrics-port", "0", "--min-publish-interval", "0", "--log-level", "warning"]
+                    "--metrics-port", str(port := free_port()), "--min-publish-interval", "0", "--log-level",
+                    "warning"]
             with open(root / "log", "w") as log, DraKubeletSim(root / "registry", NODE) as kubelet:
                 proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
                 try:
@@ -61,6 +65,14 @@ def test_driver_process_serves_a_claim_and_calls_only_its_declared_api() -> None
                     devices = kubelet.prepare(DRIVER, [("default", uid, "c1")])[uid]
                     assert devices[0].device_name == got.devices["gpus"][0].device
                     _wait(lambda: (root / "cdi" / f"{DRIVER}-claim_{uid}.json").exists(), "the CDI spec")
+                    base = f"http://127.0.0.1:{port}"
+                    with urllib.request.urlopen(f"{base}/healthz", timeout=5) as health:
+                        assert health.status == 200
+                    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as scraped:
+                        metrics = scraped.read().decode()
+                    for series in ('gpuplugin_dra_prepares_total{result="ok"} 1.0', "process_cpu_seconds_total",
+                                   "python_info", 'gpuplugin_dra_kube_watch_events_total{kind="resourceslices"'):
+                        assert series in metrics, series
                 finally:
                     proc.send_signal(signal.SIGTERM)
                     assert proc.wait(30) == 0, (root / "log").read_text()

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuplugin.dra.catalog import Catalog
+from gpuplugin.dra.catalog import ONE, Catalog
 from gpuplugin.dra.pool import PoolPlanner
 from gpuplugin.dra.sync import plan
-from sim.dra_allocator import Alternative, DeviceRef, Request, allocate, by_size, pools
+from sim.dra_allocator import Alternative, DeviceRef, Request, allocate, pools
 from sim.machines import pcie_bridge_server
-from tests.dra.conftest import A6000, DGX1, DRIVER, NODE, TAINT, SliceStore, catalog, device_counters
+from tests.dra.conftest import A6000, DGX1, DRIVER, NODE, TAINT, SliceStore, catalog, device_counters, selector
 
 TOPK = Catalog.build(pcie_bridge_server(10), max_devices=60)  # 10 GPUs, not every quad and 8-set fits
 
@@ -58,9 +58,9 @@ class World:
         gpus = self.held_gpus(self.claims)
         assert len(gpus) == len(set(gpus)), f"a GPU is held twice: {sorted(gpus)}"
 
-    def try_allocate(self, size: int, count: int) -> None:
+    def try_allocate(self, kind: int | str, count: int) -> None:
         result = allocate(self.store.objects(), [r for refs in self.claims.values() for r in refs],
-                          [Request("r", (Alternative(by_size(DRIVER, size), count),))])
+                          [Request("r", (Alternative(selector(kind), count),))])
         if result is not None:
             self.serial += 1
             self.claims[self.serial] = result.devices["r"]
@@ -77,7 +77,7 @@ class World:
                 self.try_allocate(*data.draw(REQUESTS))
 
 
-REQUESTS = st.sampled_from([(1, 1), (1, 2), (1, 3), (2, 1), (4, 1), (8, 1), (2, 2)])
+REQUESTS = st.sampled_from([(1, 1), (1, 2), (1, 3), (ONE, 1), (ONE, 2), (2, 1), (4, 1), (8, 1), (2, 2)])
 
 
 def run(world: World, data: st.DataObject, steps: int) -> None:
@@ -130,8 +130,8 @@ def test_sequences_do_allocate_and_republish_in_place_and_by_generation() -> Non
     world.republish(Fixed())
     generations = set()
     in_place = 0
-    for size, count in [(4, 1), (2, 1), (1, 1), (1, 1)]:
-        world.try_allocate(size, count)
+    for kind, count in [(4, 1), (2, 1), (1, 1), (ONE, 1)]:
+        world.try_allocate(kind, count)
         world.known = set(world.claims)
         before = {s["spec"]["pool"]["generation"] for s in world.store.objects()}
         writes = plan(world.store.observed(), world.planner.wanted(world.held_gpus(world.known)),
@@ -143,6 +143,7 @@ def test_sequences_do_allocate_and_republish_in_place_and_by_generation() -> Non
         generations |= after
         in_place += before == after and bool(writes)
     assert world.allocations == 4 and in_place == 4 and generations == {1}
+    assert [r.device.split("-")[0] for refs in world.claims.values() for r in refs][2:] == ["gpu", "one"]
     world.store.slices.pop(sorted(world.store.slices)[2])  # the kubelet deletes a slice: rewrite at generation 2
     world.republish(Fixed())
     assert {s["spec"]["pool"]["generation"] for s in world.store.objects()} == {2}

@@ -43,4 +43,4 @@ def test_plugin_on_fixture(path: Path, kubelet: KubeletSimulator, start_plugin: 
 @pytest.mark.parametrize("path", PARTIAL, ids=lambda p: p.stem)
 def test_partial_fixture_is_a_clear_startup_error(path: Path) -> None:
     with pytest.raises(StartupError, match=r"cannot load topology: .*" + path.name):
-        discover(PluginConfig(topology=path))
+        discover(PluginConfig(topology=path).topology)
