@@ -19,7 +19,8 @@ import structlog
 from gpuplugin.deviceplugin.errors import RegistrationError, ServeError
 from gpuplugin.deviceplugin.registration import DEFAULT_TIMEOUT_S, KUBELET_SOCKET, Registrar
 from gpuplugin.deviceplugin.resource import ResourceManager
-from gpuplugin.deviceplugin.server import DEFAULT_WORKERS, FileIdentity, PluginServer, file_identity
+from gpuplugin.deviceplugin.server import FileIdentity, PluginServer, file_identity
+from gpuplugin.deviceplugin.servicer import DEFAULT_MAX_STREAMS
 from gpuplugin.deviceplugin.watcher import DirectoryWatch
 from gputopo.retry import Backoff
 from gputopo.workers import Worker
@@ -34,7 +35,8 @@ class PluginRunner(Worker):
     """Serves `manager` on <plugin_dir>/<socket_name> and keeps it registered as `resource_name`.
 
     Use as a context manager, or call start() and stop(). `poll_interval` bounds how long a missed inotify event
-    can delay recovery; registration retries back off from `backoff_initial` up to `backoff_max` seconds.
+    can delay recovery; registration retries back off from `backoff_initial` up to `backoff_max` seconds;
+    `max_streams` bounds the ListAndWatch streams served at once.
     """
 
     def __init__(
@@ -48,7 +50,7 @@ class PluginRunner(Worker):
         poll_interval: float = 1.0,
         backoff_initial: float = 0.2,
         backoff_max: float = 5.0,
-        max_workers: int = DEFAULT_WORKERS,
+        max_streams: int = DEFAULT_MAX_STREAMS,
     ) -> None:
         if "/" in socket_name or socket_name in ("", ".", "..", KUBELET_SOCKET):
             raise ValueError(f"socket name must be a bare file name other than {KUBELET_SOCKET}: {socket_name!r}")
@@ -62,7 +64,7 @@ class PluginRunner(Worker):
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
         self.poll_interval = poll_interval
         self._backoff = Backoff(backoff_initial, backoff_max)
-        self.max_workers = max_workers
+        self.max_streams = max_streams
         self._registrar = Registrar(self.plugin_dir, socket_name, resource_name, register_timeout)
         self._server: PluginServer | None = None
         self._registered_kubelet: FileIdentity | None = None
@@ -152,7 +154,7 @@ class PluginRunner(Worker):
         if old is not None:
             # Streams on a deleted socket lead to a kubelet that is gone: no grace needed.
             old.stop(grace=0.2 if old.intact() else 0.0)
-        server = PluginServer(self.manager, self.socket_path, self.max_workers)
+        server = PluginServer(self.manager, self.socket_path, max_streams=self.max_streams)
         server.start()
         self._server = server
         self.metrics.server_starts.inc()
