@@ -25,8 +25,8 @@ from gpuplugin.deviceplugin.resource import ResourceManager
 from gpuplugin.proto import deviceplugin_pb2 as pb
 from gpuplugin.proto import deviceplugin_pb2_grpc as pb_grpc
 from gpuplugin.proto import podresources_pb2_grpc
-from tests.publisher.kubelet_podresources import FakePodResources
 from tests.conftest import process_wide
+from tests.publisher.kubelet_podresources import FakePodResources
 
 # Liveness bound for every wait (never a performance assertion): generous for a loaded 2-core machine.
 WAIT = 15.0
