@@ -14,6 +14,7 @@ written during the attack, and the server's open fds and threads before, at peak
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -97,10 +98,8 @@ class Attack(threading.Thread):
         head = HEADS[kind]
         sent = 0
         if kind == "body never sent":
-            try:
+            with contextlib.suppress(OSError):
                 s.send(head)
-            except OSError:
-                pass
             sent = len(head)
         return s, kind, sent
 

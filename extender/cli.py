@@ -186,7 +186,8 @@ def serve(config: ExtenderConfig) -> None:
     if metrics_sock is not None:
         metrics_server = _companion_server(uvicorn.Config(
             create_metrics_app(ext), host=config.metrics_host, port=config.metrics_port, log_level=config.log_level,
-            log_config=None, access_log=False, lifespan="off", http=protocol_class(Guard("metrics", limits, metrics)), backlog=BACKLOG,
+            log_config=None, access_log=False, lifespan="off", http=protocol_class(Guard("metrics", limits, metrics)),
+            backlog=BACKLOG,
             timeout_keep_alive=config.keep_alive_timeout_s,  # type: ignore[arg-type]
         ))
     log.info("extender.server.listening", host=config.host, port=sock.getsockname()[1], mode=ext.mode, tls=tls,
