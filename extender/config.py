@@ -48,7 +48,9 @@ class ExtenderConfig(BaseModel):
     resource_name: str = Field(DEFAULT_RESOURCE, description="Extended resource whose requests are placed.")
     annotation_prefix: str = Field(DEFAULT_PREFIX, description="Prefix of every node and pod annotation and label.")
     reservation_timeout_s: Annotated[float, Cli(flag="reservation-timeout")] = Field(
-        DEFAULT_RESERVATION_TIMEOUT_S, description="Seconds a bound plan holds its GPUs unconfirmed.")
+        DEFAULT_RESERVATION_TIMEOUT_S,
+        description="Seconds a plan whose Binding was never seen applied holds its GPUs; a bound pod's plan holds "
+                    "them until the node shows them used or the pod ends.")
     max_body_bytes: int = Field(DEFAULT_BODY_LIMIT, description="Requests larger than this get 413.")
     header_timeout_s: Annotated[float, Cli(flag="header-timeout")] = Field(
         DEFAULT_HEADER_TIMEOUT_S, description="Seconds a connection may take, from being ready for a request, to send "
