@@ -498,7 +498,8 @@ class ServeProcess:
     def _wait_for_url(self) -> str:
         deadline = time.monotonic() + 2 * WAIT
         while time.monotonic() < deadline and self.proc.poll() is None:
-            m = re.search(r'"port": (\d+),[^\n]*"event": "extender.server.listening"', self.log.read_text(errors="replace"))
+            text = self.log.read_text(errors="replace")
+            m = re.search(r'"port": (\d+),[^\n]*"event": "extender.server.listening"', text)
             if m:
                 return f"http://127.0.0.1:{m.group(1)}"
             time.sleep(0.05)
