@@ -68,6 +68,7 @@ class PodRecord:
     needs: PodNeeds | None
     plan: Plan | None
     plan_text: str | None
+    priority: int | None = None  # spec.priority (preemption compares victims by it)
 
     @property
     def terminal(self) -> bool:
@@ -350,9 +351,11 @@ class NodeCache:
             return None
         spec, status = _dict(pod.get("spec")), _dict(pod.get("status"))
         node = spec.get("nodeName")
+        priority = spec.get("priority")
         return PodRecord(uid, namespace, name, node if isinstance(node, str) and node else None,
                          str(status.get("phase") or ""), bool(meta.get("deletionTimestamp")), needs, plan,
-                         plan_text if isinstance(plan_text, str) else None)
+                         plan_text if isinstance(plan_text, str) else None,
+                         priority if isinstance(priority, int) and not isinstance(priority, bool) else 0)
 
     def update_pod(self, pod: Mapping[str, Any]) -> PodRecord | None:
         rec = self.record_from_pod(pod)

@@ -173,6 +173,12 @@ def _victim_plan(pod: dict[str, Any], plan_key: str) -> Any:
         return None  # someone else's garbage: this victim frees no known GPUs
 
 
+def _priority(pod: dict[str, Any]) -> int:
+    """spec.priority as kube-scheduler reads it (corev1helpers.PodPriority): 0 when unset."""
+    value = (pod.get("spec") or {}).get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def preemption_args(data: Any, plan_key: str) -> PreemptionArgs:
     """Body of /preempt; full-pod victims carry their plan annotation, meta victims only a UID."""
     data = _object(data, "body")
@@ -200,6 +206,6 @@ def preemption_args(data: Any, plan_key: str) -> PreemptionArgs:
             victims = []
             for i, p in enumerate(_opt(v, "Pods", list, where) or []):
                 p = check_object(p, f"{where}.Pods[{i}]", required_name="uid")
-                victims.append(Victim(p["metadata"]["uid"], _victim_plan(p, plan_key)))
+                victims.append(Victim(p["metadata"]["uid"], _victim_plan(p, plan_key), _priority(p)))
             candidates[node] = NodeVictims(tuple(victims), _pdb(v, where))
     return PreemptionArgs(pod, candidates)
