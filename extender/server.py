@@ -15,6 +15,8 @@ protocol class), and this module adds, per listener:
   is refused only when every connection is busy with a request.
 - accept failures (EMFILE and kin) counted and logged at most once per `ACCEPT_LOG_INTERVAL_S`.
 - listening sockets bound before the app starts, so a busy port fails before anything says "started".
+- a request with both Transfer-Encoding and Content-Length refused with 400 (RFC 9112 6.3: its length is
+  ambiguous, the classic request-smuggling shape), before the app sees it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import h11
 import structlog
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -97,6 +100,23 @@ class Guard:
         return True
 
 
+class StrictConnection(h11.Connection):
+    """h11's server connection, refusing request heads whose framing is ambiguous (h11 takes the chunked body and
+    ignores Content-Length); `refusal` says why, for the 400 answer."""
+
+    refusal: str | None = None
+
+    def next_event(self) -> Any:
+        event = super().next_event()
+        if isinstance(event, h11.Request):
+            names = {name.lower() for name, _ in event.headers}
+            if b"transfer-encoding" in names and b"content-length" in names:
+                self.refusal = ("a request may not carry both Transfer-Encoding and Content-Length (RFC 9112 6.3): "
+                                "its body length is ambiguous")
+                raise h11.RemoteProtocolError(self.refusal, error_status_hint=400)
+        return event
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with head and body deadlines and a connection cap (see the module docstring)."""
 
@@ -108,6 +128,10 @@ class GuardedH11Protocol(H11Protocol):
         self._phase: str | None = None
         self._phase_cycle: object = None
         self._made = False
+        self.conn = StrictConnection(h11.SERVER, self.conn._max_incomplete_event_size)
+
+    def send_400_response(self, msg: str) -> None:
+        super().send_400_response(self.conn.refusal or msg)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         guard = self.guard

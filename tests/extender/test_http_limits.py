@@ -166,3 +166,25 @@ def test_busy_port_fails_before_starting(tmp_path: Path) -> None:
 def test_limits_must_be_positive(flag: str) -> None:
     result = CliRunner().invoke(main, ["serve", flag, "0"])
     assert result.exit_code == 2 and flag.removeprefix("--").replace("-", "_") in result.output
+
+
+def test_transfer_encoding_with_content_length_is_refused(tmp_path: Path) -> None:
+    """Issue 14, item 7: both framings at once is the request-smuggling shape: 400 naming the problem."""
+    with extender(tmp_path) as (port, _):
+        body = json.dumps(cache_args(pod_json(gpus=1), ["a100"])).encode()
+        chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as s:
+            s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n" + chunked)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        assert b"both Transfer-Encoding and Content-Length" in answer
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as s:  # chunked alone is fine
+            s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+                      + chunked)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200 ") and b'"NodeNames":["a100"]' in answer
