@@ -115,12 +115,17 @@ def start_publication(cfg: PluginConfig, manager: Any) -> Any:
 
 def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], None] | None = None) -> None:
     """Run until `stop` is set, then shut everything down in reverse order. Raises StartupError."""
+    from gpuplugin.deviceplugin.allocation import ListStrategy
     from gpuplugin.deviceplugin.errors import DevicePluginError
     from gpuplugin.deviceplugin.lifecycle import PluginRunner
     from gpuplugin.deviceplugin.resource import ResourceManager
     from gpuplugin.metrics import MetricsServer, PluginMetrics
     from gputopo.metrics import process_registry
 
+    if cfg.device_list_strategy is ListStrategy.CDI:
+        log.warning("plugin.config.deprecated", setting="device_list_strategy", value="cdi", now="cdi-cri",
+                    hint="cdi now means cdi-cri (CDI names in the CRI field only); say cdi-cri, or cdi-annotations "
+                         "for runtimes that read the cdi.k8s.io/ annotations")
     found = discover(cfg)
     metrics = PluginMetrics(process_registry())
     cleanup: list[Callable[[], None]] = []

@@ -74,6 +74,7 @@ class PluginRunner(Worker):
         self._registrations = 0
         self._failures = 0
         self._watch: DirectoryWatch | None = None
+        self._waiting = False  # said once per wait that no kubelet is there
 
     # ---- public state ----
 
@@ -113,7 +114,15 @@ class PluginRunner(Worker):
 
     def start(self) -> Self:
         """Serve at once (raises ServeError when the socket cannot be served), then watch and register."""
-        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        if not self.plugin_dir.is_dir():
+            # The kubelet makes this directory; without it there is likely no kubelet here (or the path is wrong).
+            log.warning("plugin.directory.created", path=str(self.plugin_dir),
+                        hint="no kubelet has made this directory: is this a Kubernetes node, and is "
+                             "--device-plugin-dir the kubelet's device plugin directory?")
+            try:
+                self.plugin_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ServeError(f"cannot create the plugin directory {self.plugin_dir}: {e.strerror or e}") from e
         self._restart_server()
         self._watch = DirectoryWatch(self.plugin_dir, self.socket_name, self._on_kubelet_created, self.wake)
         self._watch.start()
@@ -177,8 +186,13 @@ class PluginRunner(Worker):
         if kubelet is None:
             if self._registered_kubelet is not None:
                 log.warning("plugin.kubelet.gone", socket=str(self.kubelet_socket))
+            if not self._waiting:
+                log.info("plugin.kubelet.waiting", socket=str(self.kubelet_socket), serving=str(self.socket_path),
+                         hint="registers as soon as the kubelet creates its socket")
+                self._waiting = True
             self._registered_kubelet = None
             return self.poll_interval
+        self._waiting = False
         if kubelet == self._registered_kubelet and not forced:
             return self.poll_interval
         now = time.monotonic()

@@ -83,7 +83,7 @@ CHART_VARIANTS: dict[str, ChartVariant] = {
             "resourceName": "acme.example/gpu",
             "annotationPrefix": "topo.acme.example",
             "plugin": {
-                "deviceListStrategy": "cdi",
+                "deviceListStrategy": "cdi-cri",
                 "deviceIdStrategy": "index",
                 "metricsPort": 9400,
                 "runtimeClassName": "nvidia",
