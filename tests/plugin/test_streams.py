@@ -117,6 +117,6 @@ def test_restarted_kubelet_registers_while_streams_are_held(
             kubelet.wait_for_registrations(RESOURCE, 2, 2 * WAIT)
             assert kubelet.rejections == []
             assert len(kubelet.wait_for_devices(RESOURCE, 8, WAIT)) == 8
-            assert sample(manager, "gpuplugin_listandwatch_streams") == 16
+            assert eventually(lambda: sample(manager, "gpuplugin_listandwatch_streams") == 16)
     finally:
         kubelet.stop()
