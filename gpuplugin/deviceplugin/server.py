@@ -17,7 +17,6 @@ import os
 import stat
 import threading
 from collections.abc import Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,9 +30,6 @@ from gpuplugin.proto import deviceplugin_pb2_grpc as pb_grpc
 
 log = structlog.get_logger(__name__)
 
-# Threads answering GetPreferredAllocation and Allocate (the allocator is CPU-bound: more would only queue on the
-# GIL); the kubelet asks one question at a time per pod admission.
-DEFAULT_WORKERS = 4
 # Unary calls in progress at once, beyond the streams; more are answered RESOURCE_EXHAUSTED at once.
 DEFAULT_MAX_UNARY = 64
 START_TIMEOUT_S = 10.0
@@ -70,12 +66,11 @@ class PluginServer:
     """Serves once: start() then stop(). The lifecycle creates a new one for every restart."""
 
     def __init__(self, manager: ResourceManager, socket_path: Path, *, max_streams: int = DEFAULT_MAX_STREAMS,
-                 workers: int = DEFAULT_WORKERS, max_unary: int = DEFAULT_MAX_UNARY) -> None:
-        if workers < 1 or max_unary < 1:
-            raise ValueError(f"workers and max_unary must be at least 1, got {workers} and {max_unary}")
+                 max_unary: int = DEFAULT_MAX_UNARY) -> None:
+        if max_unary < 1:
+            raise ValueError(f"max_unary must be at least 1, got {max_unary}")
         self.socket_path = Path(socket_path)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="deviceplugin")
-        self.servicer = DevicePluginServicer(manager, self._pool, max_streams)
+        self.servicer = DevicePluginServicer(manager, max_streams)
         self.max_calls = max_streams + max_unary
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -126,7 +121,6 @@ class PluginServer:
             thread.join(START_TIMEOUT_S)
         if loop is not None and not loop.is_running():
             loop.close()
-        self._pool.shutdown(wait=False)
 
     def stop(self, grace: float = 1.0) -> None:
         """End the streams, stop serving, and remove our socket (only if it is still ours)."""
