@@ -11,8 +11,8 @@ protocol class), and this module adds, per listener:
   of the request's head; a body deadline: from the end of the head to the end of the body. A connection that misses
   one is closed (its request, if any, sees a disconnect). Idle keep-alive stays uvicorn's own `timeout_keep_alive`.
 - a connection cap, below the process's open-files limit: a new connection past the cap evicts the connection that
-  has waited longest for a request head (idle or slow: a client that sends its request quickly always gets in), and
-  is refused only when every connection is busy with a request.
+  has waited longest for a request head (idle or slow: a client that sends its request quickly always gets in),
+  else the one longest in sending a body, and is refused only when every connection is busy with an answer.
 - accept failures (EMFILE and kin) counted and logged at most once per `ACCEPT_LOG_INTERVAL_S`.
 - listening sockets bound before the app starts, so a busy port fails before anything says "started".
 - a request with both Transfer-Encoding and Content-Length refused with 400 (RFC 9112 6.3: its length is
@@ -78,7 +78,8 @@ class Guard:
     def __init__(self, listener: str, limits: ConnectionLimits, metrics: ExtenderMetrics) -> None:
         self.listener = listener
         self.limits = limits
-        self.waiting: dict[GuardedH11Protocol, float] = {}
+        self.waiting: dict[GuardedH11Protocol, float] = {}  # waiting for a request head, since when
+        self.receiving: dict[GuardedH11Protocol, float] = {}  # receiving a request body, since when
         self._open = metrics.http_connections.labels(listener)
         self._closed = metrics.http_connections_closed
 
@@ -92,12 +93,13 @@ class Guard:
         self._open.dec()
 
     def evict_one(self) -> bool:
-        """Close the connection that has waited longest for a request head; False when none waits."""
-        if not self.waiting:
-            return False
-        victim = min(self.waiting, key=self.waiting.__getitem__)
-        victim.expire("evicted")
-        return True
+        """Close the connection that has waited longest for a request head, else the one longest receiving a
+        body; False when every connection is busy with an answer."""
+        for phase in (self.waiting, self.receiving):
+            if phase:
+                min(phase, key=phase.__getitem__).expire("evicted")
+                return True
+        return False
 
 
 class StrictConnection(h11.Connection):
@@ -175,6 +177,7 @@ class GuardedH11Protocol(H11Protocol):
         elif cycle.more_body and not cycle.disconnected:
             if self._phase != BODY or self._phase_cycle is not cycle:
                 self._arm(BODY, self.guard.limits.body_timeout_s)
+                self.guard.receiving[self] = time.monotonic()
                 self._phase_cycle = cycle
         else:
             self._disarm()  # the request is complete: the app answers it
@@ -190,6 +193,7 @@ class GuardedH11Protocol(H11Protocol):
             self._timer = None
         self._phase = None
         self.guard.waiting.pop(self, None)
+        self.guard.receiving.pop(self, None)
 
     def expire(self, reason: str) -> None:
         """Close the connection now (a deadline passed, or it is evicted); counted, not logged one by one."""

@@ -188,3 +188,18 @@ def test_transfer_encoding_with_content_length_is_refused(tmp_path: Path) -> Non
             while chunk := s.recv(65536):
                 answer += chunk
         assert answer.startswith(b"HTTP/1.1 200 ") and b'"NodeNames":["a100"]' in answer
+
+
+def test_at_the_cap_a_body_that_never_comes_gives_way(tmp_path: Path) -> None:
+    """Every connection is a request whose body never comes: a new client still gets in (the oldest is closed)."""
+    with extender(tmp_path, "--max-connections", "6") as (port, _):
+        stuck = []
+        for _ in range(6):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+            stuck.append(s)
+        time.sleep(0.2)  # let the server read the heads: all six are now receiving bodies
+        assert filter_ok(port)
+        assert metric(port, 'gpu_extender_http_connections_closed_total{listener="api",reason="evicted"}') >= 1
+        for s in stuck:
+            s.close()
