@@ -16,7 +16,7 @@ from extender.config import ExtenderConfig
 from extender.service import Extender
 from gputopo.contract import parse_plan
 from gputopo.core import Topology
-from tests.extender.conftest import A100, DGX1, PREFIX, bind_body, cache_args, node_annotations, running, topo
+from tests.extender.conftest import A100, DGX1, PCIE, PREFIX, bind_body, cache_args, node_annotations, running, topo
 from tests.fakes.kubeapi import FakeKubeApi
 
 PLAN = f"{PREFIX}/plan"
@@ -302,3 +302,24 @@ def test_1000_concurrent_binds_on_100_nodes_with_a_restart_never_share_a_gpu(fak
     assert all("cannot take pod" in e for e in errors if e), [e for e in errors if e][:3]
     taken = Counter((node, g) for _, node, ids in plans for g in ids)
     assert max(taken.values()) == 1  # zero GPUs assigned twice
+
+
+def test_preempt_meta_victims_compare_costs_with_the_cached_priorities(fake: FakeKubeApi, api) -> None:
+    """Issue 14, item 6 in nodeCacheCapable mode: victims come as UIDs; their priorities come from the pod cache."""
+    fake.add_node(k8s_node("pcie", topo(PCIE)))
+    fake.add_node(k8s_node("nvswitch", topo(A100)))
+    victims: dict[str, list[str]] = {"pcie": [], "nvswitch": []}
+    with cluster(api) as (ext, client):
+        for node in victims:
+            for i in range(2):
+                pod = k8s_pod(f"{node}-{i}", 4)
+                pod["spec"]["priority"] = 100
+                pod = fake.add_pod(pod)
+                assert client.post("/bind", json=bind_body(pod, node)).json() == {"Error": ""}
+                victims[node].append(pod["metadata"]["uid"])
+        assert ext.cache.wait_for(lambda: all(r.plan is not None for r in ext.cache.pods.values()), 10)
+        urgent = fake.add_pod(k8s_pod("urgent", 8))
+        body = {"Pod": urgent, "NodeNameToVictims": None, "NodeNameToMetaVictims": {
+            node: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 0} for node, uids in victims.items()}}
+        kept = client.post("/preempt", json=body).json()["NodeNameToMetaVictims"]
+    assert list(kept) == ["nvswitch"]
