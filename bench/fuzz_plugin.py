@@ -185,7 +185,7 @@ Targets: 0 violations, 0 crashes. Plugin log output during the run: {sink.lines}
 
 {markdown_table(["method path", "calls", "statuses", "p50 ms", "p99 ms", "max ms"], status)}
 
-INTERNAL is grpc's own answer to a body that does not parse ("Exception deserializing request!"), before the
+UNKNOWN is grpc.aio's own answer to a body that does not parse (a DecodeError in its deserializer), before the
 plugin's code runs. The enormous cases are 200,000-id Allocate and GetPreferredAllocation requests and a 5 MiB id.
 """
     if stats.violations or harms:

@@ -41,7 +41,9 @@ _SCORE_TAIL = [b',"Score":%d},' % s for s in range(11)]
 PREEMPT_RULE = (
     "Keeps a candidate node, with its victims unchanged, only if evicting them frees a GPU subset that meets the "
     "pod's need (count, require-nvlink, min-allreduce-gbps); drops it otherwise. Victims' GPUs come from their plan "
-    "annotations; a victim without a plan frees no known GPUs. Victims are never trimmed."
+    "annotations; a victim without a plan frees no known GPUs. Victims are never trimmed. Among kept nodes whose "
+    "victims cost the same (PDB violations, highest and summed victim priority, victim count), only those freeing the "
+    "fastest subset stay."
 )
 
 

@@ -122,7 +122,10 @@ class Binder:
         plan, res = self._reserve(req, needs)
         if self.inventory is not None:
             return BOUND
-        return await self._post_binding(req, plan, res)
+        outcome = await self._post_binding(req, plan, res)
+        if res is not None:  # bound: from now on the reservation ends by state or by the pod going away
+            self.cache.reservations.mark_bound(req.holder, req.node, res)
+        return outcome
 
     async def _needs(self, req: BindRequest) -> PodNeeds | str:
         rec = self.cache.pods.get(req.uid) if req.uid else None

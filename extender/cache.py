@@ -68,6 +68,7 @@ class PodRecord:
     needs: PodNeeds | None
     plan: Plan | None
     plan_text: str | None
+    priority: int | None = None  # spec.priority (preemption compares victims by it)
 
     @property
     def terminal(self) -> bool:
@@ -350,9 +351,11 @@ class NodeCache:
             return None
         spec, status = _dict(pod.get("spec")), _dict(pod.get("status"))
         node = spec.get("nodeName")
+        priority = spec.get("priority")
         return PodRecord(uid, namespace, name, node if isinstance(node, str) and node else None,
                          str(status.get("phase") or ""), bool(meta.get("deletionTimestamp")), needs, plan,
-                         plan_text if isinstance(plan_text, str) else None)
+                         plan_text if isinstance(plan_text, str) else None,
+                         priority if isinstance(priority, int) and not isinstance(priority, bool) else 0)
 
     def update_pod(self, pod: Mapping[str, Any]) -> PodRecord | None:
         rec = self.record_from_pod(pod)
@@ -382,7 +385,9 @@ class NodeCache:
 
     def sync_pods(self, items: Iterable[Any]) -> None:
         """Replace every pod with a fresh snapshot. Reservations made by an in-flight bind are kept: their pod may
-        postdate the snapshot; they end by state, deletion event or timeout."""
+        postdate the snapshot; they end by state, deletion event or timeout. A bound one whose pod is not in the
+        snapshot ends (its pod went away while the watch was down); were the pod only newer than the snapshot, its
+        watch event rebuilds the reservation from its plan."""
         seen = set()
         for item in items:
             if isinstance(item, dict):
@@ -393,7 +398,7 @@ class NodeCache:
             if uid not in seen:
                 self.remove_pod(uid)
         for r in self.reservations.all():
-            if r.source == POD and r.uid not in seen and self.reservations.release(r.uid, r.node):
+            if (r.source == POD or r.bound) and r.uid not in seen and self.reservations.release(r.uid, r.node):
                 self.on_reservation_end("pod_gone", 1)
 
     def _reconcile(self, rec: PodRecord) -> None:
@@ -429,10 +434,15 @@ class NodeCache:
             self.reservations.add(rec.uid, rec.namespace, rec.name, rec.node, ids, mask, POD, plan)
             log.info("extender.reservation.rebuilt", pod=rec.key, node=rec.node, gpus=sorted(ids))
 
+    def _bound_here(self, r: Reservation) -> bool:
+        """The reservation's pod is seen bound to its node and has not ended (it would have been removed)."""
+        rec = self.pods.get(r.uid)
+        return rec is not None and rec.node == r.node
+
     def expire_reservations(self) -> list[Reservation]:
-        gone = self.reservations.expire()
-        for r in gone:
-            self._settled[r.uid] = r.node
+        """End the reservations of pods never bound whose timeout passed (reservations module)."""
+        gone = self.reservations.expire(self._bound_here)
+        for r in gone:  # not marked settled: should its pod turn out bound after all, its plan is reserved again
             log.warning("extender.reservation.expired", pod=f"{r.namespace}/{r.name}", node=r.node,
                         gpus=sorted(r.ids), timeout_s=self.reservations.timeout_s)
         if gone:

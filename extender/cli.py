@@ -2,7 +2,8 @@
 
 Settings (extender.config): flag > environment GPU_EXTENDER_<FLAG> > YAML --config file > default. Exit codes: 2 for
 an invalid setting, a missing or unreadable file among them (the message names the setting and its source); 1 when
-it cannot start with what the inventory or kubeconfig holds; 3 when the metrics listener cannot start.
+it cannot start with what the inventory or kubeconfig holds or cannot listen on its port (checked before the app
+starts); 3 when the metrics listener cannot start.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import asyncio
 import contextlib
 import gc
 import ipaddress
+import socket
 import ssl
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -66,15 +69,19 @@ def _companion_server(config: uvicorn.Config) -> uvicorn.Server:
     return CompanionServer(config)
 
 
-async def serve_beside(main: uvicorn.Server, companion: uvicorn.Server) -> None:
-    """Run both servers in one loop. The companion stops as soon as the main server begins to (a signal, a failed
-    start); a companion that cannot start (uvicorn has logged why) stops the main server and the process exits 3."""
-    failed: list[SystemExit] = []
+async def serve_beside(main: uvicorn.Server, companion: uvicorn.Server | None,
+                       sockets: list[socket.socket], companion_sockets: list[socket.socket]) -> None:
+    """Run both servers in one loop on their bound sockets. The companion stops as soon as the main server begins
+    to (a signal, a failed start); a companion that fails stops the main server and the process exits 3."""
+    if companion is None:
+        await main.serve(sockets=sockets)
+        return
+    failed: list[BaseException] = []
 
     async def run_companion() -> None:
         try:
-            await companion.serve()
-        except SystemExit as e:
+            await companion.serve(sockets=companion_sockets)
+        except (SystemExit, Exception) as e:
             failed.append(e)
             main.should_exit = True
 
@@ -86,12 +93,13 @@ async def serve_beside(main: uvicorn.Server, companion: uvicorn.Server) -> None:
     task = asyncio.create_task(run_companion())
     follower = asyncio.create_task(follow())
     try:
-        await main.serve()
+        await main.serve(sockets=sockets)
     finally:
         companion.should_exit = True
         await asyncio.gather(task, follower)
     if failed:
-        raise failed[0]
+        log.error("extender.metrics.failed", error=str(failed[0]))
+        raise SystemExit(3)
 
 
 @click.group()
@@ -109,6 +117,17 @@ def serve(config: ExtenderConfig) -> None:
     from extender.app import create_app, create_metrics_app
     from extender.inventory import InventoryError
     from extender.metrics import ExtenderMetrics
+    from extender.server import (
+        BACKLOG,
+        AcceptErrors,
+        ConnectionLimits,
+        Guard,
+        ListenError,
+        close_quietly,
+        connection_cap,
+        listen,
+        protocol_class,
+    )
     from extender.service import Extender
     from gputopo.kube import KubeConfigError, make_api_client
     from gputopo.metrics import process_registry
@@ -131,6 +150,21 @@ def serve(config: ExtenderConfig) -> None:
     gc.collect()
     gc.freeze()
     mutual_tls = config.tls_client_ca is not None
+    # Listen before the app starts, so a busy port fails before anything says "started".
+    try:
+        sock = listen(config.host, config.port)
+    except ListenError as e:
+        raise click.ClickException(str(e)) from None
+    metrics_sock = None
+    if config.metrics_port:
+        try:
+            metrics_sock = listen(config.metrics_host, config.metrics_port)
+        except ListenError as e:
+            close_quietly(sock)
+            click.echo(f"Error: {e}", err=True)
+            sys.exit(3)
+    limits = ConnectionLimits(config.header_timeout_s, config.body_timeout_s,
+                              connection_cap(config.max_connections))
     server_config = uvicorn.Config(
         create_app(ext),
         host=config.host,
@@ -139,24 +173,33 @@ def serve(config: ExtenderConfig) -> None:
         log_config=None,  # uvicorn's lines go through our structured logging (gputopo.logs)
         access_log=False,
         lifespan="on",
+        http=protocol_class(Guard("api", limits, metrics)),
+        backlog=BACKLOG,
+        timeout_keep_alive=config.keep_alive_timeout_s,  # type: ignore[arg-type]
         ssl_certfile=config.tls_cert,
         ssl_keyfile=config.tls_key,
         ssl_ca_certs=str(config.tls_client_ca) if mutual_tls else None,
         ssl_cert_reqs=ssl.CERT_REQUIRED if mutual_tls else ssl.CERT_NONE,
     )
     main_server = uvicorn.Server(server_config)
-    log.info("extender.server.listening", host=config.host, port=config.port, mode=ext.mode, tls=tls,
-             mutual_tls=mutual_tls, metrics_port=config.metrics_port or None)
-    if not config.metrics_port:
-        main_server.run()
-        return
-    metrics_server = _companion_server(uvicorn.Config(
-        create_metrics_app(ext), host=config.metrics_host, port=config.metrics_port, log_level=config.log_level,
-        log_config=None,
-        access_log=False, lifespan="off",
-    ))
+    metrics_server = None
+    if metrics_sock is not None:
+        metrics_server = _companion_server(uvicorn.Config(
+            create_metrics_app(ext), host=config.metrics_host, port=config.metrics_port, log_level=config.log_level,
+            log_config=None, access_log=False, lifespan="off", http=protocol_class(Guard("metrics", limits, metrics)),
+            backlog=BACKLOG,
+            timeout_keep_alive=config.keep_alive_timeout_s,  # type: ignore[arg-type]
+        ))
+    log.info("extender.server.listening", host=config.host, port=sock.getsockname()[1], mode=ext.mode, tls=tls,
+             mutual_tls=mutual_tls, metrics_port=config.metrics_port or None, max_connections=limits.max_connections,
+             header_timeout_s=limits.header_timeout_s, body_timeout_s=limits.body_timeout_s)
+
+    async def run() -> None:
+        asyncio.get_running_loop().set_exception_handler(AcceptErrors(metrics))
+        await serve_beside(main_server, metrics_server, [sock], [metrics_sock] if metrics_sock else [])
+
     with asyncio.Runner(loop_factory=server_config.get_loop_factory()) as runner:
-        runner.run(serve_beside(main_server, metrics_server))
+        runner.run(run())
 
 
 if __name__ == "__main__":

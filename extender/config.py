@@ -19,6 +19,11 @@ DEFAULT_RESERVATION_TIMEOUT_S = 300.0
 # See extender.placement.island_values; chosen with bench/placement.py.
 DEFAULT_ISLAND_PENALTY = 1.0
 DEFAULT_ISLAND_SPARE = 4
+# kube-scheduler gives a whole exchange 5 s (httpTimeout): a request slower than this to arrive is of no use.
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 10.0
+DEFAULT_KEEP_ALIVE_S = 5.0
+DEFAULT_MAX_CONNECTIONS = 1000
 
 
 def _port(v: int) -> int:
@@ -43,8 +48,22 @@ class ExtenderConfig(BaseModel):
     resource_name: str = Field(DEFAULT_RESOURCE, description="Extended resource whose requests are placed.")
     annotation_prefix: str = Field(DEFAULT_PREFIX, description="Prefix of every node and pod annotation and label.")
     reservation_timeout_s: Annotated[float, Cli(flag="reservation-timeout")] = Field(
-        DEFAULT_RESERVATION_TIMEOUT_S, description="Seconds a bound plan holds its GPUs unconfirmed.")
+        DEFAULT_RESERVATION_TIMEOUT_S,
+        description="Seconds a plan whose Binding was never seen applied holds its GPUs; a bound pod's plan holds "
+                    "them until the node shows them used or the pod ends.")
     max_body_bytes: int = Field(DEFAULT_BODY_LIMIT, description="Requests larger than this get 413.")
+    header_timeout_s: Annotated[float, Cli(flag="header-timeout")] = Field(
+        DEFAULT_HEADER_TIMEOUT_S, description="Seconds a connection may take, from being ready for a request, to send "
+                                              "the request's head; then it is closed.")
+    body_timeout_s: Annotated[float, Cli(flag="body-timeout")] = Field(
+        DEFAULT_BODY_TIMEOUT_S, description="Seconds a request may take to send its body after its head; then its "
+                                            "connection is closed.")
+    keep_alive_timeout_s: Annotated[float, Cli(flag="keep-alive-timeout")] = Field(
+        DEFAULT_KEEP_ALIVE_S, description="Seconds an idle keep-alive connection is kept after a response.")
+    max_connections: int = Field(
+        DEFAULT_MAX_CONNECTIONS,
+        description="Client connections per listener; past it the one waiting longest for a request is closed. "
+                    "Lowered to fit the open-files limit.")
     island_penalty: float = Field(
         DEFAULT_ISLAND_PENALTY,
         description="Share of a scarce larger NVLink island's GB/s a placement is charged for breaking it; "
@@ -99,6 +118,20 @@ class ExtenderConfig(BaseModel):
     def _body_limit(cls, v: int) -> int:
         if v <= 0:
             raise ValueError(f"body size limit must be positive, got {v}")
+        return v
+
+    @field_validator("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s")
+    @classmethod
+    def _timeouts(cls, v: float) -> float:
+        if not 0 < v < float("inf"):
+            raise ValueError(f"must be a positive number of seconds, got {v}")
+        return v
+
+    @field_validator("max_connections")
+    @classmethod
+    def _max_connections(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be at least 1, got {v}")
         return v
 
     @field_validator("island_penalty")

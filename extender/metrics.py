@@ -47,6 +47,15 @@ class ExtenderMetrics:
                                     ["verb"], registry=r)
         self.internal_errors = Counter(f"{PREFIX}_internal_errors_total",
                                        "Unexpected exceptions answered with Error, by verb.", ["verb"], registry=r)
+        self.http_connections = Gauge(f"{PREFIX}_http_connections", "Client connections open now, by listener.",
+                                      ["listener"], registry=r)
+        self.http_connections_closed = Counter(
+            f"{PREFIX}_http_connections_closed_total",
+            "Connections the server closed, by listener and why: head_timeout, body_timeout, evicted (the cap was "
+            "reached and it waited longest for a request), refused (the cap was reached, none could be evicted).",
+            ["listener", "reason"], registry=r)
+        self.http_accept_errors = Counter(f"{PREFIX}_http_accept_errors_total",
+                                          "Accepts that failed for lack of files, buffers or memory.", registry=r)
         self.watch = WatchMetrics(r, PREFIX)
 
     def bind_gauges(self, reservations: Callable[[], float], nodes: Callable[[], float],

@@ -1,9 +1,5 @@
-"""What a pod asks of a node: how many GPUs (counted as the kubelet counts them), per container, and its constraints.
-
-The kubelet's rule for a pod's effective request of a resource (k8s.io/component-helpers resource.PodRequests):
-app containers and sidecars (init containers with restartPolicy Always) run together, so their requests add up; a
-regular init container runs alone next to the sidecars started before it; the pod needs the larger of the two.
-Extended resources take the limit when one is set (requests must equal limits for them), else the request.
+"""What a pod asks of a node: how many GPUs (gputopo.podspec: counted as the kubelet counts them, one quantity
+parser for both halves), per container, and its placement constraints (annotations).
 
 Read straight from the Pod's JSON dict: this runs on the filter hot path, so no model classes.
 """
@@ -11,39 +7,27 @@ Read straight from the Pod's JSON dict: this runs on the filter hot path, so no 
 from __future__ import annotations
 
 import math
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from gputopo.contract import Keys
 from gputopo.core import Topology, best_subset
+from gputopo.podspec import (
+    APP,
+    INIT,
+    SIDECAR,
+    ContainerNeed,
+    PodSpecError,
+    container_needs,
+    count_quantity,
+    effective_count,
+)
 
-INIT, SIDECAR, APP = "init", "sidecar", "app"
-
-_QUANTITY = re.compile(r"^([+-]?[0-9]+(?:\.[0-9]*)?|[+-]?\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-_SUFFIX = {
-    None: Decimal(1), "m": Decimal("0.001"),
-    "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9, "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
-}
-MAX_GPUS_PER_POD = 4096
-
-
-class PodSpecError(ValueError):
-    """The pod's spec or annotations cannot be read for GPU placement; the message names the field."""
-
-
-@dataclass(frozen=True)
-class ContainerNeed:
-    name: str
-    count: int
-    kind: str  # INIT, SIDECAR or APP
+__all__ = ["APP", "INIT", "SIDECAR", "ContainerNeed", "Need", "PodNeeds", "PodSpecError", "RecentPods",
+           "effective_count", "parse_quantity", "pod_needs", "split_plan"]
 
 
 @dataclass(frozen=True)
@@ -77,79 +61,12 @@ class PodNeeds:
 
 
 def parse_quantity(value: Any, where: str) -> int:
-    """A whole-number resource quantity ("2", 2, "2000m"); extended resources cannot be fractional."""
-    if isinstance(value, bool):
-        raise PodSpecError(f"{where}: quantity {value!r} is not a number")
-    if isinstance(value, int):
-        number = Decimal(value)
-    elif isinstance(value, float) and math.isfinite(value):
-        number = Decimal(repr(value))
-    elif isinstance(value, str):
-        m = _QUANTITY.match(value.strip())
-        if not m:
-            raise PodSpecError(f"{where}: {value!r} is not a Kubernetes quantity")
-        try:
-            number = Decimal(m.group(1)) * _SUFFIX[m.group(2)]
-        except InvalidOperation:
-            raise PodSpecError(f"{where}: {value!r} is not a Kubernetes quantity") from None
-    else:
-        raise PodSpecError(f"{where}: quantity must be a string or number, got {type(value).__name__}")
-    if number < 0 or number != number.to_integral_value():
-        raise PodSpecError(f"{where}: {value!r} is not a whole, non-negative number of devices")
-    if number > MAX_GPUS_PER_POD:
-        raise PodSpecError(f"{where}: {value!r} devices is beyond any node")
-    return int(number)
+    """A whole-number device quantity ("2", 2, "2000m", "2e0"); extended resources cannot be fractional."""
+    return count_quantity(value, where)
 
 
 def _dict(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def _container_count(container: Mapping[str, Any], resource: str, where: str) -> int:
-    res = _dict(container.get("resources"))
-    limits, requests = _dict(res.get("limits")), _dict(res.get("requests"))
-    if resource in limits:
-        return parse_quantity(limits[resource], f"{where} limits[{resource}]")
-    if resource in requests:
-        return parse_quantity(requests[resource], f"{where} requests[{resource}]")
-    return 0
-
-
-def container_needs(pod: Mapping[str, Any], resource: str) -> tuple[ContainerNeed, ...]:
-    """Every container's count, init containers first in spec order (sidecars marked), then app containers."""
-    spec = pod.get("spec")
-    if not isinstance(spec, dict):
-        raise PodSpecError("pod has no spec object")
-    out: list[ContainerNeed] = []
-    for field, kind in (("initContainers", INIT), ("containers", APP)):
-        items = spec.get(field)
-        if items is None:
-            continue
-        if not isinstance(items, list):
-            raise PodSpecError(f"spec.{field} must be a list")
-        for i, c in enumerate(items):
-            if not isinstance(c, dict):
-                raise PodSpecError(f"spec.{field}[{i}] must be an object")
-            name = c.get("name")
-            if not isinstance(name, str) or not name:
-                raise PodSpecError(f"spec.{field}[{i}] has no name")
-            k = SIDECAR if kind == INIT and c.get("restartPolicy") == "Always" else kind
-            out.append(ContainerNeed(name, _container_count(c, resource, f"{field}[{name}]"), k))
-    return tuple(out)
-
-
-def effective_count(containers: Sequence[ContainerNeed]) -> int:
-    """The kubelet's rule: max(sum of app containers + sidecars, each init container + sidecars started before it)."""
-    sidecars = 0
-    init_peak = 0
-    for c in containers:
-        if c.kind == SIDECAR:
-            sidecars += c.count
-            init_peak = max(init_peak, sidecars)
-        elif c.kind == INIT:
-            init_peak = max(init_peak, sidecars + c.count)
-    apps = sum(c.count for c in containers if c.kind == APP)
-    return max(init_peak, apps + sidecars)
 
 
 def _annotation_flag(value: Any, key: str) -> bool:

@@ -9,6 +9,10 @@ Rule (documented in docs and the OpenAPI description):
   node is dropped from the candidates (evicting there would not let the pod run well, or at all).
 - Victims are never trimmed: kube-scheduler already reprieved every victim it could by count and by its other
   resources, so each remaining victim is needed by some filter; removing one would leave the pod unschedulable.
+- Among the nodes kept whose victims cost the same as kube-scheduler weighs them (PDB violations, highest victim
+  priority, sum of victim priorities, number of victims), only those whose freed subset is the fastest stay:
+  kube-scheduler picks among equal-cost candidates without knowing GPUs, so the slower ones are not offered. A
+  node whose victims' priorities are not all known (a meta victim the pod cache does not hold) is not compared.
 Nodes the extender does not know or that publish no topology are dropped too (preemption there cannot help).
 """
 
@@ -28,6 +32,7 @@ from gputopo.core.bitset import mask_of
 class Victim:
     uid: str
     plan: Plan | None  # None: look it up by UID
+    priority: int | None = None  # None: look it up by UID in the pod cache
 
 
 @dataclass(frozen=True)
@@ -43,10 +48,11 @@ def keep_victims(
     candidates: Mapping[str, NodeVictims],
     plan_of: Callable[[str], Plan | None],
 ) -> dict[str, NodeVictims]:
-    """The candidates whose eviction frees a suitable subset (see the module rule)."""
+    """The candidates whose eviction frees a suitable subset, the fastest among equal victim costs (module rule)."""
     if need.size == 0:
         return dict(candidates)
     out: dict[str, NodeVictims] = {}
+    speed: dict[str, float] = {}
     for node, nv in candidates.items():
         entry = cache.nodes.get(node)
         if entry is None or entry.topo is None or entry.total < need.size:
@@ -56,9 +62,40 @@ def keep_victims(
         after = (cache.free_mask(entry) | freed) & healthy
         if after.bit_count() < need.size:
             continue
-        if placement.fit(entry, after, need).alloc is not None:
+        fit = placement.fit(entry, after, need)
+        if fit.alloc is not None:
             out[node] = nv
-    return out
+            speed[node] = fit.gbps
+    return _fastest_per_cost(out, speed, cache)
+
+
+# Victim cost as kube-scheduler orders preemption candidates (pickOneNodeForPreemption): lower is better.
+Cost = tuple[int, int, int, int]
+
+
+def victim_cost(nv: NodeVictims, cache: NodeCache) -> Cost | None:
+    """(PDB violations, highest victim priority, sum of priorities, victims), or None when a priority is unknown."""
+    priorities = []
+    for v in nv.victims:
+        priority = v.priority
+        if priority is None:
+            rec = cache.pods.get(v.uid)
+            priority = rec.priority if rec is not None else None
+        if priority is None:
+            return None
+        priorities.append(priority)
+    return (nv.pdb_violations, max(priorities, default=-(2**31)), sum(priorities), len(priorities))
+
+
+def _fastest_per_cost(kept: dict[str, NodeVictims], speed: Mapping[str, float],
+                      cache: NodeCache) -> dict[str, NodeVictims]:
+    best: dict[Cost, float] = {}
+    costs = {node: victim_cost(nv, cache) for node, nv in kept.items()}
+    for node, cost in costs.items():
+        if cost is not None:
+            best[cost] = max(best.get(cost, 0.0), speed[node])
+    return {node: nv for node, nv in kept.items()
+            if costs[node] is None or speed[node] >= best[costs[node]] * (1 - 1e-9)}
 
 
 def _freed_mask(index: Mapping[str, int], node: str, victims: Sequence[Victim],

@@ -2,8 +2,10 @@
 
 Between the extender's bind and the plugin republishing the node's state there is a window in which the node's
 annotation still shows the planned GPUs free. A reservation closes it: the node's free set is topology - used -
-unhealthy - reserved. A reservation ends when the node's state shows all its GPUs used, when its pod is gone, or
-after a timeout (a plan the kubelet never acted on must not hold GPUs forever).
+unhealthy - reserved. A reservation ends when the node's state shows all its GPUs used, or when its pod is gone
+(deleted, or terminal). A timeout ends only the reservations of pods that were never bound (a Binding whose outcome
+is unknown and that the apiserver never applied): a bound pod whose kubelet is slow or down keeps its GPUs for as
+long as it lives, however long that takes, since giving them away would plan a second pod onto them.
 
 Reservations are keyed by (pod uid, node): two binds of one pod to different nodes never overwrite each other.
 Masks are bit sets of GPU indices on the node's current topology; ids stay the truth, so a node whose topology
@@ -15,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gputopo.contract import Plan
 
@@ -33,6 +35,7 @@ class Reservation:
     expires_at: float
     source: str  # BIND: made by this process's bind; POD: rebuilt from a pod's plan annotation
     plan: Plan | None = None
+    bound: bool = False  # the Binding was applied: the timeout no longer applies
 
 
 class Reservations:
@@ -66,6 +69,15 @@ class Reservations:
             self._by_node.setdefault(node, {})[uid] = res
             self._recompute(node)
         return res
+
+    def mark_bound(self, uid: str, node: str, expected: Reservation) -> bool:
+        """The Binding of `expected` was applied: it now ends only by state or by its pod going away."""
+        with self._lock:
+            held = self._by_node.get(node)
+            if held and held.get(uid) is expected:
+                held[uid] = replace(expected, bound=True)
+                return True
+        return False
 
     def get(self, uid: str, node: str) -> Reservation | None:
         return self._by_node.get(node, {}).get(uid)
@@ -133,17 +145,19 @@ class Reservations:
                 mask = 0
                 for i in idx:
                     mask |= 1 << i  # type: ignore[operator]
-                held[uid] = Reservation(r.uid, r.namespace, r.name, r.node, r.ids, mask, r.expires_at, r.source,
-                                        r.plan)
+                held[uid] = replace(r, mask=mask)
             self._recompute(node)
         return dropped
 
-    def expire(self, now: float | None = None) -> list[Reservation]:
+    def expire(self, bound: Callable[[Reservation], bool] = lambda r: False,
+               now: float | None = None) -> list[Reservation]:
+        """End the reservations past their timeout, except those marked bound or for which `bound(r)` holds (the
+        caller knows the pod sits on that node)."""
         now = self.clock() if now is None else now
         out = []
         with self._lock:
             for node, held in list(self._by_node.items()):
-                gone = [uid for uid, r in held.items() if r.expires_at <= now]
+                gone = [uid for uid, r in held.items() if r.expires_at <= now and not r.bound and not bound(r)]
                 for uid in gone:
                     out.append(held.pop(uid))
                 if gone:

@@ -28,12 +28,20 @@ class BodyTooLarge(ValueError):
     """The body exceeds the configured limit; answered with HTTP 413."""
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def decode(body: bytes) -> Any:
     if not body:
         raise BadRequest("empty body: expected a JSON object")
+    if body.startswith(GZIP_MAGIC):
+        raise BadRequest("body is gzip-compressed; kube-scheduler sends plain JSON and so must any other client "
+                         "(Content-Encoding is not supported)")
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as e:
+        if "UTF-8" in str(e) or "surrogates" in str(e):
+            raise BadRequest("body is not UTF-8 text, so not JSON (is it compressed or binary?)") from None
         raise BadRequest(f"body is not valid JSON: {e}") from None
 
 
@@ -118,7 +126,7 @@ def extender_args(data: Any) -> ExtenderArgs:
     if node_names is not None:
         if not isinstance(node_names, list) or not set(map(type, node_names)) <= {str}:
             raise BadRequest("NodeNames must be an array of strings or null")
-        names = node_names
+        names = list(dict.fromkeys(node_names))  # a name sent twice is judged, and answered, once
     if nodes is not None:
         nodes = _object(nodes, "Nodes")
         _opt(nodes, "apiVersion", str, "Nodes")
@@ -127,6 +135,12 @@ def extender_args(data: Any) -> ExtenderArgs:
         items = _opt(nodes, "items", list, "Nodes") or []
         list_names = [check_object(item, f"Nodes.items[{i}]", required_name="name")["metadata"]["name"]
                       for i, item in enumerate(items)]
+        if len(set(list_names)) < len(list_names):  # a node listed twice is judged, and echoed back, once
+            first: dict[str, int] = {}
+            for i, name in enumerate(list_names):
+                first.setdefault(name, i)
+            items = [items[i] for i in first.values()]
+            list_names = list(first)
         if node_names is None:
             names = list_names
     return ExtenderArgs(pod, names, node_names, nodes, items)
@@ -173,6 +187,12 @@ def _victim_plan(pod: dict[str, Any], plan_key: str) -> Any:
         return None  # someone else's garbage: this victim frees no known GPUs
 
 
+def _priority(pod: dict[str, Any]) -> int:
+    """spec.priority as kube-scheduler reads it (corev1helpers.PodPriority): 0 when unset."""
+    value = (pod.get("spec") or {}).get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def preemption_args(data: Any, plan_key: str) -> PreemptionArgs:
     """Body of /preempt; full-pod victims carry their plan annotation, meta victims only a UID."""
     data = _object(data, "body")
@@ -200,6 +220,6 @@ def preemption_args(data: Any, plan_key: str) -> PreemptionArgs:
             victims = []
             for i, p in enumerate(_opt(v, "Pods", list, where) or []):
                 p = check_object(p, f"{where}.Pods[{i}]", required_name="uid")
-                victims.append(Victim(p["metadata"]["uid"], _victim_plan(p, plan_key)))
+                victims.append(Victim(p["metadata"]["uid"], _victim_plan(p, plan_key), _priority(p)))
             candidates[node] = NodeVictims(tuple(victims), _pdb(v, where))
     return PreemptionArgs(pod, candidates)

@@ -39,7 +39,11 @@ class PluginConfig(BaseModel):
         None, description="Run on this topology file (nvidia-smi topo -m text, NVML recording, compact JSON) "
                           "instead of NVML.")
     device_list_strategy: ListStrategy = Field(
-        ListStrategy.ENVVAR, description="How the runtime learns the GPUs: NVIDIA_VISIBLE_DEVICES, or CDI names.")
+        ListStrategy.ENVVAR,
+        description="How the runtime learns the GPUs: envvar (NVIDIA_VISIBLE_DEVICES: the NVIDIA Container "
+                    "Toolkit's runtime), cdi-cri (CDI names in the CRI field: kubelet 1.28+, containerd 1.7+ with CDI, "
+                    "CRI-O 1.28+), cdi-annotations (CDI names in cdi.k8s.io/ annotations: runtimes that read those). "
+                    "cdi is the deprecated name of cdi-cri.")
     device_id_strategy: IdStrategy = Field(IdStrategy.UUID, description="Device ids are GPU UUIDs or indices.")
     node_name: Annotated[str | None, Cli(env=("NODE_NAME",))] = Field(
         None, description="This node's name: publication and plans need it.")

@@ -57,6 +57,12 @@ class PluginMetrics:
         self.health_transitions = Counter(
             f"{PREFIX}_health_transitions", "Device health changes, by new state.", ["to"], registry=r
         )
+        self.streams = Gauge(f"{PREFIX}_listandwatch_streams", "ListAndWatch streams open now.", registry=r)
+        self.streams_refused = Counter(
+            f"{PREFIX}_listandwatch_streams_refused",
+            "ListAndWatch streams refused (RESOURCE_EXHAUSTED) because the most allowed were open.",
+            registry=r,
+        )
         self.devices = Gauge(f"{PREFIX}_devices", "Advertised devices, by health.", ["health"], registry=r)
         # The plan watch (gpuplugin.plan_watch): what GetPreferredAllocation found among the extender's plans.
         self.plan_lookups = Counter(

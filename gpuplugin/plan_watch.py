@@ -7,13 +7,17 @@ kubelet's available set and holds every must-include id. Plans on one node are d
 same-size pod's plan costs nothing (DESIGN.md); once the kubelet allocates a plan its GPUs leave the available set,
 which is why nothing has to be marked as used here.
 
+The same watch tells when a pod holding this resource on the node ends (deleted, or Succeeded/Failed): it calls
+`on_device_pod_ended`, so the node's published state frees its devices at once rather than at the next poll. Whether
+a pod holds the resource is counted as the extender counts it (gputopo.podspec, one quantity parser for both).
+
 The plan annotation codec is part of the shared contract (gputopo.contract).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +27,7 @@ import structlog
 from gpuplugin.metrics import PluginMetrics
 from gputopo.contract import DEFAULT_KEYS, DEFAULT_RESOURCE, Keys, Plan, PlanFormatError, parse_plan
 from gputopo.kube.watching import SYNC, Watcher
+from gputopo.podspec import PodSpecError, pod_device_count
 
 log = structlog.get_logger(__name__)
 
@@ -64,6 +69,7 @@ class PlanWatch:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
         metrics: PluginMetrics | None = None,
+        on_device_pod_ended: Callable[[], None] | None = None,
     ) -> None:
         if not node_name:
             raise ValueError("node name must not be empty")
@@ -75,6 +81,8 @@ class PlanWatch:
         self._seq = 0
         self._metrics = metrics if metrics is not None else PluginMetrics()
         self._ignored: dict[str, str] = {}  # uid -> why, so a bad annotation is logged once, not per event
+        self._holding: set[str] = set()  # uids of this node's live pods that ask for the resource
+        self._on_ended = on_device_pod_ended
         self._watcher = Watcher(
             api,
             "pods",
@@ -145,7 +153,46 @@ class PlanWatch:
 
     # -- watch -----------------------------------------------------------------------------------------------
 
+    def _holds_devices(self, pod: Mapping[str, Any]) -> bool:
+        """A live pod of this node that asks for the resource (so holds, or will hold, some of its devices)."""
+        spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+        status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
+        if spec.get("nodeName") != self.node_name or status.get("phase") in ("Succeeded", "Failed"):
+            return False
+        try:
+            return pod_device_count(pod, self.resource_name) > 0
+        except PodSpecError:
+            return False
+
+    def _ended(self, uids: set[str]) -> None:
+        if uids and self._on_ended is not None:
+            self._log.debug("plugin.pods.ended", pods=len(uids))
+            try:
+                self._on_ended()
+            except Exception:  # the watch must go on whatever the callback does
+                self._log.exception("plugin.pods.refresh_failed")
+
+    def _follow_holding(self, event_type: str, obj: dict[str, Any]) -> None:
+        if event_type == SYNC:
+            now = set()
+            for pod in obj.get("items") or []:
+                uid = _meta(pod).get("uid") if isinstance(pod, dict) else None
+                if isinstance(uid, str) and self._holds_devices(pod):
+                    now.add(uid)
+            ended, self._holding = self._holding - now, now
+            self._ended(ended)
+            return
+        uid = _meta(obj).get("uid")
+        if not isinstance(uid, str):
+            return
+        if event_type != "DELETED" and self._holds_devices(obj):
+            self._holding.add(uid)
+        elif uid in self._holding:
+            self._holding.discard(uid)
+            self._ended({uid})
+
     def _on_event(self, event_type: str, obj: dict[str, Any]) -> None:
+        self._follow_holding(event_type, obj)
         if event_type == SYNC:
             items = obj.get("items") or []
             seen = set()

@@ -112,6 +112,7 @@ class NodePublisher(Worker):
         self._backoff = Backoff(backoff_initial_s, backoff_max_s)
         self._resync = resync_s
         self._clock = clock
+        self._recheck_at: float | None = None
 
         self.topology_key = keys.topology
         self.state_key = keys.state
@@ -225,8 +226,12 @@ class NodePublisher(Worker):
         with self._cond:
             return self._cond.wait_for(lambda: self._state is not None and predicate(self._state), timeout)
 
-    def trigger(self) -> None:
-        """Publish soon (a health change): immediately, unless a patch went out less than min_interval_s ago."""
+    def trigger(self, recheck_s: float = 0.0) -> None:
+        """Publish soon (a health change, a pod that ended): immediately, unless a patch went out less than
+        min_interval_s ago; with `recheck_s`, once more that much later (the kubelet may still list an ended pod's
+        devices for a moment after the API says it ended)."""
+        if recheck_s > 0:
+            self._recheck_at = self._clock() + recheck_s
         self.wake()
 
     def loop(self) -> None:
@@ -256,6 +261,13 @@ class NodePublisher(Worker):
                 continue
             self._backoff.reset()
             delay = self._poll
+            recheck = self._recheck_at
+            if recheck is not None:
+                left = recheck - self._clock()
+                if left > 0:
+                    delay = min(delay, left)
+                else:
+                    self._recheck_at = None
 
     def _delay_for(self, e: KubeApiError) -> float:
         if e.retryable or isinstance(e, Conflict):

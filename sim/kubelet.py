@@ -357,6 +357,9 @@ class KubeletSimulator:
         except grpc.RpcError as e:
             if not ep.closed:
                 log.warning("sim.listandwatch.failed", resource=ep.resource, code=e.code().name)
+        except ValueError:  # the endpoint was closed (a newer registration) before the stream could open
+            if not ep.closed:
+                raise
         finally:
             with self._cond:
                 r = self._resources[ep.resource]

@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import importlib.metadata
 import json
+import re
 import sys
 
 import click
@@ -50,15 +51,31 @@ def _summary(rec: dict) -> str:
     )
 
 
+def _not_json_hint(path: str, raw: bytes) -> str:
+    """What to run instead when the file is not a recording at all."""
+    text = raw.decode("utf-8", "replace")
+    if not text.lstrip().startswith(("{", "[")) and re.search(r"^\s*GPU0\b", text, re.MULTILINE):
+        return (f"{path} is `nvidia-smi topo -m` text, not an NVML recording: `gpuplugin topo {path}` shows its "
+                f"topology, `gpuplugin run --topology {path}` serves it")
+    return f"{path} is not an NVML recording (JSON written by `gpuplugin record`)"
+
+
 def _replay(path: str) -> NvmlBackend:
     try:
         with open(path, "rb") as f:
-            data = json.loads(f.read())
+            raw = f.read()
+    except OSError as e:
+        raise click.ClickException(f"cannot read recording {path}: {e.strerror or e}") from None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise click.ClickException(_not_json_hint(path, raw)) from None
+    try:
         return replay_backend(data)
-    except (OSError, ValueError) as e:
-        raise click.ClickException(f"cannot read recording {path}: {e}") from None
     except RecordingFormatError as e:
         raise click.ClickException(f"{path}: {e}") from None
+    except ValueError as e:
+        raise click.ClickException(f"cannot read recording {path}: {e}") from None
 
 
 @click.command("record")

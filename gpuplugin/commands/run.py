@@ -23,6 +23,8 @@ from gputopo.discovery.nics import attach_nics
 from gputopo.logs import configure_logging
 
 log = structlog.get_logger("gpuplugin.run")
+# After a GPU pod ends the node's state is published at once and again this much later.
+POD_END_RECHECK_S = 2.0
 
 
 class StartupError(Exception):
@@ -124,12 +126,17 @@ def start_publication(cfg: PluginConfig, manager: Any) -> Any:
 
 def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], None] | None = None) -> None:
     """Run until `stop` is set, then shut everything down in reverse order. Raises StartupError."""
+    from gpuplugin.deviceplugin.allocation import ListStrategy
     from gpuplugin.deviceplugin.errors import DevicePluginError
     from gpuplugin.deviceplugin.lifecycle import PluginRunner
     from gpuplugin.deviceplugin.resource import ResourceManager
     from gpuplugin.metrics import MetricsServer, PluginMetrics
     from gputopo.metrics import process_registry
 
+    if cfg.device_list_strategy is ListStrategy.CDI:
+        log.warning("plugin.config.deprecated", setting="device_list_strategy", value="cdi", now="cdi-cri",
+                    hint="cdi now means cdi-cri (CDI names in the CRI field only); say cdi-cri, or cdi-annotations "
+                         "for runtimes that read the cdi.k8s.io/ annotations")
     found = discover(cfg.topology)
     metrics = PluginMetrics(process_registry())
     cleanup: list[Callable[[], None]] = []
@@ -173,7 +180,11 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
         publisher = start_publication(cfg, manager)
         if publisher is not None and hasattr(publisher, "stop"):
             cleanup.append(publisher.stop)
-        plans = start_plan_watch(cfg, manager)
+        refresh = None
+        if publisher is not None:
+            # a GPU pod ended: publish its devices free now (and once more shortly: the kubelet may lag the API)
+            refresh = lambda: publisher.publisher.trigger(recheck_s=POD_END_RECHECK_S)  # noqa: E731
+        plans = start_plan_watch(cfg, manager, refresh)
         if plans is not None:
             cleanup.append(plans)
         if on_ready is not None:
@@ -188,7 +199,8 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
                 log.exception("plugin.process.stop_step_failed", step=getattr(fn, "__qualname__", repr(fn)))
 
 
-def start_plan_watch(cfg: PluginConfig, manager: Any) -> Callable[[], None] | None:
+def start_plan_watch(cfg: PluginConfig, manager: Any,
+                     on_device_pod_ended: Callable[[], None] | None = None) -> Callable[[], None] | None:
     """Plans from the scheduler extender: a watch on this node's pods feeding GetPreferredAllocation. Returns the
     function that stops it, or None (said once) when there is no cluster to watch; the plugin then answers with its
     own best subset, which on the same free set is the extender's choice anyway."""
@@ -206,7 +218,7 @@ def start_plan_watch(cfg: PluginConfig, manager: Any) -> Callable[[], None] | No
     from gpuplugin.plan_watch import PlanWatch
 
     watch = PlanWatch(api, cfg.node_name, keys=cfg.keys, metrics=manager.metrics,
-                      resource_name=cfg.resource_name).start()
+                      resource_name=cfg.resource_name, on_device_pod_ended=on_device_pod_ended).start()
     manager.set_plan_source(watch)
     log.info("plugin.plans.on", node=cfg.node_name)
 

@@ -30,9 +30,21 @@ CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 
 
 class ListStrategy(StrEnum):
-    """How the container runtime learns which GPUs to expose."""
+    """How the container runtime learns which GPUs to expose; the same choices as NVIDIA's device plugin.
+
+    - envvar: NVIDIA_VISIBLE_DEVICES, read by the NVIDIA Container Toolkit's runtime or hook (the runtime must be
+      configured with it: nvidia-ctk runtime configure).
+    - cdi-cri: CDI device names in Allocate's CDIDevices field, which the kubelet (1.28+; DevicePluginCDIDevices,
+      GA in 1.31) hands to the runtime in the CRI request: containerd 1.7+ with CDI enabled (the default in 2.0),
+      CRI-O 1.28+. Needs CDI specs on the node (nvidia-ctk cdi generate).
+    - cdi-annotations: the same names in a `cdi.k8s.io/` annotation, for runtimes that read CDI devices from
+      annotations (containerd 1.7+, CRI-O 1.23+) under kubelets that do not pass the CDIDevices field on.
+    - cdi: the old name of cdi-cri (it used to send both, and the kubelet passed both to the runtime); deprecated.
+    """
 
     ENVVAR = "envvar"
+    CDI_CRI = "cdi-cri"
+    CDI_ANNOTATIONS = "cdi-annotations"
     CDI = "cdi"
 
 
@@ -107,9 +119,10 @@ def container_allocation(
     cdi: tuple[str, ...] = ()
     if strategy is ListStrategy.ENVVAR:
         envs[VISIBLE_DEVICES_ENV] = visible_devices(ordered, id_strategy)
-    else:
+    elif strategy is ListStrategy.CDI_ANNOTATIONS:
+        annotations[cdi_annotation_key(ordered)] = ",".join(cdi_name(d) for d in ordered)
+    else:  # CDI_CRI, and its old name CDI: one channel only, so the runtime is not handed the devices twice
         cdi = tuple(cdi_name(d) for d in ordered)
-        annotations[cdi_annotation_key(ordered)] = ",".join(cdi)
     return ContainerAllocation(
         envs=envs, device_nodes=device_nodes(ordered, dev_root), annotations=annotations, cdi_devices=cdi
     )

@@ -19,7 +19,8 @@ import structlog
 from gpuplugin.deviceplugin.errors import RegistrationError, ServeError
 from gpuplugin.deviceplugin.registration import DEFAULT_TIMEOUT_S, KUBELET_SOCKET, Registrar
 from gpuplugin.deviceplugin.resource import ResourceManager
-from gpuplugin.deviceplugin.server import DEFAULT_WORKERS, FileIdentity, PluginServer, file_identity
+from gpuplugin.deviceplugin.server import FileIdentity, PluginServer, file_identity
+from gpuplugin.deviceplugin.servicer import DEFAULT_MAX_STREAMS
 from gpuplugin.deviceplugin.watcher import DirectoryWatch
 from gputopo.retry import Backoff
 from gputopo.workers import Worker
@@ -34,7 +35,8 @@ class PluginRunner(Worker):
     """Serves `manager` on <plugin_dir>/<socket_name> and keeps it registered as `resource_name`.
 
     Use as a context manager, or call start() and stop(). `poll_interval` bounds how long a missed inotify event
-    can delay recovery; registration retries back off from `backoff_initial` up to `backoff_max` seconds.
+    can delay recovery; registration retries back off from `backoff_initial` up to `backoff_max` seconds;
+    `max_streams` bounds the ListAndWatch streams served at once.
     """
 
     def __init__(
@@ -48,7 +50,7 @@ class PluginRunner(Worker):
         poll_interval: float = 1.0,
         backoff_initial: float = 0.2,
         backoff_max: float = 5.0,
-        max_workers: int = DEFAULT_WORKERS,
+        max_streams: int = DEFAULT_MAX_STREAMS,
     ) -> None:
         if "/" in socket_name or socket_name in ("", ".", "..", KUBELET_SOCKET):
             raise ValueError(f"socket name must be a bare file name other than {KUBELET_SOCKET}: {socket_name!r}")
@@ -62,7 +64,7 @@ class PluginRunner(Worker):
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
         self.poll_interval = poll_interval
         self._backoff = Backoff(backoff_initial, backoff_max)
-        self.max_workers = max_workers
+        self.max_streams = max_streams
         self._registrar = Registrar(self.plugin_dir, socket_name, resource_name, register_timeout)
         self._server: PluginServer | None = None
         self._registered_kubelet: FileIdentity | None = None
@@ -72,6 +74,7 @@ class PluginRunner(Worker):
         self._registrations = 0
         self._failures = 0
         self._watch: DirectoryWatch | None = None
+        self._waiting = False  # said once per wait that no kubelet is there
 
     # ---- public state ----
 
@@ -111,7 +114,15 @@ class PluginRunner(Worker):
 
     def start(self) -> Self:
         """Serve at once (raises ServeError when the socket cannot be served), then watch and register."""
-        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        if not self.plugin_dir.is_dir():
+            # The kubelet makes this directory; without it there is likely no kubelet here (or the path is wrong).
+            log.warning("plugin.directory.created", path=str(self.plugin_dir),
+                        hint="no kubelet has made this directory: is this a Kubernetes node, and is "
+                             "--device-plugin-dir the kubelet's device plugin directory?")
+            try:
+                self.plugin_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ServeError(f"cannot create the plugin directory {self.plugin_dir}: {e.strerror or e}") from e
         self._restart_server()
         self._watch = DirectoryWatch(self.plugin_dir, self.socket_name, self._on_kubelet_created, self.wake)
         self._watch.start()
@@ -152,7 +163,7 @@ class PluginRunner(Worker):
         if old is not None:
             # Streams on a deleted socket lead to a kubelet that is gone: no grace needed.
             old.stop(grace=0.2 if old.intact() else 0.0)
-        server = PluginServer(self.manager, self.socket_path, self.max_workers)
+        server = PluginServer(self.manager, self.socket_path, max_streams=self.max_streams)
         server.start()
         self._server = server
         self.metrics.server_starts.inc()
@@ -175,8 +186,13 @@ class PluginRunner(Worker):
         if kubelet is None:
             if self._registered_kubelet is not None:
                 log.warning("plugin.kubelet.gone", socket=str(self.kubelet_socket))
+            if not self._waiting:
+                log.info("plugin.kubelet.waiting", socket=str(self.kubelet_socket), serving=str(self.socket_path),
+                         hint="registers as soon as the kubelet creates its socket")
+                self._waiting = True
             self._registered_kubelet = None
             return self.poll_interval
+        self._waiting = False
         if kubelet == self._registered_kubelet and not forced:
             return self.poll_interval
         now = time.monotonic()

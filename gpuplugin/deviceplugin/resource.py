@@ -6,10 +6,12 @@ stream holds a `Subscription` that always offers the newest complete device list
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,31 +41,67 @@ Snapshot = tuple[DeviceState, ...]
 
 class Subscription:
     """The newest complete device list one stream has not sent yet. Older unsent lists are dropped: every list is
-    complete, so only the newest matters."""
+    complete, so only the newest matters. Read by a thread (`next`) or by a coroutine (`next_async`, the gRPC
+    server's streams: one waiting stream costs no thread); offered and closed from any thread."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._pending: Snapshot | None = None
         self._closed = False
+        self._wakers: list[Callable[[], None]] = []
+
+    def _notify(self) -> None:
+        self._cond.notify_all()
+        for wake in self._wakers:
+            wake()
 
     def offer(self, snapshot: Snapshot) -> None:
         with self._cond:
             self._pending = snapshot
-            self._cond.notify_all()
+            self._notify()
+
+    def _take(self) -> tuple[bool, Snapshot | None]:
+        """(ready, value) under the lock: ready when closed (None) or a list is pending (taken)."""
+        if self._closed:
+            return True, None
+        if self._pending is None:
+            return False, None
+        snap, self._pending = self._pending, None
+        return True, snap
 
     def next(self, timeout: float | None = None) -> Snapshot | None:
         """Block until a list is pending (returned) or the subscription is closed or times out (None)."""
         with self._cond:
             self._cond.wait_for(lambda: self._pending is not None or self._closed, timeout)
-            if self._closed:
-                return None
-            snap, self._pending = self._pending, None
-            return snap
+            return self._take()[1]
+
+    async def next_async(self) -> Snapshot | None:
+        """Wait, without holding a thread, until a list is pending (returned) or the subscription is closed (None).
+        Cancelling the waiting task (the client went away) leaves nothing registered."""
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed: nobody is waiting any more
+                loop.call_soon_threadsafe(event.set)
+
+        while True:
+            with self._cond:
+                ready, snap = self._take()
+                if ready:
+                    return snap
+                self._wakers.append(wake)
+            try:
+                await event.wait()
+            finally:
+                with self._cond:
+                    self._wakers.remove(wake)
+            event.clear()
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
-            self._cond.notify_all()
+            self._notify()
 
     @property
     def closed(self) -> bool:

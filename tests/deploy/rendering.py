@@ -87,7 +87,7 @@ CHART_VARIANTS: dict[str, ChartVariant] = {
             "imagePullSecrets": [{"name": "acme-registry"}],
             "namespace": {"name": "gpu-topology-prod", "create": True},
             "plugin": {
-                "deviceListStrategy": "cdi",
+                "deviceListStrategy": "cdi-cri",
                 "deviceIdStrategy": "index",
                 "metricsPort": 9400,
                 "failOnInitError": False,

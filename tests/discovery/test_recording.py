@@ -187,3 +187,16 @@ def test_record_command_rejects_a_bad_replay_file(cli: CliRunner, tmp_path: Path
     result = cli.invoke(main, ["record", "--replay", str(bad)])
     assert result.exit_code == 1
     assert "gpus[0] has index 1" in result.stderr
+
+
+def test_record_replay_of_nvidia_smi_text_names_the_right_command(cli: CliRunner, tmp_path: Path) -> None:
+    """Issue 14, item 7: the text a user most likely has is `nvidia-smi topo -m`, not a recording."""
+    text = Path(__file__).resolve().parents[2] / "gputopo" / "data" / "dgx1-v100-hybrid-cube-mesh.txt"
+    result = cli.invoke(main, ["record", "--replay", str(text)])
+    assert result.exit_code == 1
+    assert f"`gpuplugin topo {text}`" in result.stderr and "--topology" in result.stderr
+    assert "Expecting value" not in result.stderr  # no raw JSON error
+    other = tmp_path / "notes.txt"
+    other.write_text("hello")
+    result = cli.invoke(main, ["record", "--replay", str(other)])
+    assert result.exit_code == 1 and "is not an NVML recording" in result.stderr

@@ -104,3 +104,26 @@ def test_1000_concurrent_binds_on_100_nodes_never_share_a_gpu(standalone) -> Non
     for uid, p in plans.items():
         want = int(by_uid[uid]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
         assert len(p["plan"]["containers"]["main"]) == want
+
+
+def test_decimal_exponent_quantities_are_placed(standalone) -> None:
+    """Issue 14, item 3: "8e0" is 8 GPUs, "2e0" two, on the extender's path as on the plugin's (gputopo.quantity)."""
+    pod = pod_json(containers=[{"name": "a", "gpus": "2e0"}, {"name": "b", "gpus": "6e0"}])
+    with standalone([{"name": "a100", "topology": A100}]) as (_, client):
+        out = client.post("/filter", json=cache_args(pod, ["a100"])).json()
+        assert out["Error"] == "" and out["NodeNames"] == ["a100"]
+        assert client.post("/bind", json=bind_body(pod, "a100")).json() == {"Error": ""}
+        plan = _plans(client)[pod["metadata"]["uid"]]["plan"]["containers"]
+    assert len(plan["a"]) == 2 and len(plan["b"]) == 6
+
+
+def test_repeated_container_names_are_refused_and_nothing_is_reserved(standalone) -> None:
+    """Issue 14, item 4: two containers named alike, 2 GPUs each, would count 4 but share one part of a plan."""
+    pod = pod_json(containers=[{"name": "worker", "gpus": 2}, {"name": "worker", "gpus": 2}])
+    with standalone([{"name": "a100", "topology": A100}]) as (_, client):
+        out = client.post("/filter", json=cache_args(pod, ["a100"])).json()
+        bound = client.post("/bind", json=bind_body(pod, "a100")).json()["Error"]
+        inventory = client.get("/inventory").json()
+    assert out["NodeNames"] == [] and "repeats the container name 'worker'" in out["Error"]
+    assert bound  # refused: never seen as a valid pod
+    assert inventory["pods"] == [] and len(inventory["nodes"][0]["free"]) == 8

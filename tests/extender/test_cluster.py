@@ -16,7 +16,7 @@ from extender.config import ExtenderConfig
 from extender.service import Extender
 from gputopo.contract import parse_plan
 from gputopo.core import Topology
-from tests.extender.conftest import A100, DGX1, PREFIX, bind_body, cache_args, node_annotations, running, topo
+from tests.extender.conftest import A100, DGX1, PCIE, PREFIX, bind_body, cache_args, node_annotations, running, topo
 from tests.fakes.kubeapi import FakeKubeApi
 
 PLAN = f"{PREFIX}/plan"
@@ -166,10 +166,10 @@ def test_a_retried_bind_of_a_bound_pod_answers_consistently(fake: FakeKubeApi, a
         assert {r.uid for r in ext.reservations.all()} == {p1["metadata"]["uid"], p2["metadata"]["uid"]}
 
 
-def test_pods_that_go_away_or_time_out_release_their_gpus(fake: FakeKubeApi, api) -> None:
+def test_pods_that_go_away_release_their_gpus(fake: FakeKubeApi, api) -> None:
     a = topo(A100)
     fake.add_node(k8s_node("n1", a))
-    p1, p2, p3 = fake.add_pod(k8s_pod("p1", 2)), fake.add_pod(k8s_pod("p2", 2)), fake.add_pod(k8s_pod("p3", 2))
+    p1, p2 = fake.add_pod(k8s_pod("p1", 2)), fake.add_pod(k8s_pod("p2", 2))
     with cluster(api, reservation_timeout_s=600) as (ext, client):
         for p in (p1, p2):
             assert client.post("/bind", json=bind_body(p, "n1")).json() == {"Error": ""}
@@ -177,14 +177,56 @@ def test_pods_that_go_away_or_time_out_release_their_gpus(fake: FakeKubeApi, api
         fake.delete_pod("default", "p1")
         fake.update_pod("default", "p2", {"status": {"phase": "Failed"}})
         assert ext.cache.wait_for(lambda: ext.reservations.count() == 0, 10)
-    with cluster(api, reservation_timeout_s=0.2) as (ext, client):
-        assert client.post("/bind", json=bind_body(p3, "n1")).json() == {"Error": ""}
+
+
+def test_a_bound_pods_plan_outlives_the_reservation_timeout(fake: FakeKubeApi, api) -> None:
+    """Issue 14, item 5: the kubelet is slow or down longer than --reservation-timeout. The bound pod's planned
+    GPUs stay out of the free set until the node's state shows them used (or the pod ends); only the reservation
+    of a pod that was never bound times out."""
+    a = topo(A100)
+    fake.add_node(k8s_node("n1", a))
+    bound, lost, late = (fake.add_pod(k8s_pod(name, n)) for name, n in (("bound", 4), ("lost", 4), ("late", 5)))
+    now = [0.0]
+    ext = Extender.cluster(api, ExtenderConfig(reservation_timeout_s=1.0), sync_options=SYNC_OPTIONS,
+                           clock=lambda: now[0], expiry_interval_s=3600)
+    with running(ext) as client:
+        assert ext.sync is not None and ext.sync.wait_synced(10)
+        assert client.post("/bind", json=bind_body(bound, "n1")).json() == {"Error": ""}
+        fake.fail_next(1, 504, path_regex="/pods/lost/binding")  # the apiserver never applies this one
+        assert "stay reserved" in client.post("/bind", json=bind_body(lost, "n1")).json()["Error"]
+        assert ext.reservations.count() == 2
+        now[0] += 3600  # an hour later: the node's state still shows nothing used
+        assert [r.name for r in ext.cache.expire_reservations()] == ["lost"]
+        plan = parse_plan(fake.pod("default", "bound")["metadata"]["annotations"][PLAN])
+        reason = filter_names(client, late, ["n1"])["FailedNodes"]["n1"]
+        assert reason.startswith("needs 5 GPUs, 4 free:") and "reserved for pods being bound" in reason
+        # the same after an extender restart would rebuild it from the pod: touch the pod, nothing changes
+        fake.update_pod("default", "bound", {"metadata": {"labels": {"touched": "yes"}}})
+        assert ext.cache.wait_for(lambda: "touched" in str(fake.pod("default", "bound")), 10)
+        assert {r.name for r in ext.reservations.all()} == {"bound"}
+        set_state(fake, "n1", a, sorted(plan.ids))  # the kubelet is back: the state accounts for the GPUs
         assert ext.cache.wait_for(lambda: ext.reservations.count() == 0, 10)
         assert 'gpu_extender_reservations_ended_total{why="timeout"} 1.0' in client.get("/metrics").text
-        # an expired plan is not rebuilt from the pod's annotation on the next pod event
-        fake.update_pod("default", "p3", {"metadata": {"labels": {"touched": "yes"}}})
-        assert ext.cache.wait_for(lambda: ext.cache.pods[p3["metadata"]["uid"]].plan is not None, 10)
-        assert ext.reservations.count() == 0
+        assert 'gpu_extender_reservations_ended_total{why="settled"} 1.0' in client.get("/metrics").text
+
+
+def test_a_plan_seen_bound_after_its_reservation_timed_out_is_reserved_again(fake: FakeKubeApi, api) -> None:
+    a = topo(A100)
+    fake.add_node(k8s_node("n1", a))
+    slow = fake.add_pod(k8s_pod("slow", 8))
+    now = [0.0]
+    ext = Extender.cluster(api, ExtenderConfig(reservation_timeout_s=1.0), sync_options=SYNC_OPTIONS,
+                           clock=lambda: now[0], expiry_interval_s=3600)
+    with running(ext) as client:
+        assert ext.sync is not None and ext.sync.wait_synced(10)
+        fake.fail_next(1, 504, path_regex="/pods/slow/binding")
+        assert "stay reserved" in client.post("/bind", json=bind_body(slow, "n1")).json()["Error"]
+        now[0] += 3600
+        assert len(ext.cache.expire_reservations()) == 1
+        plan = json.dumps({"v": 1, "node": "n1", "resource": "nvidia.com/gpu",
+                           "containers": {"main": [g.id for g in a.gpus]}, "gbps": 240.0})
+        fake.update_pod("default", "slow", {"spec": {"nodeName": "n1"}, "metadata": {"annotations": {PLAN: plan}}})
+        assert ext.cache.wait_for(lambda: ext.reservations.count() == 1, 10)  # applied late after all
 
 
 def test_relist_after_410_catches_up(fake: FakeKubeApi, api) -> None:
@@ -260,3 +302,24 @@ def test_1000_concurrent_binds_on_100_nodes_with_a_restart_never_share_a_gpu(fak
     assert all("cannot take pod" in e for e in errors if e), [e for e in errors if e][:3]
     taken = Counter((node, g) for _, node, ids in plans for g in ids)
     assert max(taken.values()) == 1  # zero GPUs assigned twice
+
+
+def test_preempt_meta_victims_compare_costs_with_the_cached_priorities(fake: FakeKubeApi, api) -> None:
+    """Issue 14, item 6 in nodeCacheCapable mode: victims come as UIDs; their priorities come from the pod cache."""
+    fake.add_node(k8s_node("pcie", topo(PCIE)))
+    fake.add_node(k8s_node("nvswitch", topo(A100)))
+    victims: dict[str, list[str]] = {"pcie": [], "nvswitch": []}
+    with cluster(api) as (ext, client):
+        for node in victims:
+            for i in range(2):
+                pod = k8s_pod(f"{node}-{i}", 4)
+                pod["spec"]["priority"] = 100
+                pod = fake.add_pod(pod)
+                assert client.post("/bind", json=bind_body(pod, node)).json() == {"Error": ""}
+                victims[node].append(pod["metadata"]["uid"])
+        assert ext.cache.wait_for(lambda: all(r.plan is not None for r in ext.cache.pods.values()), 10)
+        urgent = fake.add_pod(k8s_pod("urgent", 8))
+        body = {"Pod": urgent, "NodeNameToVictims": None, "NodeNameToMetaVictims": {
+            node: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 0} for node, uids in victims.items()}}
+        kept = client.post("/preempt", json=body).json()["NodeNameToMetaVictims"]
+    assert list(kept) == ["nvswitch"]

@@ -151,3 +151,38 @@ def test_plan_round_trip() -> None:
     plan = Plan("n", "nvidia.com/gpu", (("a", ("GPU-1", "GPU-0")), ("b", ("GPU-2",))), 123.456)
     back = parse_plan(encode_plan(plan))
     assert back.containers == plan.containers and back.gbps == 123.456 and back.ids == {"GPU-0", "GPU-1", "GPU-2"}
+
+
+def test_a_gpu_pod_that_ends_refreshes_the_node_state_at_once(fake: FakeKubeApi, api) -> None:
+    """Issue 14, item 7: the plugin's pod watch calls back when a pod holding the resource ends (deleted, or
+    Succeeded/Failed), so the published state frees its GPUs without waiting for the PodResources poll. Quantities
+    are read by the shared parser: "1e0" is one GPU here as in the extender."""
+    ended: list[float] = []
+
+    def gpu_pod(name: str, node: str, quantity: str) -> dict[str, Any]:
+        obj = pod(name, node)
+        obj["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": quantity}}
+        return obj
+
+    fake.add_pod(gpu_pod("before", "node-a", "2"))
+    pw = PlanWatch(api, "node-a", backoff_initial_s=0.02, backoff_max_s=0.1, metrics=METRICS,
+                   on_device_pod_ended=lambda: ended.append(time.monotonic()))
+    with pw:
+        assert pw.wait_synced(10)
+        fake.add_pod(gpu_pod("g", "node-a", "1e0"))
+        fake.add_pod(pod("cpu", "node-a"))
+        fake.add_pod(gpu_pod("elsewhere", "node-b", "1"))
+        fake.add_pod(gpu_pod("job", "node-a", "1"))
+        for name in ("cpu", "elsewhere"):
+            fake.delete_pod("default", name)
+        wait_pending(fake, pw, 0)
+        assert ended == []  # a CPU pod, a pod of another node: nothing to refresh
+        fake.delete_pod("default", "g")
+        assert _wait(lambda: len(ended) == 1)
+        fake.update_pod("default", "job", {"status": {"phase": "Succeeded"}})
+        assert _wait(lambda: len(ended) == 2)
+        fake.delete_pod("default", "job")  # already ended: not again
+        fake.delete_pod("default", "before")  # listed at the start, then deleted
+        assert _wait(lambda: len(ended) == 3)
+        wait_pending(fake, pw, 0)
+    assert len(ended) == 3

@@ -6,7 +6,7 @@ import copy
 import json
 from typing import Any
 
-from tests.extender.conftest import A100, DGX1, bind_body, cache_args, pod_json, recorded
+from tests.extender.conftest import A100, DGX1, PCIE, bind_body, cache_args, pod_json, recorded
 
 NVLINK = "gpu-topology.io/require-nvlink"
 
@@ -72,3 +72,38 @@ def test_full_pod_victims_read_the_plan_from_the_victim(standalone) -> None:
     assert kept == {"NodeNameToMetaVictims": {"n": {"Pods": [{"UID": "fresh-uid-only-in-this-body"}],
                                                     "NumPDBViolations": 0}}}
     assert dropped == {"NodeNameToMetaVictims": {}}
+
+
+def test_equal_victim_costs_keep_only_the_fastest_subset(standalone) -> None:
+    """Issue 14, item 6: an 8-GPU pod, two victims of one priority on a PCIe node and on an NVSwitch node: only the
+    NVSwitch node is offered, so kube-scheduler's pick cannot land on 14 GB/s. Cheaper victims stay offered."""
+    nodes = [{"name": "pcie", "topology": PCIE}, {"name": "nvswitch", "topology": A100}]
+    with standalone(nodes) as (_, client):
+        victims: dict[str, list[dict[str, Any]]] = {"pcie": [], "nvswitch": []}
+        for node in victims:
+            for i in range(2):
+                pod = pod_json(f"{node}-{i}", 4)
+                _bind(client, pod, node)
+                victims[node].append(pod)
+        plans = {p["uid"]: p["plan"] for p in client.get("/inventory").json()["pods"]}
+        template = recorded("preempt.json")["NodeNameToVictims"]["gpu-node-5"]["Pods"][0]
+
+        def full(pod: dict[str, Any], priority: int) -> dict[str, Any]:
+            v = copy.deepcopy(template)
+            v["metadata"]["uid"] = pod["metadata"]["uid"]
+            v["metadata"]["annotations"] = {"gpu-topology.io/plan": json.dumps(plans[pod["metadata"]["uid"]])}
+            v["spec"]["priority"] = priority
+            return v
+
+        def preempt(pcie_priority: int) -> dict[str, Any]:
+            body = recorded("preempt.json")
+            body["Pod"] = pod_json("urgent", 8)
+            body["NodeNameToVictims"] = {
+                "pcie": {"NumPDBViolations": 0, "Pods": [full(p, pcie_priority) for p in victims["pcie"]]},
+                "nvswitch": {"NumPDBViolations": 0, "Pods": [full(p, 100) for p in victims["nvswitch"]]}}
+            return client.post("/preempt", json=body).json()["NodeNameToMetaVictims"]
+
+        same_cost = preempt(100)
+        cheaper_on_pcie = preempt(10)
+    assert list(same_cost) == ["nvswitch"]
+    assert sorted(cheaper_on_pcie) == ["nvswitch", "pcie"]  # different costs: kube-scheduler weighs those

@@ -219,3 +219,27 @@ def test_prioritize_encodes_any_node_name(standalone) -> None:
         empty = client.post("/prioritize", json=cache_args(pod_json(gpus=1), [])).json()
     assert out == [{"Host": "pcie", "Score": 10}] + [{"Host": n, "Score": 0} for n in odd]
     assert empty == []
+
+
+def test_a_node_named_twice_is_answered_once(standalone) -> None:
+    """Issue 14, item 7: duplicate names in NodeNames (or a NodeList) are not echoed back as duplicates."""
+    pod = pod_json(gpus=2)
+    with standalone(NODES) as (_, client):
+        cache = client.post("/filter", json=cache_args(pod, ["a100-0", "pcie", "a100-0", "busy", "pcie"])).json()
+        listed = client.post("/filter", json=list_args(pod, [node_item(n) for n in ("pcie", "a100-0", "pcie")]))
+        scores = client.post("/prioritize", json=cache_args(pod, ["pcie", "a100-1", "pcie"])).json()
+    assert cache["NodeNames"] == ["a100-0", "pcie", "busy"]
+    assert [n["metadata"]["name"] for n in listed.json()["Nodes"]["items"]] == ["pcie", "a100-0"]
+    assert [h["Host"] for h in scores] == ["pcie", "a100-1"]
+
+
+def test_compressed_or_binary_bodies_get_a_clear_400(standalone) -> None:
+    import gzip
+
+    body = json.dumps(cache_args(pod_json(gpus=1), NAMES)).encode()
+    with standalone(NODES) as (_, client):
+        zipped = client.post("/filter", content=gzip.compress(body), headers={"Content-Encoding": "gzip"})
+        binary = client.post("/filter", content=b'{"Pod": "\xff\xfe"}')
+    assert zipped.status_code == 400 and "gzip-compressed" in zipped.json()["Error"]
+    assert binary.status_code == 400 and "not UTF-8" in binary.json()["Error"]
+    assert "surrogates" not in zipped.text + binary.text

@@ -73,13 +73,26 @@ def test_index_strategy_uses_nvml_index_and_minor(
     assert resp.devices[0].host_path == "/dev/nvidia1"
 
 
-def test_cdi(kubelet: KubeletSimulator, start_plugin: RunnerFactory, h200: Topology, dev_root: Path) -> None:
-    _serve(kubelet, start_plugin, ResourceManager(h200, list_strategy="cdi", dev_root=dev_root))
+@pytest.mark.parametrize("strategy", ["cdi-cri", "cdi"])
+def test_cdi_cri(kubelet: KubeletSimulator, start_plugin: RunnerFactory, h200: Topology, dev_root: Path,
+                 strategy: str) -> None:
+    """The CDI names go in the CDIDevices field only (issue 14, item 7: sent twice, the runtime got them twice);
+    `cdi`, the old name, means the same."""
+    _serve(kubelet, start_plugin, ResourceManager(h200, list_strategy=strategy, dev_root=dev_root))
+    ids = list(h200.ids)
+    resp = kubelet.allocate(RESOURCE, ids)
+    assert [d.name for d in resp.cdi_devices] == [f"nvidia.com/gpu={u}" for u in ids]
+    assert "NVIDIA_VISIBLE_DEVICES" not in resp.envs
+    assert not [k for k in resp.annotations if k.startswith("cdi.k8s.io/")]
+
+
+def test_cdi_annotations(kubelet: KubeletSimulator, start_plugin: RunnerFactory, h200: Topology,
+                         dev_root: Path) -> None:
+    _serve(kubelet, start_plugin, ResourceManager(h200, list_strategy="cdi-annotations", dev_root=dev_root))
     ids = list(h200.ids)
     resp = kubelet.allocate(RESOURCE, ids)
     names = [f"nvidia.com/gpu={u}" for u in ids]
-    assert [d.name for d in resp.cdi_devices] == names
-    assert "NVIDIA_VISIBLE_DEVICES" not in resp.envs
+    assert list(resp.cdi_devices) == [] and "NVIDIA_VISIBLE_DEVICES" not in resp.envs
     cdi = {k: v for k, v in resp.annotations.items() if k.startswith("cdi.k8s.io/")}
     assert len(cdi) == 1
     ((key, value),) = cdi.items()
@@ -92,7 +105,7 @@ def test_cdi(kubelet: KubeletSimulator, start_plugin: RunnerFactory, h200: Topol
 def test_cdi_with_index_ids_still_names_uuids(
     kubelet: KubeletSimulator, start_plugin: RunnerFactory, h200: Topology
 ) -> None:
-    _serve(kubelet, start_plugin, ResourceManager(h200, list_strategy="cdi", id_strategy="index"))
+    _serve(kubelet, start_plugin, ResourceManager(h200, list_strategy="cdi-cri", id_strategy="index"))
     resp = kubelet.allocate(RESOURCE, ["1"])
     assert [d.name for d in resp.cdi_devices] == [f"nvidia.com/gpu={h200.ids[1]}"]
 

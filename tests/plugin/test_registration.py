@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import grpc
@@ -125,3 +128,30 @@ def test_stop_ends_streams_and_removes_socket(
     # The stream ended, so the kubelet marks the resource's devices unhealthy.
     kubelet.wait_for_devices(RESOURCE, 0, WAIT)
     assert len(kubelet.devices(RESOURCE)) == 8
+
+
+def test_without_a_kubelet_it_says_it_waits_and_where(tmp_path: Path, dgx1: Topology) -> None:
+    """Issue 14, item 7: no silent wait, and a plugin directory nobody made is not created silently."""
+    import structlog
+
+    from gpuplugin.deviceplugin.lifecycle import PluginRunner
+
+    plugin_dir = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp")) / "device-plugins"
+    try:
+        with structlog.testing.capture_logs() as logs:
+            runner = PluginRunner(ResourceManager(dgx1), plugin_dir, poll_interval=0.05).start()
+            try:
+                deadline = time.monotonic() + WAIT
+                while not any(e["event"] == "plugin.kubelet.waiting" for e in logs) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                with KubeletSimulator(plugin_dir) as sim:
+                    sim.wait_for_registrations(RESOURCE, 1, WAIT)
+                    runner.stop()
+            finally:
+                runner.stop()
+        created = [e for e in logs if e["event"] == "plugin.directory.created"]
+        waiting = [e for e in logs if e["event"] == "plugin.kubelet.waiting"]
+        assert created and created[0]["path"] == str(plugin_dir) and "kubelet" in created[0]["hint"]
+        assert len(waiting) == 1 and waiting[0]["socket"] == str(plugin_dir / "kubelet.sock")
+    finally:
+        shutil.rmtree(plugin_dir.parent, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -284,3 +285,22 @@ def test_bad_arguments_are_refused(api: Any, topo: Topology, pods: PodResourcesC
         NodePublisher(api, NODE, Keys("a/b"), topo, None, lambda: [], lambda: [])
     with pytest.raises(ValueError, match="device ids"):
         NodePublisher(api, NODE, Keys(PREFIX), topo, ["0"], lambda: [], lambda: [])
+
+
+def test_a_trigger_with_recheck_publishes_again_soon(
+    fake: FakeKubeApi, api: Any, topo: Topology, kubelet: PodResourcesServer, pods: PodResourcesClient
+) -> None:
+    """A pod ended (issue 14, item 7): publish now, and once more shortly in case the kubelet still listed its
+    devices, rather than at the next slow poll."""
+    fake.add_node(node_object())
+    kubelet.service.set_pod("ml", "done", {"main": {GPU: [topo.ids[0]]}})
+    with make(api, topo, pods, poll_interval_s=3600.0) as pub:
+        assert pub.wait_for_state(lambda s: s.used == {topo.ids[0]}, timeout=10)
+        calls = kubelet.service.list_calls
+        pub.trigger(recheck_s=0.5)
+        deadline = time.monotonic() + 10
+        while kubelet.service.list_calls == calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert kubelet.service.list_calls > calls  # the first look: the kubelet still lists the pod...
+        kubelet.service.remove_pod("ml", "done")  # ...and lets go of it before the recheck
+        assert pub.wait_for_state(lambda s: s.used == set(), timeout=10)

@@ -25,6 +25,7 @@ from gpuplugin.deviceplugin.resource import ResourceManager
 from gpuplugin.proto import deviceplugin_pb2 as pb
 from gpuplugin.proto import deviceplugin_pb2_grpc as pb_grpc
 from gpuplugin.proto import podresources_pb2_grpc
+from tests.conftest import process_wide
 from tests.publisher.kubelet_podresources import FakePodResources
 
 # Liveness bound for every wait (never a performance assertion): generous for a loaded 2-core machine.
@@ -51,7 +52,8 @@ class ThreadBaseline:
         self._before = {t.ident for t in threading.enumerate()}
 
     def extra(self) -> list[str]:
-        return sorted(t.name for t in threading.enumerate() if t.ident not in self._before and t.is_alive())
+        return sorted(t.name for t in threading.enumerate()
+                      if t.ident not in self._before and t.is_alive() and not process_wide(t))
 
     def assert_none_leaked(self, timeout: float = WAIT) -> None:
         """Threads started since the baseline must all end (thread pools wind down asynchronously: wait)."""

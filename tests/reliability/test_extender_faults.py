@@ -498,9 +498,10 @@ class ServeProcess:
     def _wait_for_url(self) -> str:
         deadline = time.monotonic() + 2 * WAIT
         while time.monotonic() < deadline and self.proc.poll() is None:
-            m = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", self.log.read_text(errors="replace"))
+            text = self.log.read_text(errors="replace")
+            m = re.search(r'"port": (\d+),[^\n]*"event": "extender.server.listening"', text)
             if m:
-                return m.group(1)
+                return f"http://127.0.0.1:{m.group(1)}"
             time.sleep(0.05)
         raise AssertionError(f"gpu-extender did not start: {self.log.read_text()[-2000:]}")
 

@@ -63,7 +63,7 @@ def _help_rows(binary: str) -> dict[str, str]:
 
 HELP_SHOWS = {
     "gpuplugin": [
-        "--device-plugin-dir PATH", "--topology FILE", "--device-list-strategy [envvar|cdi]",
+        "--device-plugin-dir PATH", "--topology FILE", "--device-list-strategy [envvar|cdi-cri|cdi-annotations|cdi]",
         "--device-id-strategy [uuid|index]", "--metrics-port INTEGER", "--health-probe-interval FLOAT",
         "--log-level [debug|info|warning|error]", "--health-recovery SECONDS|never", "--publish / --no-publish",
         "[env var: GPUPLUGIN_NODE_NAME, NODE_NAME]", "[env var: GPUPLUGIN_METRICS_PORT; default: 8080]",

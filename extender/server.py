@@ -1,0 +1,261 @@
+"""The extender's HTTP server: uvicorn, with the limits uvicorn lacks on what a client may hold.
+
+Uvicorn (0.54) bounds idle keep-alive after a response, but not the time to send a request head or body, nor the
+number of connections; on EMFILE asyncio logs the failed accept with its traceback once per queued connection, up to
+the listen backlog, every second. Hypercorn has only a per-read idle timeout (a byte every few seconds keeps a head
+open) and no connection cap; granian has a head timeout but no body timeout or connection cap, and runs the app in
+worker processes of its own. So the server stays uvicorn, through its documented extension point (`http=`, the
+protocol class), and this module adds, per listener:
+
+- a head deadline: from when a connection is ready for a request (accepted, or its last response sent) to the end
+  of the request's head; a body deadline: from the end of the head to the end of the body. A connection that misses
+  one is closed (its request, if any, sees a disconnect). Idle keep-alive stays uvicorn's own `timeout_keep_alive`.
+- a connection cap, below the process's open-files limit: a new connection past the cap evicts the connection that
+  has waited longest for a request head (idle or slow: a client that sends its request quickly always gets in),
+  else the one longest in sending a body, and is refused only when every connection is busy with an answer.
+- accept failures (EMFILE and kin) counted and logged at most once per `ACCEPT_LOG_INTERVAL_S`.
+- listening sockets bound before the app starts, so a busy port fails before anything says "started".
+- a request with both Transfer-Encoding and Content-Length refused with 400 (RFC 9112 6.3: its length is
+  ambiguous, the classic request-smuggling shape), before the app sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import h11
+import structlog
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from extender.metrics import ExtenderMetrics
+
+log = structlog.get_logger(__name__)
+
+ACCEPT_LOG_INTERVAL_S = 10.0
+# Files the process needs besides client connections: listeners, API watches, logs, the interpreter's own.
+FD_RESERVE = 64
+# The listen backlog, which is also how many connections asyncio accepts in one go: connections evicted to make
+# room for them are only closed on the loop's next pass, so the cap leaves this much room below the files limit.
+BACKLOG = 64
+HEAD, BODY = "head", "body"
+
+
+class ListenError(Exception):
+    """A listening socket cannot be bound; the message names the address."""
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    header_timeout_s: float
+    body_timeout_s: float
+    max_connections: int
+
+
+def connection_cap(wanted: int) -> int:
+    """`wanted`, lowered so that client connections cannot exhaust the open-files limit (accept would then fail)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 0
+    return max(1, min(wanted, soft - in_use - FD_RESERVE - BACKLOG))
+
+
+class Guard:
+    """One listener's connections: its limits, which connections wait for a request head (and since when), and
+    the metrics of what was closed."""
+
+    def __init__(self, listener: str, limits: ConnectionLimits, metrics: ExtenderMetrics) -> None:
+        self.listener = listener
+        self.limits = limits
+        self.waiting: dict[GuardedH11Protocol, float] = {}  # waiting for a request head, since when
+        self.receiving: dict[GuardedH11Protocol, float] = {}  # receiving a request body, since when
+        self._open = metrics.http_connections.labels(listener)
+        self._closed = metrics.http_connections_closed
+
+    def closed(self, reason: str) -> None:
+        self._closed.labels(self.listener, reason).inc()
+
+    def opened(self) -> None:
+        self._open.inc()
+
+    def lost(self) -> None:
+        self._open.dec()
+
+    def evict_one(self) -> bool:
+        """Close the connection that has waited longest for a request head, else the one longest receiving a
+        body; False when every connection is busy with an answer."""
+        for phase in (self.waiting, self.receiving):
+            if phase:
+                min(phase, key=phase.__getitem__).expire("evicted")
+                return True
+        return False
+
+
+class StrictConnection(h11.Connection):
+    """h11's server connection, refusing request heads whose framing is ambiguous (h11 takes the chunked body and
+    ignores Content-Length); `refusal` says why, for the 400 answer."""
+
+    refusal: str | None = None
+
+    def next_event(self) -> Any:
+        event = super().next_event()
+        if isinstance(event, h11.Request):
+            names = {name.lower() for name, _ in event.headers}
+            if b"transfer-encoding" in names and b"content-length" in names:
+                self.refusal = ("a request may not carry both Transfer-Encoding and Content-Length (RFC 9112 6.3): "
+                                "its body length is ambiguous")
+                raise h11.RemoteProtocolError(self.refusal, error_status_hint=400)
+        return event
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with head and body deadlines and a connection cap (see the module docstring)."""
+
+    guard: ClassVar[Guard]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timer: asyncio.TimerHandle | None = None
+        self._phase: str | None = None
+        self._phase_cycle: object = None
+        self._made = False
+        self.conn = StrictConnection(h11.SERVER, self.conn._max_incomplete_event_size)
+
+    def send_400_response(self, msg: str) -> None:
+        super().send_400_response(self.conn.refusal or msg)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        guard = self.guard
+        if len(self.connections) >= guard.limits.max_connections and not guard.evict_one():
+            guard.closed("refused")
+            transport.abort()
+            return
+        self._made = True
+        super().connection_made(transport)
+        guard.opened()
+        self._follow()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._made:
+            return  # refused at the cap: uvicorn never saw it
+        self._made = False
+        self._disarm()
+        self.guard.lost()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._follow()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow()
+
+    # -- deadlines ---------------------------------------------------------------------------------------------
+
+    def _follow(self) -> None:
+        """Arm the deadline of the phase the connection is in now; a phase keeps the deadline it started with."""
+        if self.transport is None or self.transport.is_closing():
+            self._disarm()
+            return
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            if self._phase != HEAD:
+                self._arm(HEAD, self.guard.limits.header_timeout_s)
+                self.guard.waiting[self] = time.monotonic()
+        elif cycle.more_body and not cycle.disconnected:
+            if self._phase != BODY or self._phase_cycle is not cycle:
+                self._arm(BODY, self.guard.limits.body_timeout_s)
+                self.guard.receiving[self] = time.monotonic()
+                self._phase_cycle = cycle
+        else:
+            self._disarm()  # the request is complete: the app answers it
+
+    def _arm(self, phase: str, seconds: float) -> None:
+        self._disarm()
+        self._phase = phase
+        self._timer = self.loop.call_later(seconds, self.expire, f"{phase}_timeout")
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._phase = None
+        self.guard.waiting.pop(self, None)
+        self.guard.receiving.pop(self, None)
+
+    def expire(self, reason: str) -> None:
+        """Close the connection now (a deadline passed, or it is evicted); counted, not logged one by one."""
+        self._disarm()
+        self.guard.closed(reason)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+
+
+def protocol_class(guard: Guard) -> type[GuardedH11Protocol]:
+    """The protocol class for one listener's uvicorn.Config(http=...)."""
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"guard": guard})
+
+
+class AcceptErrors:
+    """The event loop's exception handler: failed accepts (out of files, buffers or memory) are counted and logged
+    at most once per interval with how many were not; everything else goes to the default handler."""
+
+    MESSAGE = "socket.accept() out of system resource"
+
+    def __init__(self, metrics: ExtenderMetrics, interval_s: float = ACCEPT_LOG_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._counter = metrics.http_accept_errors
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last = -interval_s
+        self._quiet = 0
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if context.get("message") != self.MESSAGE:
+            loop.default_exception_handler(context)
+            return
+        self._counter.inc()
+        now = self._clock()
+        if now - self._last < self.interval_s:
+            self._quiet += 1
+            return
+        exc = context.get("exception")
+        log.warning("extender.server.accept_failed", error=str(exc), not_logged_since_last=self._quiet,
+                    hint="the process is out of open files or memory: raise its open-files limit or lower "
+                         "--max-connections")
+        self._last, self._quiet = now, 0
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A bound TCP socket for `host`:`port` (asyncio listens on it). Raises ListenError naming the address."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def close_quietly(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.close()

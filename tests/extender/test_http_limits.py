@@ -1,0 +1,205 @@
+"""What a client may hold of `gpu-extender serve` (issue 14, item 2), against the real process over real sockets:
+a request head or body that never completes is cut off, idle connections do not pile up past the cap, a normal
+client is answered meanwhile, even when the process is short of open files; failed accepts are not logged one by
+one; a busy port fails before anything says it started."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import resource
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import structlog
+from click.testing import CliRunner
+
+from extender.cli import main
+from extender.metrics import ExtenderMetrics
+from extender.server import AcceptErrors
+from sim.ports import free_port
+from tests.extender.conftest import A100, cache_args, pod_json, write_inventory
+
+REPO = Path(__file__).resolve().parents[2]
+WAIT = 10.0
+
+
+@contextmanager
+def extender(tmp_path: Path, *flags: str, nofile: int | None = None) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    inv = write_inventory(tmp_path / "inv.yaml", [{"name": "a100", "topology": A100}])
+    port = free_port()
+
+    def limit() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    proc = subprocess.Popen([sys.executable, "-m", "extender.cli", "serve", "--inventory", str(inv), "--port",
+                             str(port), *flags], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=limit)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.1)
+        yield port, proc
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def closed_by_server(sock: socket.socket, drip: Callable[[], None] | None = None) -> bool:
+    """True when the server closes the connection within WAIT seconds (`drip` called every 0.2 s meanwhile)."""
+    sock.settimeout(0.2)
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        try:
+            data = sock.recv(4096)
+        except TimeoutError:
+            if drip is not None:
+                drip()
+            continue
+        except ConnectionResetError:
+            return True
+        if not data:
+            return True
+    return False
+
+
+def filter_ok(port: int) -> bool:
+    body = cache_args(pod_json(gpus=2), ["a100"])
+    out = httpx.post(f"http://127.0.0.1:{port}/filter", content=json.dumps(body), timeout=WAIT)
+    return out.status_code == 200 and out.json()["NodeNames"] == ["a100"]
+
+
+def metric(port: int, line_start: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=WAIT).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start))
+
+
+def test_incomplete_requests_and_idle_connections_are_closed(tmp_path: Path) -> None:
+    flags = ("--header-timeout", "1", "--body-timeout", "1", "--keep-alive-timeout", "1", "--max-connections", "8")
+    with extender(tmp_path, *flags) as (port, _):
+        head = b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Pad: " + b"a" * 200
+        slow = socket.create_connection(("127.0.0.1", port))
+        sent = [0]
+
+        def one_byte() -> None:
+            slow.send(head[sent[0]:sent[0] + 1])
+            sent[0] += 1
+
+        assert closed_by_server(slow, one_byte)
+        assert sent[0] < len(head)
+        no_body = socket.create_connection(("127.0.0.1", port))
+        no_body.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"Pod\":")
+        assert closed_by_server(no_body)
+        idle = socket.create_connection(("127.0.0.1", port))
+        assert closed_by_server(idle)
+        assert filter_ok(port)  # a normal request is still answered, on a fresh connection
+        # 20 idle connections against a cap of 8: the ones waiting longest give way, a normal client gets in.
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+        assert filter_ok(port)
+        assert metric(port, 'gpu_extender_http_connections{listener="api"}') <= 9
+        assert metric(port, 'gpu_extender_http_connections_closed_total{listener="api",reason="evicted"}') >= 12
+        assert metric(port, 'gpu_extender_http_connections_closed_total{listener="api",reason="head_timeout"}') >= 2
+        assert metric(port, 'gpu_extender_http_connections_closed_total{listener="api",reason="body_timeout"}') == 1
+        for s in [slow, no_body, idle, *held]:
+            s.close()
+
+
+def test_short_of_open_files_normal_clients_are_served(tmp_path: Path) -> None:
+    """300 idle connections against a process allowed 256 open files: the cap stays under the limit, so accept
+    keeps working and a normal client is answered."""
+    with extender(tmp_path, nofile=256) as (port, proc):
+        held = [socket.create_connection(("127.0.0.1", port), timeout=WAIT) for _ in range(300)]
+        assert filter_ok(port)
+        for s in held:
+            s.close()
+        proc.terminate()
+        output = proc.communicate(timeout=15)[0].decode()
+    assert "Too many open files" not in output
+
+
+def test_failed_accepts_are_counted_and_logged_once_per_interval() -> None:
+    metrics = ExtenderMetrics()
+    handler = AcceptErrors(metrics, interval_s=3600)
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(handler)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            for _ in range(2048):  # asyncio reports each queued connection of one accept pass
+                loop.call_exception_handler({"message": AcceptErrors.MESSAGE,
+                                             "exception": OSError(errno.EMFILE, "Too many open files")})
+    finally:
+        loop.close()
+    assert [e["event"] for e in logs] == ["extender.server.accept_failed"]
+    assert metrics.registry.get_sample_value("gpu_extender_http_accept_errors_total") == 2048
+
+
+def test_busy_port_fails_before_starting(tmp_path: Path) -> None:
+    inv = write_inventory(tmp_path / "inv.yaml", [{"name": "a100", "topology": A100}])
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "extender.cli", "serve", "--inventory", str(inv), "--port",
+                                 str(port), "--log-level", "info"], cwd=REPO, capture_output=True, text=True,
+                                timeout=60)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in output and "in use" in output
+    assert "started" not in output and "startup complete" not in output.lower()
+
+
+@pytest.mark.parametrize("flag", ["--header-timeout", "--body-timeout", "--keep-alive-timeout", "--max-connections"])
+def test_limits_must_be_positive(flag: str) -> None:
+    result = CliRunner().invoke(main, ["serve", flag, "0"])
+    assert result.exit_code == 2 and flag.removeprefix("--").replace("-", "_") in result.output
+
+
+def test_transfer_encoding_with_content_length_is_refused(tmp_path: Path) -> None:
+    """Issue 14, item 7: both framings at once is the request-smuggling shape: 400 naming the problem."""
+    with extender(tmp_path) as (port, _):
+        body = json.dumps(cache_args(pod_json(gpus=1), ["a100"])).encode()
+        chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as s:
+            s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n" + chunked)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        assert b"both Transfer-Encoding and Content-Length" in answer
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as s:  # chunked alone is fine
+            s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+                      + chunked)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200 ") and b'"NodeNames":["a100"]' in answer
+
+
+def test_at_the_cap_a_body_that_never_comes_gives_way(tmp_path: Path) -> None:
+    """Every connection is a request whose body never comes: a new client still gets in (the oldest is closed)."""
+    with extender(tmp_path, "--max-connections", "6") as (port, _):
+        stuck = []
+        for _ in range(6):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+            stuck.append(s)
+        time.sleep(0.2)  # let the server read the heads: all six are now receiving bodies
+        assert filter_ok(port)
+        assert metric(port, 'gpu_extender_http_connections_closed_total{listener="api",reason="evicted"}') >= 1
+        for s in stuck:
+            s.close()
