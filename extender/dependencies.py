@@ -13,19 +13,24 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 
 from extender.inventory import Inventory
+from extender.metrics import ExtenderMetrics
 from extender.service import Extender
 from extender.verbs import Verbs
 
 
 async def get_extender(request: Request) -> Extender:
-    return request.app.state.extender  # type: ignore[no-any-return]
+    return request.app.state.extender
+
+
+async def get_metrics(request: Request) -> ExtenderMetrics:
+    return request.app.state.extender.metrics
 
 
 async def get_verbs(request: Request) -> Verbs:
-    return request.app.state.verbs  # type: ignore[no-any-return]
+    return request.app.state.verbs
 
 
-async def get_inventory(request: Request) -> Inventory:
+async def get_standalone_inventory(request: Request) -> Inventory:
     """Standalone mode only: a cluster-fed extender has no inventory to show (404, as for any unknown path)."""
     inventory: Inventory | None = request.app.state.extender.inventory
     if inventory is None:
@@ -34,5 +39,6 @@ async def get_inventory(request: Request) -> Inventory:
 
 
 ExtenderDep = Annotated[Extender, Depends(get_extender)]
+MetricsDep = Annotated[ExtenderMetrics, Depends(get_metrics)]
 VerbsDep = Annotated[Verbs, Depends(get_verbs)]
-InventoryDep = Annotated[Inventory, Depends(get_inventory)]
+InventoryDep = Annotated[Inventory, Depends(get_standalone_inventory)]

@@ -7,7 +7,8 @@ share one computation, and the core's own memo (keyed the same way) stays warm. 
   prioritize's Fit, looked up with C-level map() calls so a request runs Python code only for states not seen before.
 
 The tables are plain dicts with no lock of their own: single get/set/clear calls are atomic under the GIL, and a
-lost race only computes the same pure answer twice. Each is bounded: when full it starts over.
+lost race only computes the same pure answer twice. The fits and each per-need table are bounded (when full they
+start over); the facts grow with the number of distinct topologies only, like the node cache's own table of them.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from extender.dependencies import ExtenderDep
+from extender.dependencies import ExtenderDep, MetricsDep
 
 router = APIRouter()
 
@@ -25,5 +25,5 @@ async def readyz(ext: ExtenderDep) -> Response:
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
-async def metrics_(ext: ExtenderDep) -> Response:
-    return Response(ext.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+async def metrics_(metrics: MetricsDep) -> Response:
+    return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")

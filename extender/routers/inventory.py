@@ -7,8 +7,9 @@ import orjson
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from extender.answers import JSON
 from extender.dependencies import InventoryDep
+
+JSON = "application/json"
 
 router = APIRouter()
 
