@@ -193,7 +193,10 @@ class PluginRunner(Worker):
             self._registered_kubelet = None
             return self.poll_interval
         self._waiting = False
-        if kubelet == self._registered_kubelet and not forced:
+        if kubelet == self._registered_kubelet:
+            # Registered with this very socket (its identity holds the creation time): a creation event that
+            # arrives late is the one we already answered. Registering again would make the kubelet replace our
+            # endpoint and cut the calls in flight on it (pod admissions).
             return self.poll_interval
         now = time.monotonic()
         if not forced and now < self._next_attempt:

@@ -72,7 +72,7 @@ WRONG_VALUES: tuple[Any, ...] = (
     None, True, 0, -1, 1.5, 2**64, -(2**63) - 1, 1e308, "", "x", "\u0000", "🙂" * 50, [], [None], {}, {"": None},
 )
 BIG = 20 * 1024 * 1024
-INTERNAL = "gpu-extender internal error in "  # how app.py words an unexpected exception
+INTERNAL = "gpu-extender internal error in "  # how extender/answers.py words an unexpected exception
 
 
 def write_inventory(path: Path) -> Path:

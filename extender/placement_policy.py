@@ -1,0 +1,196 @@
+"""What makes one placement better than another: the best subset, its packing value and its island value.
+
+Everything here is a function of (topology, free GPU set, pod need); extender.placement_memo remembers the answers
+and extender.placement asks the questions for each node.
+
+Packing value of a choice (higher is better, in [0, 1]):
+    loss  = sum over common sizes s in (2, 4, 8), s <= node size, of
+            s * (best ring of s GPUs the free set can form - the same after taking the choice) / (best on empty node)
+    tight = 1 - GPUs left free after the choice / node size
+    packing = 0.85 * (1 - min(loss, 14) / 14) + 0.15 * tight
+Loss is weighted by size because a large free island is rarer and more valuable than a small one: taking 1 GPU
+from a whole free 8-GPU NVSwitch node loses the node's 8-GPU capability (loss 8), while taking the last free GPU of
+another node loses nothing; taking 2 GPUs out of 3 free loses less than breaking a node's only free pair.
+
+Value of a choice (what prioritize ranks nodes by, `island_values`):
+    value = its all-reduce GB/s - island_penalty x (GB/s of the best rings of the larger common sizes it breaks
+            where no other candidate node offers an equally fast free ring of that size)
+in absolute GB/s, floored at 1% of its GB/s. While whole NVSwitch nodes are plentiful a 2-GPU pod takes the fastest
+pair; once the last one is left, it prefers a node whose 8-GPU island is already broken, or a PCIe server whose
+8-GPU ring was slow anyway, keeping the island for the 8-GPU pod that needs it.
+
+The core's allocator memoises best_subset and best_possible_gbps under its own lock, so these functions may be
+called from any thread.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+
+from extender import placement_reasons as reasons
+from extender.pods import Need
+from extender.scoring import priority_scores
+from gputopo.core import Allocation, Topology, best_possible_gbps, best_subset
+from gputopo.core.bitset import bits, mask_of
+
+COMMON_SIZES = (2, 4, 8)
+# ExtenderConfig.island_penalty and island_spare (flags --island-penalty, --island-spare) say how much of a scarce
+# larger free island's all-reduce GB/s a choice must gain to be worth breaking it (island_values). Defaults chosen
+# with bench/placement.py over three seeds and two fleets: greedy (penalty 0) sends 2- and 4-GPU jobs to whole
+# NVSwitch nodes and starves 8-GPU jobs (57 GB/s mean vs 149 for blind placement); penalty 1.0 with 4 spare islands
+# keeps every request size at or above the blind baselines and the cluster-wide mean above them.
+VALUE_FLOOR = 0.01
+PACKING_DIGITS = 4
+MAX_LOSS = float(sum(COMMON_SIZES))
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True, eq=False)  # identity: compared by the thousands on the hot path
+class Fit:
+    alloc: Allocation | None
+    gbps: float
+    packing: float
+    failure: str | None = None
+    unresolvable: bool = False
+    # (size, best ring GB/s of the free set, the same after the choice) for each common size above the request
+    islands: tuple[tuple[int, float, float], ...] = ()
+
+
+NO_FIT = Fit(None, 0.0, 0.0, reasons.DOES_NOT_FIT)
+
+
+class TopologyFacts:
+    """What the empty node of one topology can do; shared by every node with its fingerprint."""
+
+    __slots__ = ("_best_empty", "min_nvlink_gbps", "topo")
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        n = topo.size
+        nv = [topo.gbps(i, j) for i in range(n) for j in range(i + 1, n) if topo.link(i, j).kind.is_nvlink]
+        self.min_nvlink_gbps: float | None = min(nv) if nv else None
+        self._best_empty: dict[int, float] = {}  # filled lazily, per size
+
+    def best_empty(self, size: int) -> float:
+        """The best all-reduce GB/s of `size` GPUs on the empty node."""
+        value = self._best_empty.get(size)
+        if value is None:
+            value = self._best_empty[size] = best_possible_gbps(self.topo, size)
+        return value
+
+
+def compute_fit(facts: TopologyFacts, free: int, need: Need) -> Fit:
+    """Best subset of `free` for the need on a node of this topology, with its packing value, or why there is none."""
+    topo = facts.topo
+    size = need.size
+    free_count = free.bit_count()
+    if size > free_count:
+        return Fit(None, 0.0, 0.0, reasons.too_few_free(size, free_count))
+    alloc = best_subset(topo, bits(free), size)
+    gbps = alloc.allreduce_gbps
+    if need.constrained:
+        problem = _constraint_problem(facts, alloc, need)
+        if problem is not None:
+            return Fit(None, gbps, 0.0, problem[0], problem[1])
+    rings = _rings(topo, free, alloc)
+    islands = tuple((s, before, after) for s, before, after in rings if s > size and s <= free_count)
+    return Fit(alloc, gbps, _packing(facts, free_count - size, rings), islands=islands)
+
+
+def _rings(topo: Topology, free: int, alloc: Allocation) -> list[tuple[int, float, float]]:
+    """For each common size the node has: the best ring of that size its free GPUs form, before and after the
+    choice (absolute GB/s). Packing weighs the loss relative to the node; island value weighs it absolutely
+    (breaking an NVSwitch node's 8-GPU island costs more than a PCIe server's)."""
+    left = free & ~mask_of(alloc.gpus)
+    free_count, left_count = free.bit_count(), left.bit_count()
+    out = []
+    for s in COMMON_SIZES:
+        if s > topo.size:
+            break
+        before = best_possible_gbps(topo, s, bits(free)) if free_count >= s else 0.0
+        after = best_possible_gbps(topo, s, bits(left)) if left_count >= s else 0.0
+        out.append((s, before, after))
+    return out
+
+
+def _constraint_problem(facts: TopologyFacts, alloc: Allocation, need: Need) -> tuple[str, bool] | None:
+    """Why the best subset misses the pod's NVLink or bandwidth floor, and whether no eviction could change that."""
+    size, gbps = need.size, alloc.allreduce_gbps
+    if need.require_nvlink:
+        floor = facts.min_nvlink_gbps
+        if floor is None:
+            return reasons.no_nvlink(facts.topo.fabric), True
+        if gbps + _EPS < floor:
+            best = facts.best_empty(size)
+            if best + _EPS < floor:
+                return reasons.no_nvlink_ring(size, best), True
+            return reasons.nvlink_ring_taken(size, mask_of(alloc.gpus), gbps), False
+    if need.min_gbps > 0 and gbps + _EPS < need.min_gbps:
+        best = facts.best_empty(size)
+        if best + _EPS < need.min_gbps:
+            return reasons.too_slow_ever(need.min_gbps, size, best), True
+        return reasons.too_slow_now(need.min_gbps, size, gbps), False
+    return None
+
+
+def _packing(facts: TopologyFacts, left_count: int, rings: list[tuple[int, float, float]]) -> float:
+    loss = 0.0
+    for s, before, after in rings:
+        full_best = facts.best_empty(s)
+        if full_best > 0:
+            loss += s * (before - after) / full_best
+    tight = 1.0 - left_count / facts.topo.size
+    # rounded once here, so equal packings compare equal in prioritize without rounding per node
+    return round(0.85 * (1.0 - min(max(loss, 0.0), MAX_LOSS) / MAX_LOSS) + 0.15 * tight, PACKING_DIGITS)
+
+
+def island_values(counts: Mapping[Fit, int], penalty: float, spare: int) -> list[float]:
+    """Each distinct fit's value: its GB/s, less `penalty` x the GB/s of every larger island it breaks that is
+    scarce, i.e. fewer than `spare` other candidate nodes still offer a free ring of that size at least as fast.
+    Breaking one of many equal islands costs nothing (a lightly loaded cluster stays greedy); breaking one of the
+    last few is paid for."""
+    raw: dict[int, list[tuple[float, int]]] = {}
+    for f, n in counts.items():
+        for s, before, _after in f.islands:
+            raw.setdefault(s, []).append((before, n))
+    # per size: island GB/s ascending and how many nodes offer at least each, so a lookup is a bisection
+    supply: dict[int, tuple[list[float], list[int]]] = {}
+    for s, pairs in raw.items():
+        pairs.sort()
+        at_least = list(accumulate(reversed([n for _, n in pairs])))[::-1]
+        supply[s] = ([b for b, _ in pairs], at_least)
+    values = []
+    for f in counts:
+        loss = 0.0
+        for s, before, after in f.islands:
+            befores, at_least = supply[s]
+            others = at_least[bisect_left(befores, before - _EPS)] - 1  # nodes in the same state count too
+            if others < spare:
+                loss += max(before - after, 0.0)
+        values.append(max(f.gbps - penalty * loss, VALUE_FLOOR * f.gbps))
+    return values
+
+
+def rank(fits: Sequence[Fit], penalty: float, spare: int) -> list[int]:
+    """Scores 0-10 aligned with `fits` (NO_FIT scores 0). Nodes in equal states share one Fit object (hashed by
+    identity): only the distinct ones are valued, then the scores are handed out."""
+    counts = Counter(fits)
+    counts.pop(NO_FIT, None)
+    distinct = list(counts)
+    values = island_values(counts, penalty, spare)
+    scores = priority_scores([(v, f.packing) for f, v in zip(distinct, values, strict=True)])
+    by_fit = dict(zip(distinct, scores, strict=True))
+    by_fit[NO_FIT] = 0
+    return list(map(by_fit.__getitem__, fits))
+
+
+def efficiency(facts: TopologyFacts, alloc: Allocation) -> float:
+    """A plan's all-reduce over the best its size can reach on the empty node (1.0 for one GPU)."""
+    if len(alloc.gpus) <= 1:
+        return 1.0
+    best = facts.best_empty(len(alloc.gpus))
+    return alloc.allreduce_gbps / best if best > 0 else 1.0

@@ -1,0 +1,1 @@
+"""The extender's HTTP routes, one router per resource: the scheduler verbs, health, and the standalone inventory."""

@@ -1,0 +1,29 @@
+"""GET /healthz, /readyz and /metrics: read-only, nothing secret, the same on the API and the metrics port."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from extender.dependencies import ExtenderDep, MetricsDep
+
+router = APIRouter()
+
+_PLAIN = "text/plain"
+
+
+@router.get("/healthz", summary="Liveness", response_class=Response)
+async def healthz() -> Response:
+    return Response(b"ok", media_type=_PLAIN)
+
+
+@router.get("/readyz", summary="Readiness: the node cache holds a full snapshot", response_class=Response)
+async def readyz(ext: ExtenderDep) -> Response:
+    if ext.ready():
+        return Response(b"ok", media_type=_PLAIN)
+    return Response(b"node cache not synced yet", status_code=503, media_type=_PLAIN)
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+async def metrics_(metrics: MetricsDep) -> Response:
+    return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")

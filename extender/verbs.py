@@ -1,0 +1,116 @@
+"""kube-scheduler's four verbs over one Extender: decoded JSON in, the answer out as plain data (or ready bytes).
+
+Nothing here knows about HTTP: extender.answers reads and bounds the body, decodes it, calls a verb and maps every
+failure to an answer; extender.routers.scheduler publishes the verbs. The answer shapes are the Go structs of
+k8s.io/kube-scheduler/extender/v1 (ExtenderFilterResult, HostPriorityList, ExtenderBindingResult,
+ExtenderPreemptionResult), field for field.
+"""
+
+from __future__ import annotations
+
+from itertools import chain, repeat
+from typing import Any
+
+import orjson
+import structlog
+
+from extender import wire
+from extender.pods import PodSpecError, pod_needs
+from extender.preempt import NodeVictims, keep_victims
+from extender.service import Extender
+
+log = structlog.get_logger(__name__)
+
+_SCORE_TAIL = [b',"Score":%d},' % s for s in range(11)]
+
+
+def filter_result(passed: list[str] | None, nodes: dict[str, Any] | None, failed: dict[str, str],
+                  unresolvable: dict[str, str], error: str) -> dict[str, Any]:
+    return {"Nodes": nodes, "NodeNames": passed, "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": unresolvable, "Error": error}
+
+
+def meta_victims(candidates: dict[str, NodeVictims]) -> dict[str, Any]:
+    return {node: {"Pods": [{"UID": v.uid} for v in nv.victims], "NumPDBViolations": nv.pdb_violations}
+            for node, nv in candidates.items()}
+
+
+def host_priority_list(names: list[str], scores: list[int]) -> bytes:
+    """The HostPriorityList JSON built by C-level joins (no Python code per node): orjson quotes every name in
+    one call, and names without commas (every valid node name) split back apart on the commas."""
+    if not names:
+        return b"[]"
+    quoted = orjson.dumps(names)[1:-1].split(b",")
+    if len(quoted) != len(names):  # a name with a comma in it: encode the slow way
+        return orjson.dumps([{"Host": n, "Score": s} for n, s in zip(names, scores, strict=True)])
+    body = b"".join(chain.from_iterable(zip(repeat(b'{"Host":'), quoted, map(_SCORE_TAIL.__getitem__, scores))))
+    return b"[" + body[:-1] + b"]"
+
+
+class Verbs:
+    """The four verbs; each raises wire.BadRequest for a body that is not the shape kube-scheduler sends, and
+    answers a pod it cannot place in the body, as kube-scheduler expects."""
+
+    def __init__(self, ext: Extender) -> None:
+        self.ext = ext
+        cfg = ext.config
+        self._needs_args = (cfg.resource_name, cfg.keys)
+
+    def filter(self, data: Any) -> dict[str, Any]:
+        args = wire.extender_args(data)
+        ext = self.ext
+        try:
+            needs = pod_needs(args.pod, *self._needs_args)
+        except PodSpecError as e:
+            return filter_result(None if args.node_names is None else [], None if args.nodes is None else
+                                 {**args.nodes, "items": []}, {}, {}, f"pod cannot be placed: {e}")
+        ext.recent.remember(needs)
+        extra = self._extra_entries(args)
+        out = ext.placement.filter(args.names, needs.need, extra)
+        m = ext.metrics.filter_nodes
+        m.labels("passed").inc(len(out.passed))
+        m.labels("failed").inc(len(out.failed))
+        m.labels("unresolvable").inc(len(out.unresolvable))
+        nodes = None
+        if args.nodes is not None and args.items is not None:
+            keep = set(out.passed)
+            nodes = {**args.nodes, "items": [it for it in args.items if it["metadata"]["name"] in keep]}
+        return filter_result(out.passed if args.node_names is not None else None, nodes, out.failed,
+                             out.unresolvable, "")
+
+    def prioritize(self, data: Any) -> bytes:
+        args = wire.extender_args(data)
+        try:
+            needs = pod_needs(args.pod, *self._needs_args)
+        except PodSpecError as e:
+            log.info("extender.prioritize.bad_pod", error=str(e))
+            return host_priority_list(args.names, [0] * len(args.names))
+        self.ext.recent.remember(needs)
+        scores = self.ext.placement.score(args.names, needs.need, self._extra_entries(args))
+        return host_priority_list(args.names, scores)
+
+    async def bind(self, data: Any) -> dict[str, Any]:
+        req = wire.binding_args(data)
+        return {"Error": await self.ext.binder.bind(req)}
+
+    def preempt(self, data: Any) -> dict[str, Any]:
+        args = wire.preemption_args(data, self.ext.config.keys.plan)
+        try:
+            needs = pod_needs(args.pod, *self._needs_args)
+        except PodSpecError as e:
+            log.info("extender.preempt.bad_pod", error=str(e))
+            return {"NodeNameToMetaVictims": meta_victims(args.candidates)}
+        kept = keep_victims(self.ext.cache, self.ext.placement, needs.need, args.candidates, self.ext.plan_of)
+        return {"NodeNameToMetaVictims": meta_victims(kept)}
+
+    def _extra_entries(self, args: wire.ExtenderArgs) -> dict[str, Any] | None:
+        """Not nodeCacheCapable: nodes the cache has not seen yet are read from the NodeList itself."""
+        if args.items is None:
+            return None
+        known = self.ext.cache.nodes
+        extra = {}
+        for item in args.items:
+            name = item["metadata"]["name"]
+            if name not in known:
+                extra[name] = self.ext.cache.entry_from_node(item)
+        return extra or None
