@@ -1,8 +1,9 @@
 """The app's state, reached by the routes through FastAPI's dependencies.
 
 extender.app puts the Extender and its Verbs on `app.state` when it builds the app; routes declare what they need
-(`verbs: VerbsDep`) and FastAPI hands it in, so no route closes over the objects of one app and several apps (the
-API and the metrics listener, or the tests' many extenders) share the same route code. The functions are async:
+(`metrics: MetricsDep`) and FastAPI hands it in, so no route closes over the objects of one app and several apps
+(the API and the metrics listener, or the tests' many extenders) share the same route code. The four scheduler
+verbs read `request.app.state.verbs` directly (extender.routers.scheduler says why). The functions are async:
 FastAPI would run plain ones in its thread pool, a thread hop per request.
 """
 
@@ -15,7 +16,6 @@ from fastapi import Depends, HTTPException, Request
 from extender.inventory import Inventory
 from extender.metrics import ExtenderMetrics
 from extender.service import Extender
-from extender.verbs import Verbs
 
 
 async def get_extender(request: Request) -> Extender:
@@ -24,10 +24,6 @@ async def get_extender(request: Request) -> Extender:
 
 async def get_metrics(request: Request) -> ExtenderMetrics:
     return request.app.state.extender.metrics
-
-
-async def get_verbs(request: Request) -> Verbs:
-    return request.app.state.verbs
 
 
 async def get_standalone_inventory(request: Request) -> Inventory:
@@ -40,5 +36,4 @@ async def get_standalone_inventory(request: Request) -> Inventory:
 
 ExtenderDep = Annotated[Extender, Depends(get_extender)]
 MetricsDep = Annotated[ExtenderMetrics, Depends(get_metrics)]
-VerbsDep = Annotated[Verbs, Depends(get_verbs)]
 InventoryDep = Annotated[Inventory, Depends(get_standalone_inventory)]
