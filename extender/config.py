@@ -10,9 +10,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys, prefix_problem
-from gputopo.logs import LogLevel
-from gputopo.settings import Cli, ReadableFile, SettingsLoader
+from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
+from gputopo.settings import AnnotationPrefix, Cli, ExtendedResourceName, LogLevel, ReadableFile, SettingsLoader
 
 DEFAULT_BODY_LIMIT = 10 * 1024 * 1024
 DEFAULT_RESERVATION_TIMEOUT_S = 300.0
@@ -45,8 +44,10 @@ class ExtenderConfig(BaseModel):
     kubeconfig: ReadableFile | None = Field(
         None, description="Kubeconfig file (unset: in-cluster service account, then KUBECONFIG / ~/.kube/config).")
     api_server: str | None = Field(None, description="Explicit apiserver URL (tests, proxies); no credentials.")
-    resource_name: str = Field(DEFAULT_RESOURCE, description="Extended resource whose requests are placed.")
-    annotation_prefix: str = Field(DEFAULT_PREFIX, description="Prefix of every node and pod annotation and label.")
+    resource_name: ExtendedResourceName = Field(
+        DEFAULT_RESOURCE, description="Extended resource whose requests are placed.")
+    annotation_prefix: AnnotationPrefix = Field(
+        DEFAULT_PREFIX, description="Prefix of every node and pod annotation and label.")
     reservation_timeout_s: Annotated[float, Cli(flag="reservation-timeout")] = Field(
         DEFAULT_RESERVATION_TIMEOUT_S,
         description="Seconds a plan whose Binding was never seen applied holds its GPUs; a bound pod's plan holds "
@@ -91,21 +92,6 @@ class ExtenderConfig(BaseModel):
     def _ports(cls, v: int) -> int:
         return _port(v)
 
-    @field_validator("annotation_prefix")
-    @classmethod
-    def _prefix(cls, v: str) -> str:
-        problem = prefix_problem(v)
-        if problem:
-            raise ValueError(problem)
-        return v
-
-    @field_validator("resource_name")
-    @classmethod
-    def _resource_name(cls, v: str) -> str:
-        if not v:
-            raise ValueError("resource name must not be empty")
-        return v
-
     @field_validator("reservation_timeout_s")
     @classmethod
     def _reservation_timeout(cls, v: float) -> float:
@@ -147,11 +133,6 @@ class ExtenderConfig(BaseModel):
         if v < 0:
             raise ValueError(f"island spare count must be 0 or more, got {v}")
         return v
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _lower(cls, v: object) -> object:
-        return v.strip().lower() if isinstance(v, str) else v
 
     @model_validator(mode="after")
     def _listeners(self) -> ExtenderConfig:

@@ -15,9 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gpuplugin.deviceplugin.allocation import ListStrategy
 from gpuplugin.deviceplugin.devices import IdStrategy
 from gpuplugin.deviceplugin.lifecycle import DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME
-from gputopo.contract import DEFAULT_PREFIX, Keys, dns_subdomain_problem, extended_resource_problem, prefix_problem
-from gputopo.logs import LogLevel
-from gputopo.settings import Cli, ReadableFile, SettingsLoader
+from gputopo.contract import DEFAULT_PREFIX, Keys
+from gputopo.settings import (
+    AnnotationPrefix,
+    Cli,
+    ExtendedResourceName,
+    LogLevel,
+    NodeName,
+    ReadableFile,
+    SettingsLoader,
+)
 
 # Linux sun_path holds 108 bytes including the NUL.
 MAX_SOCKET_PATH = 107
@@ -34,7 +41,8 @@ class PluginConfig(BaseModel):
 
     device_plugin_dir: Path = Field(Path("/var/lib/kubelet/device-plugins"),
                                     description="The kubelet's device plugin directory (its socket and ours).")
-    resource_name: str = Field(DEFAULT_RESOURCE_NAME, description="Extended resource advertised to the kubelet.")
+    resource_name: ExtendedResourceName = Field(
+        DEFAULT_RESOURCE_NAME, description="Extended resource advertised to the kubelet.")
     topology: ReadableFile | None = Field(
         None, description="Run on this topology file (nvidia-smi topo -m text, NVML recording, compact JSON) "
                           "instead of NVML.")
@@ -45,12 +53,13 @@ class PluginConfig(BaseModel):
                     "CRI-O 1.28+), cdi-annotations (CDI names in cdi.k8s.io/ annotations: runtimes that read those). "
                     "cdi is the deprecated name of cdi-cri.")
     device_id_strategy: IdStrategy = Field(IdStrategy.UUID, description="Device ids are GPU UUIDs or indices.")
-    node_name: Annotated[str | None, Cli(env=("NODE_NAME",))] = Field(
+    node_name: NodeName = Field(
         None, description="This node's name: publication and plans need it.")
     pod_resources_socket: Path = Field(Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
                                        description="The kubelet's PodResources socket (which GPUs are used).")
     metrics_port: int = Field(8080, description="Port of /metrics and /healthz; 0 turns them off.")
-    annotation_prefix: str = Field(DEFAULT_PREFIX, description="Prefix of every node and pod annotation and label.")
+    annotation_prefix: AnnotationPrefix = Field(
+        DEFAULT_PREFIX, description="Prefix of every node and pod annotation and label.")
     publish: bool | Literal["auto"] = Field(
         "auto", description="Publish topology and state on the Node (auto: when Kubernetes credentials exist).")
     socket_name: str = Field(DEFAULT_SOCKET_NAME, description="Our socket's file name in the plugin directory.")
@@ -66,22 +75,6 @@ class PluginConfig(BaseModel):
     health_recovery: Annotated[float | Literal["never"], Cli(metavar="SECONDS|never")] = Field(
         DEFAULT_RECOVERY_S, description="Seconds of passing probes before an unhealthy GPU is healthy again, or never.")
 
-    @field_validator("resource_name")
-    @classmethod
-    def _resource_name(cls, v: str) -> str:
-        problem = extended_resource_problem(v)
-        if problem:
-            raise ValueError(problem)
-        return v
-
-    @field_validator("annotation_prefix")
-    @classmethod
-    def _prefix(cls, v: str) -> str:
-        problem = prefix_problem(v)
-        if problem:
-            raise ValueError(problem)
-        return v
-
     @field_validator("metrics_port")
     @classmethod
     def _port(cls, v: int) -> int:
@@ -96,17 +89,7 @@ class PluginConfig(BaseModel):
             raise ValueError(f"{v!r} must be a bare file name other than kubelet.sock")
         return v
 
-    @field_validator("node_name")
-    @classmethod
-    def _node_name(cls, v: str | None) -> str | None:
-        if v in (None, ""):
-            return None
-        problem = dns_subdomain_problem(v)
-        if problem:
-            raise ValueError(problem)
-        return v
-
-    @field_validator("log_level", "publish", "health_recovery", mode="before")
+    @field_validator("publish", "health_recovery", mode="before")
     @classmethod
     def _lower(cls, v: Any) -> Any:
         return v.strip().lower() if isinstance(v, str) else v

@@ -30,8 +30,11 @@ from typing import Annotated, Any, Generic, Literal, TypeVar, Union, get_args, g
 import click
 import yaml
 from click.types import OptionHelpExtra
-from pydantic import AfterValidator, BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ValidationError
 from pydantic.fields import FieldInfo
+
+from gputopo.contract import dns_subdomain_problem, extended_resource_problem, prefix_problem
+from gputopo.logs import LogLevel as _Levels
 
 M = TypeVar("M", bound=BaseModel)
 # A YAML config file is a handful of settings: anything bigger is not one.
@@ -70,6 +73,35 @@ def _readable_file(path: Path) -> Path:
 
 # A path that must name a readable file when the settings are loaded, so a typo fails at once, naming the path.
 ReadableFile = Annotated[Path, AfterValidator(_readable_file), Cli(metavar="FILE")]
+
+
+def _no_problem(problem: Callable[[str], str | None]) -> AfterValidator:
+    """A validator raising what `problem` finds wrong with a value (the contract's rules, one wording)."""
+
+    def check(value: str) -> str:
+        found = problem(value)
+        if found:
+            raise ValueError(found)
+        return value
+
+    return AfterValidator(check)
+
+
+def _empty_is_none(value: Any) -> Any:
+    return None if value == "" else value
+
+
+def _lower(value: Any) -> Any:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+# Settings that mean the same in every binary, checked the same way.
+AnnotationPrefix = Annotated[str, _no_problem(prefix_problem), Cli(metavar="PREFIX")]
+ExtendedResourceName = Annotated[str, _no_problem(extended_resource_problem), Cli(metavar="DOMAIN/NAME")]
+DnsSubdomain = Annotated[str, _no_problem(dns_subdomain_problem), Cli(metavar="NAME")]
+# A node name that may be left unset (an empty environment variable counts as unset).
+NodeName = Annotated[DnsSubdomain | None, BeforeValidator(_empty_is_none), Cli(env=("NODE_NAME",))]
+LogLevel = Annotated[_Levels, BeforeValidator(_lower)]
 
 
 def _cli(metadata: list[Any] | tuple[Any, ...]) -> Cli:

@@ -8,12 +8,27 @@ out a sleep: `pause()` returns as soon as `stop()` or `wake()` is called.
 
 from __future__ import annotations
 
+import signal
 import threading
 from typing import Self
 
 import structlog
 
 log = structlog.get_logger(__name__)
+
+
+def stop_on_signals(process: str) -> threading.Event:
+    """The event a process's main thread waits on: set by SIGTERM (the kubelet stopping the pod) or SIGINT, each
+    logged with the signal's and the process's name. Call from the main thread (Python delivers signals there)."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("worker.signal.received", signal=signal.Signals(signum).name, process=process)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop
 
 
 class Worker:

@@ -11,7 +11,6 @@ names the setting and its source), 1 when the driver cannot start.
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 from typing import Any
@@ -21,6 +20,7 @@ import structlog
 
 from gpuplugin.dra.settings import SETTINGS, DraSettings
 from gputopo.logs import configure_logging
+from gputopo.workers import stop_on_signals
 
 log = structlog.get_logger("gpuplugin.dra")
 
@@ -119,14 +119,7 @@ def run_driver(settings: DraSettings, stop: threading.Event) -> None:
 def command(settings: DraSettings) -> None:
     """Serve the GPUs to the kubelet as a DRA driver (resource.k8s.io/v1)."""
     configure_logging(settings.log_level)
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("dra.signal.received", signal=signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals("gpuplugin dra")
     try:
         run_driver(settings, stop)
     except StartupError as e:

@@ -7,7 +7,6 @@ serve its socket).
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -21,6 +20,7 @@ import structlog
 from gpuplugin.config import SETTINGS, PluginConfig
 from gputopo.discovery.nics import attach_nics
 from gputopo.logs import configure_logging
+from gputopo.workers import stop_on_signals
 
 log = structlog.get_logger("gpuplugin.run")
 # After a GPU pod ends the node's state is published at once and again this much later.
@@ -254,14 +254,7 @@ def wait_without_gpus(cfg: PluginConfig, stop: threading.Event, why: str) -> Non
 def command(cfg: PluginConfig) -> None:
     """Serve the GPUs to the kubelet as a topology-aware device plugin."""
     configure_logging(cfg.log_level)
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("plugin.signal.received", signal=signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals("gpuplugin run")
     try:
         run_plugin(cfg, stop)
     except NvmlUnavailable as e:

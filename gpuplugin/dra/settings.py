@@ -15,8 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gpuplugin.dra.catalog import DEFAULT_MAX_DEVICES, DEFAULT_SET_SIZES, MAX_SET_SIZE
 from gputopo.contract import DEFAULT_PREFIX, dns_subdomain_problem
-from gputopo.logs import LogLevel
-from gputopo.settings import Cli, ReadableFile, SettingsLoader
+from gputopo.settings import Cli, LogLevel, NodeName, ReadableFile, SettingsLoader
 
 ENV_PREFIX = "GPUPLUGIN_DRA"
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
@@ -38,7 +37,7 @@ class DraSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    node_name: Annotated[str | None, Cli(env=("NODE_NAME",))] = Field(
+    node_name: NodeName = Field(
         None, description="This node's name (required): the pool name and spec.nodeName.")
     driver_name: str = Field(DEFAULT_PREFIX, description="DRA driver name (DNS subdomain), also the attribute "
                                                          "domain and the CDI vendor.")
@@ -62,16 +61,6 @@ class DraSettings(BaseModel):
     metrics_port: int = Field(8080, ge=0, le=65535, description="Port of /metrics and /healthz; 0 turns them off.")
     log_level: LogLevel = Field("info", description="Least level logged.")
 
-    @field_validator("node_name")
-    @classmethod
-    def _node_name(cls, value: str | None) -> str | None:
-        if value in (None, ""):
-            return None
-        problem = dns_subdomain_problem(value)
-        if problem:
-            raise ValueError(problem)
-        return value
-
     @field_validator("driver_name")
     @classmethod
     def _driver(cls, value: str) -> str:
@@ -92,11 +81,6 @@ class DraSettings(BaseModel):
         if bad:
             raise ValueError(f"set sizes must be within 2..{MAX_SET_SIZE}, got {bad}")
         return value
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _lower(cls, value: Any) -> Any:
-        return value.strip().lower() if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _needs_node(self) -> DraSettings:
