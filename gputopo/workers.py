@@ -8,8 +8,10 @@ out a sleep: `pause()` returns as soon as `stop()` or `wake()` is called.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Callable
 from typing import Self
 
 import structlog
@@ -29,6 +31,25 @@ def stop_on_signals(process: str) -> threading.Event:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     return stop
+
+
+class Teardown(contextlib.ExitStack):
+    """What undoes a process's start, in reverse order when its block ends. A step that fails is logged and the
+    others still run: one stuck client must not leave the plugin's socket or the other workers behind."""
+
+    def __init__(self, process: str) -> None:
+        super().__init__()
+        self.process = process
+
+    def undo(self, step: Callable[[], object]) -> None:
+        self.callback(self._run, step)
+
+    def _run(self, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except Exception:
+            log.exception("worker.teardown.step_failed", process=self.process,
+                          step=getattr(step, "__qualname__", repr(step)))
 
 
 class Worker:

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any
 
 import click
 import structlog
 
 from gpuplugin.dra.settings import SETTINGS, DraSettings
 from gputopo.logs import configure_logging
-from gputopo.workers import stop_on_signals
+from gputopo.workers import Teardown, stop_on_signals
 
 log = structlog.get_logger("gpuplugin.dra")
 
@@ -50,15 +49,14 @@ def run_driver(settings: DraSettings, stop: threading.Event) -> None:
         found = discover(settings.topology)
     except DiscoveryError as e:
         raise StartupError(str(e)) from None
-    cleanup: list[Any] = []
-    if found.backend is not None:
-        cleanup.append(found.backend.shutdown)
-    try:
+    with Teardown("gpuplugin dra") as teardown:
+        if found.backend is not None:
+            teardown.undo(found.backend.shutdown)
         try:
             api = make_api_client()
         except KubeConfigError as e:
             raise StartupError(f"a DRA driver needs the Kubernetes API: {e}") from None
-        cleanup.append(api.close)
+        teardown.undo(api.close)
         state = StateFile(settings.state_dir / "state.json")
         try:
             held = {d.device for c in state.load().values() for d in c.devices}
@@ -83,12 +81,12 @@ def run_driver(settings: DraSettings, stop: threading.Event) -> None:
                                    min_interval_s=settings.min_publish_interval_s)
         publisher_box.append(publisher)
         publisher.start()
-        cleanup.append(publisher.stop)
+        teardown.undo(publisher.stop)
         try:
             server = DraServer(driver, settings.registry_dir, settings.state_dir, health=settings.health).start()
         except DraError as e:
             raise StartupError(str(e)) from None
-        cleanup.append(server.stop)
+        teardown.undo(server.stop)
         if found.backend is not None:
             from gpuplugin.health import HealthMonitor
 
@@ -96,22 +94,16 @@ def run_driver(settings: DraSettings, stop: threading.Event) -> None:
                                                     for g in found.topology.gpus},
                                     lambda ids, healthy: driver.set_health(ids, healthy))
             monitor.start()
-            cleanup.append(monitor.stop)
+            teardown.undo(monitor.stop)
         if settings.metrics_port:
             try:
                 metrics_server = MetricsServer(metrics.registry, server.ready, settings.metrics_port).start()
             except OSError as e:
                 raise StartupError(f"cannot serve metrics on port {settings.metrics_port}: {e}") from None
-            cleanup.append(metrics_server.stop)
+            teardown.undo(metrics_server.stop)
         log.info("dra.driver.started", driver=settings.driver_name, node=settings.node,
                  gpus=found.topology.size)
         stop.wait()
-    finally:
-        for fn in reversed(cleanup):
-            try:
-                fn()
-            except Exception:
-                log.exception("dra.shutdown.failed", step=getattr(fn, "__qualname__", repr(fn)))
 
 
 @click.command("dra", epilog=SETTINGS.epilog)

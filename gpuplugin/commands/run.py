@@ -20,7 +20,7 @@ import structlog
 from gpuplugin.config import SETTINGS, PluginConfig
 from gputopo.discovery.nics import attach_nics
 from gputopo.logs import configure_logging
-from gputopo.workers import stop_on_signals
+from gputopo.workers import Teardown, stop_on_signals
 
 log = structlog.get_logger("gpuplugin.run")
 # After a GPU pod ends the node's state is published at once and again this much later.
@@ -139,10 +139,9 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
                          "for runtimes that read the cdi.k8s.io/ annotations")
     found = discover(cfg.topology)
     metrics = PluginMetrics(process_registry())
-    cleanup: list[Callable[[], None]] = []
-    if found.backend is not None:
-        cleanup.append(found.backend.shutdown)
-    try:
+    with Teardown("gpuplugin run") as teardown:
+        if found.backend is not None:
+            teardown.undo(found.backend.shutdown)
         try:
             manager = ResourceManager(
                 found.topology,
@@ -154,11 +153,11 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
                 nvml_indices=found.nvml_indices,
                 metrics=metrics,
             )
-            cleanup.append(manager.close)
+            teardown.undo(manager.close)
             runner = PluginRunner(manager, cfg.device_plugin_dir, cfg.resource_name, cfg.socket_name).start()
         except DevicePluginError as e:
             raise StartupError(str(e)) from None
-        cleanup.append(runner.stop)
+        teardown.undo(runner.stop)
         log.info(
             "plugin.server.started",
             resource=cfg.resource_name,
@@ -169,34 +168,28 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
         threading.Thread(target=manager.prewarm, name="allocator-prewarm", daemon=True).start()
         monitor = start_health(cfg, found, manager)
         if monitor is not None:
-            cleanup.append(monitor.stop)
+            teardown.undo(monitor.stop)
         if cfg.metrics_port:
             try:
                 server = MetricsServer(metrics.registry, runner.ready, cfg.metrics_port).start()
             except OSError as e:
                 raise StartupError(f"cannot serve metrics on port {cfg.metrics_port}: {e.strerror or e}") from None
-            cleanup.append(server.stop)
+            teardown.undo(server.stop)
             log.info("plugin.metrics.on", port=server.port)
         publisher = start_publication(cfg, manager)
         if publisher is not None and hasattr(publisher, "stop"):
-            cleanup.append(publisher.stop)
+            teardown.undo(publisher.stop)
         refresh = None
         if publisher is not None:
             # a GPU pod ended: publish its devices free now (and once more shortly: the kubelet may lag the API)
             refresh = lambda: publisher.publisher.trigger(recheck_s=POD_END_RECHECK_S)  # noqa: E731
         plans = start_plan_watch(cfg, manager, refresh)
         if plans is not None:
-            cleanup.append(plans)
+            teardown.undo(plans)
         if on_ready is not None:
             on_ready()
         stop.wait()
         log.info("plugin.process.stopping")
-    finally:
-        for fn in reversed(cleanup):
-            try:
-                fn()
-            except Exception:
-                log.exception("plugin.process.stop_step_failed", step=getattr(fn, "__qualname__", repr(fn)))
 
 
 def start_plan_watch(cfg: PluginConfig, manager: Any,
