@@ -14,10 +14,12 @@ setup() {
       exit 1
     fi
   fi
-  if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt .venv/.installed ]; then
+  if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt .venv/.installed ] \
+      || [ deploy/requirements-runtime.txt -nt .venv/.installed ]; then
     "$PY" -m venv .venv
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e '.[test]'
+    # The runtime closure at exactly the versions the image ships (the lock), whatever is newer on the index today.
+    .venv/bin/python -m pip install -q -c deploy/requirements-runtime.txt -e '.[test]'
     touch .venv/.installed
   fi
 }
