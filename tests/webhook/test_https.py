@@ -186,7 +186,7 @@ def test_plain_http_gets_no_answer_on_the_https_port(served: dict[str, int]) -> 
 def test_probes_and_metrics(served: dict[str, int], pair: Pair) -> None:
     """The kubelet's HTTPS probes (no certificate check) and the plain-HTTP metrics listener; reviews counted."""
     _post(pair, served["port"], REQUEST_RAW)
-    with httpx.Client(base_url=f"https://127.0.0.1:{served['port']}", verify=False) as probe:  # noqa: S501
+    with httpx.Client(base_url=f"https://127.0.0.1:{served['port']}", verify=False) as probe:
         assert probe.get("/healthz").text == "ok" and probe.get("/readyz").text == "ok"
     with httpx.Client(base_url=f"http://127.0.0.1:{served['metrics_port']}") as metrics:
         assert metrics.get("/healthz").status_code == 200

@@ -160,13 +160,12 @@ def test_any_pod_is_answered_and_only_a_default_scheduled_gpu_pod_is_patched(cha
     for path, value in changes:
         target: Any = pod
         for part in path[:-1]:
-            target = target[part] if isinstance(target, dict) and part in target or (
+            target = target[part] if (isinstance(target, dict) and part in target) or (
                 isinstance(target, list) and isinstance(part, int) and part < len(target)) else None
             if target is None:
                 break
-        if isinstance(target, dict):
-            target[path[-1]] = value
-        elif isinstance(target, list) and isinstance(path[-1], int) and path[-1] < len(target):
+        if isinstance(target, dict) or (
+                isinstance(target, list) and isinstance(path[-1], int) and path[-1] < len(target)):
             target[path[-1]] = value
     decision = review.decide(recorded(lambda r: r.update(object=pod))["request"], POLICY)
     spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
