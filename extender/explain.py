@@ -68,7 +68,8 @@ def offer(names: Sequence[str], fits: Sequence[Fit], scores: Sequence[int], pena
     if score < top and best.islands and penalty > 0:
         counts = Counter(fits)
         counts.pop(NO_FIT, None)
-        kept = tuple((s, before) for s, before, _after in policy.scarce_islands(counts, best, spare))
+        kept = tuple((s, before) for s, before, after in policy.scarce_islands(counts, best, spare)
+                     if before - after > _EPS)  # an island it leaves whole was not the reason
     return Offer(len(names), len(fits) - fits.count(NO_FIT), fastest, names[i], score, top, kept)
 
 
