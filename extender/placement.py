@@ -126,15 +126,25 @@ class Placement:
 
     def score(self, names: Iterable[str], need: Need, extra: Mapping[str, NodeEntry] | None = None) -> list[int]:
         """Scores 0-10 aligned with `names`."""
-        return self.score_offer(names, need, extra)[0]
+        names = list(names)
+        if need.size == 0:
+            return [0] * len(names)
+        config = self.cache.config
+        return policy.rank(self._fits(names, need, extra), config.island_penalty, config.island_spare)
 
     def score_offer(self, names: Iterable[str], need: Need, extra: Mapping[str, NodeEntry] | None = None
                     ) -> tuple[list[int], Offer | None]:
-        """Scores 0-10 aligned with `names`, and what the best of them offered (extender.explain), for the
-        explanation bind writes next to the plan."""
+        """Scores as `score`, and what the best of the nodes offered (extender.explain), for the explanation bind
+        writes next to the plan."""
         names = list(names)
         if need.size == 0:
             return [0] * len(names), None
+        config = self.cache.config
+        fits = self._fits(names, need, extra)
+        scores = policy.rank(fits, config.island_penalty, config.island_spare)
+        return scores, offer(names, fits, scores, config.island_penalty, config.island_spare)
+
+    def _fits(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None) -> list[Fit]:
         states = self._states(names, extra)
         table = self.memo.scores(need)
         fits = list(map(table.get, states))
@@ -144,9 +154,7 @@ class Placement:
                     f = fits[i] = self._score_fit(states[i], need)
                     if states[i] is not None:
                         table[states[i]] = f
-        config = self.cache.config
-        scores = policy.rank(fits, config.island_penalty, config.island_spare)
-        return scores, offer(names, fits, scores, config.island_penalty, config.island_spare)
+        return fits  # type: ignore[return-value]
 
     def choose(self, entry: NodeEntry | None, free: int, need: Need) -> Allocation:
         """The subset bind commits to (same allocator, same free set as filter/prioritize saw). Raises NoFit."""

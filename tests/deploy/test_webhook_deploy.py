@@ -25,7 +25,7 @@ from tests.deploy import schemas, security
 from tests.deploy.rendering import (
     CHART,
     CHART_VARIANTS,
-    MANIFESTS,
+    DEPLOY,
     ChartVariant,
     Obj,
     containers,
@@ -62,7 +62,7 @@ def _webhook_objects(objects: list[Obj]) -> list[Obj]:
 
 def renderings() -> dict[str, list[Obj]]:
     out = {f"helm:{name}": _webhook_objects(render_chart(v)) for name, v in WEBHOOK_VARIANTS.items()}
-    out["kustomize:deploy/manifests/webhook"] = kustomize_build(MANIFESTS / "webhook")
+    out["kustomize:deploy/webhook"] = kustomize_build(DEPLOY / "webhook")
     return out
 
 
@@ -207,7 +207,7 @@ def test_the_charts_own_certificate_is_what_the_ca_bundle_trusts() -> None:
     assert cert.not_valid_after_utc - datetime.datetime.now(datetime.UTC) > datetime.timedelta(days=3000)
 
 
-@pytest.mark.parametrize("name", ["helm:cert-manager", "helm:custom", "kustomize:deploy/manifests/webhook"])
+@pytest.mark.parametrize("name", ["helm:cert-manager", "helm:custom", "kustomize:deploy/webhook"])
 def test_cert_manager_issues_the_certificate_and_fills_the_ca_bundle(name: str) -> None:
     objects = RENDERINGS[name]
     configuration = _one(objects, "MutatingWebhookConfiguration")
@@ -228,7 +228,7 @@ def test_cert_manager_issues_the_certificate_and_fills_the_ca_bundle(name: str) 
 
 
 def test_kustomize_installs_the_same_webhook_as_the_chart_with_cert_manager() -> None:
-    chart, kustomize = RENDERINGS["helm:cert-manager"], RENDERINGS["kustomize:deploy/manifests/webhook"]
+    chart, kustomize = RENDERINGS["helm:cert-manager"], RENDERINGS["kustomize:deploy/webhook"]
     assert sorted((o["kind"], o["metadata"]["name"]) for o in chart) == sorted(
         (o["kind"], o["metadata"]["name"]) for o in kustomize)
     assert _hook(chart) == _hook(kustomize)
