@@ -10,11 +10,14 @@ import base64
 import copy
 import datetime
 import json
-from typing import Any
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
 
 import celpy
 import helm_python
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
@@ -353,3 +356,65 @@ def test_bad_values_fail_with_a_message_naming_them(case: str) -> None:
     with pytest.raises(helm_python.HelmError) as caught:
         render_chart_files(ChartVariant("r", "ns", {"webhook": {"enabled": True, **values}}))
     assert named in str(caught.value)
+
+
+# -- certificates kept across upgrades (Helm's lookup against an API server) -----------------------------------------
+
+
+class _Secrets(BaseHTTPRequestHandler):
+    """Just enough of an API server for Helm's `lookup "v1" "Secret"`: the core group's discovery, then GET."""
+
+    store: ClassVar[dict[str, Any]] = {}
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        path = self.path.split("?")[0]
+        if path == "/api/v1":
+            code, body = 200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                {"name": "secrets", "singularName": "secret", "namespaced": True, "kind": "Secret",
+                 "verbs": ["get"]}]}
+        elif path in self.store:
+            code, body = 200, self.store[path]
+        else:
+            code, body = 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                               "code": 404}
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def _certificates(config: helm_python.Config, *, upgrade: bool) -> tuple[dict[str, str], str]:
+    """(the Secret's data, the caBundle) of a cluster-aware render, as `helm install` / `helm upgrade` makes it."""
+    files = config.render(helm_python.Chart.load(CHART), {"webhook": {"enabled": True}}, name="gpu-topology",
+                          namespace="gpu-topology", is_install=not upgrade, is_upgrade=upgrade)
+    objects = [d for path, text in files.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
+    return _one(objects, "Secret")["data"], _hook(objects)["clientConfig"]["caBundle"]
+
+
+def test_an_upgrade_keeps_the_certificate_and_a_damaged_secret_is_replaced() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Secrets)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    path = "/api/v1/namespaces/gpu-topology/secrets/gpu-topology-webhook-tls"
+    try:
+        with helm_python.Config(kube_apiserver=f"http://127.0.0.1:{server.server_address[1]}") as config:
+            installed, bundle = _certificates(config, upgrade=False)
+            assert bundle == installed["ca.crt"]
+            _Secrets.store[path] = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                                    "data": installed, "metadata": {"name": "gpu-topology-webhook-tls",
+                                                                    "namespace": "gpu-topology"}}
+            upgraded, bundle = _certificates(config, upgrade=True)
+            assert upgraded == installed and bundle == installed["ca.crt"], "the pods' files and the caBundle agree"
+            _Secrets.store[path]["data"] = {"tls.crt": installed["tls.crt"]}  # key and CA lost
+            repaired, bundle = _certificates(config, upgrade=True)
+            assert repaired["ca.crt"] != installed["ca.crt"] and bundle == repaired["ca.crt"]
+    finally:
+        _Secrets.store.clear()
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
