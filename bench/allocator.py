@@ -1,11 +1,11 @@
 """Allocator quality and latency: `python -m bench.allocator [--quick]`.
 
 Quality: for every shared fixture, every free set (all of them up to 8 GPUs; 10,000 sampled on 16-GPU machines) and
-every request size >= 2, the placement efficiency (the chosen subset's all-reduce estimate / the best any subset of
-that free set reaches) of this allocator next to three baselines: random order (the kubelet without a preference:
-the mean over all subsets), lowest index first, and maximum sum of pairwise bandwidth over all combinations (what two
-peer projects do). The best is found by an independent brute-force oracle written here in plain Python (every
-subset, every threshold), not by the allocator's search.
+every request size >= 2, the efficiency vs the free set (gputopo.core.efficiency: the chosen subset's all-reduce
+estimate / the best any subset of that free set reaches) of this allocator next to three baselines: random order
+(the kubelet without a preference: the mean over all subsets), lowest index first, and maximum sum of pairwise
+bandwidth over all combinations (what two peer projects do). The best is found by an independent brute-force oracle
+written here in plain Python (every subset, every threshold), not by the allocator's search.
 
 Latency: cold (every memo cleared before the call, per-topology tables included) and memoised calls, p50 and p99,
 at 8, 16, 32 and 72 GPUs.
@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from bench.common import RESULTS, machine_line, markdown_table, percentile, shared_topology_files
-from gputopo.core import Topology, best_subset
+from gputopo.core import VS_FREE, Topology, best_subset, efficiency_ratio
 from gputopo.core.allocator import clear_memo
 from gputopo.core.scoring import ring_at_least, ring_bottleneck_mbps
 from gputopo.discovery.loader import load_topology_file
@@ -75,10 +75,10 @@ def evaluate_case(topo: Topology, free: list[int], size: int) -> dict[str, float
     maxsum = max(combos, key=lambda c: (sum(bw[a][b] for a, b in itertools.combinations(c, 2)), [-x for x in c]))
     ours = best_subset(topo, free, size).allreduce_gbps * 1000
     return {
-        "ours": ours / best,
-        "random": statistics.fmean(rings) / best,
-        "lowest-index": ring_bottleneck_mbps(bw, free[:size]) / best,
-        "max-pair-sum": ring_bottleneck_mbps(bw, list(maxsum)) / best,
+        "ours": efficiency_ratio(ours, best, size),
+        "random": efficiency_ratio(statistics.fmean(rings), best, size),
+        "lowest-index": efficiency_ratio(ring_bottleneck_mbps(bw, free[:size]), best, size),
+        "max-pair-sum": efficiency_ratio(ring_bottleneck_mbps(bw, list(maxsum)), best, size),
     }
 
 
@@ -169,7 +169,7 @@ def plot(results: list[tuple[str, int, Tally]], path: str) -> None:
     ax.set_yticks([i + 1.5 * height for i in range(len(names))])
     ax.set_yticklabels(names, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("mean placement efficiency (chosen all-reduce estimate / best on that free set)")
+    ax.set_xlabel(f"mean {VS_FREE} (chosen all-reduce estimate / best on that free set)")
     ax.set_xlim(0, 1.05)
     ax.legend(loc="lower right")
     ax.set_title("Allocator vs baselines, every free set and request size >= 2")
@@ -205,10 +205,10 @@ def main() -> None:
     png = RESULTS / "allocator.png"
     plot(results, str(png))
     text = (
-        "# Allocator: placement efficiency and latency\n\n"
+        f"# Allocator: {VS_FREE} and latency\n\n"
         f"`python -m bench.allocator{' --quick' if args.quick else ''}` on {machine_line()}, "
         f"{total.cases} quality cases, {time.time() - t0:.0f} s.\n\n"
-        "## Placement efficiency (mean / min over every free set and size >= 2)\n\n"
+        f"## {VS_FREE.capitalize()} (mean / min over every free set and size >= 2)\n\n"
         f"{quality_md}\n\n![efficiency](allocator.png)\n\n"
         "## Latency per call (cold: all memos cleared before each call)\n\n"
         f"{lat_md}\n"

@@ -30,7 +30,8 @@ from gpuplugin.dra.catalog import ONE, RINGS, Catalog, set_group
 from gpuplugin.dra.ordering import publication_order
 from gpuplugin.dra.pool import PoolPlanner
 from gpuplugin.dra.slices import slice_object
-from gputopo.core import Topology
+from gputopo.core import VS_EMPTY, Topology
+from gputopo.core.efficiency import DEFINITIONS
 from gputopo.discovery.loader import load_topology_file
 
 NODES = 16
@@ -173,7 +174,7 @@ def plot(results: dict[str, dict[str, dict[str, float]]], path: Path) -> None:
                width=width, color=colours[k], label=p)
     ax.set_xticks(range(len(kinds)))
     ax.set_xticklabels([k[:22] for k in kinds], rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("mean placement efficiency (multi-GPU jobs)")
+    ax.set_ylabel(f"mean {VS_EMPTY} (multi-GPU jobs)")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -197,7 +198,7 @@ def main() -> None:
         f"`python -m bench.dra --hours {args.hours:g} --seed {args.seed} --load {args.load:g} --rounds "
         f"{args.rounds}` on {machine_line()}.\n",
         f"## Placement efficiency under churn ({NODES} nodes per fixture, arrival stream of bench/placement.py)\n",
-        "Mean placement efficiency of multi-GPU jobs (all-reduce estimate / best on the empty node), and jobs that "
+        f"Mean {VS_EMPTY} of multi-GPU jobs ({DEFINITIONS[VS_EMPTY]}), and jobs that "
         "waited while enough GPUs were free in the cluster. s: claim templates (a set for N > 1 GPUs, a one-<i> "
         "single of the one-gpu class for 1 GPU), static order; r: the same, republished order; 1: N gpu-<i> "
         "singles in published order for every job (`nvidia.com/gpu: N`); x: the extender with plans.\n",

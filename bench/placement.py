@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from bench.common import RESULTS, SHARED, machine_line, markdown_table
-from gputopo.core import Topology, allreduce_gbps, best_possible_gbps, best_subset
+from gputopo.core import VS_EMPTY, Topology, allreduce_gbps, best_subset, efficiency_vs_empty
 from gputopo.discovery.loader import load_topology_file
 
 SIZES = (1, 2, 4, 8)
@@ -232,7 +232,7 @@ def simulate(cluster: dict[str, int], policy: PolicyFn, jobs: Sequence[Job], see
             busy += p.size
             free_total -= p.size
             gbps = allreduce_gbps(n.topo, chosen)
-            eff = gbps / best_possible_gbps(n.topo, p.size) if p.size >= 2 else 1.0
+            eff = efficiency_vs_empty(n.topo, chosen)
             out.placed.append((p, n, chosen, gbps, eff, could_nvlink, nvlink_ring(n.topo, chosen)))
             heapq.heappush(events, (now + p.duration, 0, p.id, p, n, chosen))
         pending = still
@@ -283,7 +283,7 @@ def plot(results: dict[str, dict[str, Summary]], path: str) -> None:
 
     metrics = [
         ("mean all-reduce GB/s per multi-GPU job", lambda s: s.gbps),
-        ("mean placement efficiency", lambda s: s.efficiency),
+        (f"mean {VS_EMPTY}", lambda s: s.efficiency),
         ("NVLink-ring share (when possible)", lambda s: s.nvlink_share),
         ("jobs that waited on fragmentation", lambda s: s.frag_jobs),
     ]
@@ -371,10 +371,10 @@ def main() -> None:
         a, b, c = (by[p] for p in POLICIES)
         text += [
             f"\n## {label}\n\n{sum(cluster.values())} servers, {gpus} GPUs: {nodes}. {len(jobs)} jobs.\n",
-            markdown_table(["policy", "jobs placed", "mean all-reduce GB/s (multi-GPU)", "mean efficiency",
+            markdown_table(["policy", "jobs placed", "mean all-reduce GB/s (multi-GPU)", f"mean {VS_EMPTY}",
                             "NVLink ring when possible", "jobs that waited on fragmentation",
                             "job-hours waited on fragmentation", "GPU utilisation"], rows),
-            "\nPer request size (mean estimated all-reduce GB/s, mean placement efficiency):\n",
+            f"\nPer request size (mean estimated all-reduce GB/s, mean {VS_EMPTY}):\n",
             markdown_table(["policy", "2 GPUs", "4 GPUs", "8 GPUs"], size_rows),
             f"\n(c) / (a) mean all-reduce: {c.gbps / a.gbps:.2f}x; (c) / (b): {c.gbps / b.gbps:.2f}x; "
             f"fragmentation waits (c) {c.frag_jobs} vs (b) {b.frag_jobs}.\n",

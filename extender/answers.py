@@ -19,9 +19,9 @@ import orjson
 import structlog
 from fastapi import Request
 from fastapi.responses import Response
-from starlette.requests import ClientDisconnect
 
 from extender import wire
+from extender.bodies import read_body
 from extender.service import Extender
 from extender.verbs import filter_result
 
@@ -46,23 +46,6 @@ def _no_cyclic_gc() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise wire.BodyTooLarge(f"body of {length} bytes exceeds the limit of {limit} bytes")
-    chunks = []
-    size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise wire.BodyTooLarge(f"body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
-    except ClientDisconnect:  # the client went away or broke the framing mid-body: its fault, not an internal error
-        raise wire.BadRequest(f"the body ended early after {size} bytes (client disconnected)") from None
-    return b"".join(chunks)
 
 
 def encode_answer(result: Any) -> bytes:

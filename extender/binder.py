@@ -23,10 +23,11 @@ import urllib3.exceptions
 
 from extender.cache import NodeCache, PodRecord
 from extender.config import ExtenderConfig
+from extender.explain import Explainer
 from extender.inventory import Inventory
 from extender.metrics import ExtenderMetrics
 from extender.placement import NoFit, Placement
-from extender.pods import PodNeeds, PodSpecError, RecentPods, pod_needs, split_plan
+from extender.pods import Need, PodNeeds, PodSpecError, RecentPods, pod_needs, split_plan
 from extender.reservations import BIND, Reservation
 from gputopo.contract import Plan, encode_plan
 from gputopo.core.bitset import mask_of
@@ -87,6 +88,7 @@ class Binder:
         api: kubernetes.client.ApiClient | None = None,
         inventory: Inventory | None = None,
         api_concurrency: int = 8,
+        explainer: Explainer | None = None,
     ) -> None:
         if (api is None) == (inventory is None):
             raise ValueError("a binder needs exactly one of an apiserver client or an inventory")
@@ -98,6 +100,7 @@ class Binder:
         self.api = api
         self.inventory = inventory
         self._api_limiter = anyio.CapacityLimiter(api_concurrency)
+        self.explainer = explainer
 
     async def bind(self, req: BindRequest) -> str:
         """Bind the pod; returns "" on success or the Error text for kube-scheduler."""
@@ -200,10 +203,28 @@ class Binder:
         log.info("extender.bind.planned", pod=req.key, node=req.node, plan=plan.container_ids(), gbps=plan.gbps)
         return plan, res
 
-    def _annotations(self, plan: Plan | None) -> dict[str, str]:
+    def _annotations(self, req: BindRequest, plan: Plan | None) -> dict[str, str]:
         if plan is None:
             return {}
-        return {self.config.keys.plan: encode_plan(plan), self.config.keys.gbps: f"{plan.gbps:.1f}"}
+        out = {self.config.keys.plan: encode_plan(plan), self.config.keys.gbps: f"{plan.gbps:.1f}"}
+        placement = self._placement(req, plan)
+        if placement:
+            out[self.config.keys.placement] = placement
+        return out
+
+    def _placement(self, req: BindRequest, plan: Plan) -> str | None:
+        """The plan's explanation (extender.explain); never in the way of the bind."""
+        entry = self.cache.nodes.get(plan.node)
+        if self.explainer is None or entry is None or entry.topo is None:
+            return None
+        try:
+            gpus = sorted(entry.topo.indices_of(plan.ids))
+            known = self.recent.get(req.uid)
+            need = known.need if known is not None else Need(len(gpus))
+            return self.explainer.explain(req.uid, plan.node, entry.topo, gpus, plan.gbps, need)
+        except Exception as e:
+            log.warning("extender.bind.unexplained", pod=req.key, error=f"{type(e).__name__}: {e}")
+            return None
 
     async def _api_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs), limiter=self._api_limiter)
@@ -215,7 +236,7 @@ class Binder:
     async def _post_binding(self, req: BindRequest, plan: Plan | None, res: Reservation | None) -> str:
         try:
             await self._api_call(bind_pod, self.api, namespace=req.namespace, name=req.name, uid=req.uid or None,
-                                 node=req.node, annotations=self._annotations(plan))
+                                 node=req.node, annotations=self._annotations(req, plan))
         except Conflict as e:
             return await self._resolve_conflict(req, plan, res, e)
         except NotFound:

@@ -9,23 +9,17 @@ starts); 3 when the metrics listener cannot start.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import ipaddress
-import socket
 import ssl
 import sys
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import click
 import structlog
 
 from extender.config import SETTINGS, ExtenderConfig
 from extender.logs import configure_logging
-
-if TYPE_CHECKING:
-    import uvicorn
+from extender.webhook.command import command as webhook_command
 
 log = structlog.get_logger(__name__)
 
@@ -57,51 +51,6 @@ def check_plain_http(host: str, tls: bool, allow_insecure_remote: bool) -> None:
     )
 
 
-def _companion_server(config: uvicorn.Config) -> uvicorn.Server:
-    """A uvicorn server that leaves the signals to the main server (serve_beside stops it)."""
-    import uvicorn
-
-    class CompanionServer(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    return CompanionServer(config)
-
-
-async def serve_beside(main: uvicorn.Server, companion: uvicorn.Server | None,
-                       sockets: list[socket.socket], companion_sockets: list[socket.socket]) -> None:
-    """Run both servers in one loop on their bound sockets. The companion stops as soon as the main server begins
-    to (a signal, a failed start); a companion that fails stops the main server and the process exits 3."""
-    if companion is None:
-        await main.serve(sockets=sockets)
-        return
-    failed: list[BaseException] = []
-
-    async def run_companion() -> None:
-        try:
-            await companion.serve(sockets=companion_sockets)
-        except (SystemExit, Exception) as e:
-            failed.append(e)
-            main.should_exit = True
-
-    async def follow() -> None:
-        while not main.should_exit and not task.done():
-            await asyncio.sleep(0.1)
-        companion.should_exit = True
-
-    task = asyncio.create_task(run_companion())
-    follower = asyncio.create_task(follow())
-    try:
-        await main.serve(sockets=sockets)
-    finally:
-        companion.should_exit = True
-        await asyncio.gather(task, follower)
-    if failed:
-        log.error("extender.metrics.failed", error=str(failed[0]))
-        raise SystemExit(3)
-
-
 @click.group()
 @click.version_option(package_name="gpu-topology-scheduling")
 def main() -> None:
@@ -124,9 +73,11 @@ def serve(config: ExtenderConfig) -> None:
         Guard,
         ListenError,
         close_quietly,
+        companion_server,
         connection_cap,
         listen,
         protocol_class,
+        serve_beside,
     )
     from extender.service import Extender
     from gputopo.kube import KubeConfigError, make_api_client
@@ -184,7 +135,7 @@ def serve(config: ExtenderConfig) -> None:
     main_server = uvicorn.Server(server_config)
     metrics_server = None
     if metrics_sock is not None:
-        metrics_server = _companion_server(uvicorn.Config(
+        metrics_server = companion_server(uvicorn.Config(
             create_metrics_app(ext), host=config.metrics_host, port=config.metrics_port, log_level=config.log_level,
             log_config=None, access_log=False, lifespan="off", http=protocol_class(Guard("metrics", limits, metrics)),
             backlog=BACKLOG,
@@ -200,6 +151,9 @@ def serve(config: ExtenderConfig) -> None:
 
     with asyncio.Runner(loop_factory=server_config.get_loop_factory()) as runner:
         runner.run(run())
+
+
+main.add_command(webhook_command)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gputopo.core.efficiency import DEFINITIONS, VS_EMPTY
 from gputopo.kube.watching import WatchMetrics
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
@@ -31,7 +32,7 @@ class ExtenderMetrics:
         self.binds = Counter(f"{PREFIX}_bind_total", "Bind outcomes.", ["outcome"], registry=r)
         self.plan_efficiency = Histogram(
             f"{PREFIX}_plan_efficiency_ratio",
-            "Placement efficiency of bound plans: their all-reduce / the best for their size on the empty node.",
+            f"{VS_EMPTY.capitalize()} of bound plans: {DEFINITIONS[VS_EMPTY]}.",
             buckets=_EFFICIENCY_BUCKETS, registry=r)
         self.plan_bandwidth = Histogram(f"{PREFIX}_plan_allreduce_bytes_per_second",
                                         "Estimated all-reduce bandwidth of bound plans, bytes per second.",

@@ -15,6 +15,7 @@ from operator import is_
 from extender import placement_policy as policy
 from extender import placement_reasons as reasons
 from extender.cache import CORDONED, NodeCache, NodeEntry, PlacementState
+from extender.explain import Offer, offer
 from extender.placement_memo import PlacementMemo
 from extender.placement_policy import NO_FIT, Fit, island_values
 from extender.placement_reasons import UNKNOWN_NODE, Failed, Unresolvable
@@ -79,7 +80,7 @@ class Placement:
         if st is None:
             return Unresolvable(UNKNOWN_NODE)
         if st.problem is not None:
-            return Unresolvable(st.problem)
+            return Unresolvable(reasons.node_problem(st.problem))
         size, free = need.size, st.free
         if st.total < size:
             return Unresolvable(reasons.too_few_in_total(size, st.total))
@@ -114,7 +115,8 @@ class Placement:
         unres_mask = list(map(is_, kinds, repeat(Unresolvable)))
         failed = dict(zip(compress(names, failed_mask), compress(verdicts, failed_mask), strict=True))
         unresolvable = dict(zip(compress(names, unres_mask), compress(verdicts, unres_mask), strict=True))
-        return FilterOutcome(passed, failed, unresolvable)  # type: ignore[arg-type]
+        # kube-scheduler lists every distinct reason in the pod's event and condition: keep them few
+        return FilterOutcome(passed, *reasons.bounded(failed, unresolvable))  # type: ignore[arg-type]
 
     def _score_fit(self, st: PlacementState | None, need: Need) -> Fit:
         if st is None or st.problem is not None or st.total < need.size or st.free.bit_count() < need.size:
@@ -127,6 +129,22 @@ class Placement:
         names = list(names)
         if need.size == 0:
             return [0] * len(names)
+        config = self.cache.config
+        return policy.rank(self._fits(names, need, extra), config.island_penalty, config.island_spare)
+
+    def score_offer(self, names: Iterable[str], need: Need, extra: Mapping[str, NodeEntry] | None = None
+                    ) -> tuple[list[int], Offer | None]:
+        """Scores as `score`, and what the best of the nodes offered (extender.explain), for the explanation bind
+        writes next to the plan."""
+        names = list(names)
+        if need.size == 0:
+            return [0] * len(names), None
+        config = self.cache.config
+        fits = self._fits(names, need, extra)
+        scores = policy.rank(fits, config.island_penalty, config.island_spare)
+        return scores, offer(names, fits, scores, config.island_penalty, config.island_spare)
+
+    def _fits(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None) -> list[Fit]:
         states = self._states(names, extra)
         table = self.memo.scores(need)
         fits = list(map(table.get, states))
@@ -136,8 +154,7 @@ class Placement:
                     f = fits[i] = self._score_fit(states[i], need)
                     if states[i] is not None:
                         table[states[i]] = f
-        config = self.cache.config
-        return policy.rank(fits, config.island_penalty, config.island_spare)
+        return fits  # type: ignore[return-value]
 
     def choose(self, entry: NodeEntry | None, free: int, need: Need) -> Allocation:
         """The subset bind commits to (same allocator, same free set as filter/prioritize saw). Raises NoFit."""

@@ -34,7 +34,7 @@ from itertools import accumulate
 from extender import placement_reasons as reasons
 from extender.pods import Need
 from extender.scoring import priority_scores
-from gputopo.core import Allocation, Topology, best_possible_gbps, best_subset
+from gputopo.core import Allocation, Topology, best_possible_gbps, best_subset, efficiency_ratio
 from gputopo.core.bitset import bits, mask_of
 
 COMMON_SIZES = (2, 4, 8)
@@ -123,7 +123,7 @@ def _constraint_problem(facts: TopologyFacts, alloc: Allocation, need: Need) -> 
     if need.require_nvlink:
         floor = facts.min_nvlink_gbps
         if floor is None:
-            return reasons.no_nvlink(facts.topo.fabric), True
+            return reasons.no_nvlink(facts.topo.fabric, size), True
         if gbps + _EPS < floor:
             best = facts.best_empty(size)
             if best + _EPS < floor:
@@ -148,31 +148,46 @@ def _packing(facts: TopologyFacts, left_count: int, rings: list[tuple[int, float
     return round(0.85 * (1.0 - min(max(loss, 0.0), MAX_LOSS) / MAX_LOSS) + 0.15 * tight, PACKING_DIGITS)
 
 
-def island_values(counts: Mapping[Fit, int], penalty: float, spare: int) -> list[float]:
-    """Each distinct fit's value: its GB/s, less `penalty` x the GB/s of every larger island it breaks that is
-    scarce, i.e. fewer than `spare` other candidate nodes still offer a free ring of that size at least as fast.
-    Breaking one of many equal islands costs nothing (a lightly loaded cluster stays greedy); breaking one of the
-    last few is paid for."""
+def _supply(counts: Mapping[Fit, int]) -> dict[int, tuple[list[float], list[int]]]:
+    """Per larger size: the islands' GB/s ascending and how many candidate nodes offer at least each (bisectable)."""
     raw: dict[int, list[tuple[float, int]]] = {}
     for f, n in counts.items():
         for s, before, _after in f.islands:
             raw.setdefault(s, []).append((before, n))
-    # per size: island GB/s ascending and how many nodes offer at least each, so a lookup is a bisection
     supply: dict[int, tuple[list[float], list[int]]] = {}
     for s, pairs in raw.items():
         pairs.sort()
         at_least = list(accumulate(reversed([n for _, n in pairs])))[::-1]
         supply[s] = ([b for b, _ in pairs], at_least)
+    return supply
+
+
+def _scarce(supply: dict[int, tuple[list[float], list[int]]], f: Fit, spare: int) -> list[tuple[int, float, float]]:
+    """The islands `f` breaks that fewer than `spare` other candidates offer as fast (nodes in its state count)."""
+    out = []
+    for s, before, after in f.islands:
+        befores, at_least = supply[s]
+        if at_least[bisect_left(befores, before - _EPS)] - 1 < spare:
+            out.append((s, before, after))
+    return out
+
+
+def island_values(counts: Mapping[Fit, int], penalty: float, spare: int) -> list[float]:
+    """Each distinct fit's value: its GB/s, less `penalty` x the GB/s of every larger island it breaks that is
+    scarce, i.e. fewer than `spare` other candidate nodes still offer a free ring of that size at least as fast.
+    Breaking one of many equal islands costs nothing (a lightly loaded cluster stays greedy); breaking one of the
+    last few is paid for."""
+    supply = _supply(counts)
     values = []
     for f in counts:
-        loss = 0.0
-        for s, before, after in f.islands:
-            befores, at_least = supply[s]
-            others = at_least[bisect_left(befores, before - _EPS)] - 1  # nodes in the same state count too
-            if others < spare:
-                loss += max(before - after, 0.0)
+        loss = sum(max(before - after, 0.0) for _s, before, after in _scarce(supply, f, spare))
         values.append(max(f.gbps - penalty * loss, VALUE_FLOOR * f.gbps))
     return values
+
+
+def scarce_islands(counts: Mapping[Fit, int], fit: Fit, spare: int) -> list[tuple[int, float, float]]:
+    """(size, GB/s before, after) of the scarce islands `fit` would break: what island_values charges it for."""
+    return _scarce(_supply(counts), fit, spare)
 
 
 def rank(fits: Sequence[Fit], penalty: float, spare: int) -> list[int]:
@@ -189,8 +204,6 @@ def rank(fits: Sequence[Fit], penalty: float, spare: int) -> list[int]:
 
 
 def efficiency(facts: TopologyFacts, alloc: Allocation) -> float:
-    """A plan's all-reduce over the best its size can reach on the empty node (1.0 for one GPU)."""
-    if len(alloc.gpus) <= 1:
-        return 1.0
-    best = facts.best_empty(len(alloc.gpus))
-    return alloc.allreduce_gbps / best if best > 0 else 1.0
+    """A plan's efficiency vs the empty node (gputopo.core.efficiency), from the memoised best of its size."""
+    size = len(alloc.gpus)
+    return efficiency_ratio(alloc.allreduce_gbps, facts.best_empty(size) if size > 1 else 0.0, size)

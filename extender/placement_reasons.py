@@ -2,23 +2,80 @@
 
 Filter's FailedNodes / FailedAndUnresolvableNodes and bind's errors quote these strings; they are kept in one place
 so each reason reads the same wherever it surfaces, and so the policy's arithmetic stays free of formatting.
+
+How kube-scheduler shows them (pkg/scheduler: findNodesThatPassExtenders, FitError.Error, handleSchedulingFailure):
+each failed node's string becomes that node's status reason; the FailedScheduling event and the pod's PodScheduled
+condition then say "0/N nodes are available: " followed by every distinct reason with the number of nodes that
+gave it, sorted ("3 needs 4 GPUs, 2 free, 12 node(s) had untolerated taint ..."). The event's note is cut at 1024
+bytes ("..." after); the condition's message is not cut at all. So a reason that names a node's GPUs makes as many
+entries as there are nodes. A reason therefore comes in three grains (`Reason`): the text, which may name the
+node's GPUs; its `summary`, with nothing particular to the node, so nodes in the same state read the same; and its
+`category`, one line per kind of refusal and pod size. `bounded` answers with the finest grain whose distinct
+reasons, each counted once, fit in MAX_REASONS_CHARS.
 """
 
 from __future__ import annotations
 
 from gputopo.core.bitset import bits
 
-UNKNOWN_NODE = "unknown to the GPU extender (no such Node seen)"
-NO_TOPOLOGY = "publishes no GPU topology"
-DOES_NOT_FIT = "does not fit"
+# The characters the distinct reasons of one filter answer may take before coarser grains are used: the extender's
+# part of the event then leaves room in kube-scheduler's 1024-byte note for the "0/N nodes are available" head, the
+# in-tree plugins' reasons and preemption's message. The categories (at most seven per pod) fit in it.
+MAX_REASONS_CHARS = 600
+MAX_REASON_CHARS = 200  # a reason quoting a hostile annotation's parse error stays one readable line
 
 
-class Failed(str):
+def _cap(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_REASON_CHARS else text[:MAX_REASON_CHARS - 3] + "..."
+
+
+class Reason(str):
+    """A refusal in three grains: itself (per node), `summary` (equal for nodes in equal states), `category`."""
+
+    summary: str
+    category: str
+
+    def __new__(cls, text: str, summary: str | None = None, category: str | None = None) -> Reason:
+        self = super().__new__(cls, _cap(text))
+        self.summary = _cap(summary if summary is not None else getattr(text, "summary", text))
+        self.category = _cap(category if category is not None else getattr(text, "category", self.summary))
+        return self
+
+
+class Failed(Reason):
     """Filter reason of a node that cannot take the pod now; evicting pods there could change that."""
 
 
-class Unresolvable(str):
+class Unresolvable(Reason):
     """Filter reason of a node that no preemption can make fit (FailedAndUnresolvableNodes)."""
+
+
+UNKNOWN_NODE = Reason("unknown to the GPU extender (no such Node seen)")
+NO_TOPOLOGY = Reason("publishes no GPU topology", category="publishes no usable GPU topology or state")
+DOES_NOT_FIT = Reason("does not fit")
+
+
+def node_problem(problem: str) -> Reason:
+    """A node whose annotations cannot be used (the text quotes the parse error, different per node)."""
+    return Reason(problem, category=NO_TOPOLOGY.category)
+
+
+def _size(failed: dict[str, str], unresolvable: dict[str, str]) -> int:
+    return sum(map(len, set(failed.values()) | set(unresolvable.values())))
+
+
+def bounded(failed: dict[str, str], unresolvable: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The two maps of one filter answer, in the finest grain whose distinct reasons fit in MAX_REASONS_CHARS (the
+    categories, whatever they take, past the summaries)."""
+    if _size(failed, unresolvable) <= MAX_REASONS_CHARS:
+        return failed, unresolvable
+    for grain in ("summary", "category"):
+        f = {n: getattr(r, grain, r) for n, r in failed.items()}
+        u = {n: getattr(r, grain, r) for n, r in unresolvable.items()}
+        if _size(f, u) <= MAX_REASONS_CHARS:
+            break
+    return f, u
 
 
 def gpu_list(mask: int) -> str:
@@ -39,15 +96,24 @@ def _gbps(gbps: float) -> str:
     return f"{gbps:.1f} GB/s"
 
 
-def too_few_in_total(size: int, total: int) -> str:
-    return f"needs {size} GPUs, node has {total} in total"
+def _gpus(size: int) -> str:
+    return f"{size} GPU{'s' if size != 1 else ''}"
 
 
-def too_few_free(size: int, free_count: int) -> str:
-    return f"needs {size} GPUs, {free_count} free"
+def too_few_in_total(size: int, total: int) -> Reason:
+    return Reason(f"needs {size} GPUs, node has {total} in total",
+                  category=f"needs {_gpus(size)}, more than the node has")
 
 
-def shortfall(used: int, unhealthy: int, reserved: int, free: int, size: int) -> str:
+def _fewer_free(size: int) -> str:
+    return f"needs {_gpus(size)}, fewer free"
+
+
+def too_few_free(size: int, free_count: int) -> Reason:
+    return Reason(f"needs {size} GPUs, {free_count} free", category=_fewer_free(size))
+
+
+def shortfall(used: int, unhealthy: int, reserved: int, free: int, size: int) -> Reason:
     """'needs 4 GPUs, 2 free: GPU 0,1 in use, GPU 5 unhealthy'."""
     parts = []
     if used:
@@ -57,28 +123,40 @@ def shortfall(used: int, unhealthy: int, reserved: int, free: int, size: int) ->
         parts.append(f"GPU {gpu_list(bad)} unhealthy")
     if reserved:
         parts.append(f"GPU {gpu_list(reserved)} reserved for pods being bound")
-    return f"needs {size} GPU{'s' if size != 1 else ''}, {free.bit_count()} free" + (
-        ": " + ", ".join(parts) if parts else "")
+    head = f"needs {_gpus(size)}, {free.bit_count()} free"
+    summary = head + (" (some unhealthy)" if bad else "")
+    return Reason(head + (": " + ", ".join(parts) if parts else ""), summary, _fewer_free(size))
 
 
-def no_nvlink(fabric: str) -> str:
-    return f"requires NVLink: this node's GPUs have no NVLink ({fabric})"
+def _nvlink_category(size: int) -> str:
+    return f"requires an NVLink ring of {size} GPUs (require-nvlink): none free"
 
 
-def no_nvlink_ring(size: int, best_empty_gbps: float) -> str:
-    return (f"requires an NVLink ring of {size} GPUs: none exists on this node "
-            f"(best {_gbps(best_empty_gbps)} even when empty)")
+def no_nvlink(fabric: str, size: int) -> Reason:
+    return Reason(f"requires NVLink: this node's GPUs have no NVLink ({fabric})", category=_nvlink_category(size))
 
 
-def nvlink_ring_taken(size: int, chosen: int, gbps: float) -> str:
-    return (f"requires an NVLink ring of {size} GPUs: the best free ones (GPU {gpu_list(chosen)}) "
-            f"reach {_gbps(gbps)} over PCIe")
+def no_nvlink_ring(size: int, best_empty_gbps: float) -> Reason:
+    return Reason(f"requires an NVLink ring of {size} GPUs: none exists on this node "
+                  f"(best {_gbps(best_empty_gbps)} even when empty)", category=_nvlink_category(size))
 
 
-def too_slow_ever(min_gbps: float, size: int, best_empty_gbps: float) -> str:
-    return (f"requires {_gbps(min_gbps)} all-reduce over {size} GPUs: this node's best is "
-            f"{_gbps(best_empty_gbps)} even when empty")
+def nvlink_ring_taken(size: int, chosen: int, gbps: float) -> Reason:
+    return Reason(f"requires an NVLink ring of {size} GPUs: the best free ones (GPU {gpu_list(chosen)}) "
+                  f"reach {_gbps(gbps)} over PCIe",
+                  f"requires an NVLink ring of {size} GPUs: the best free ones reach {_gbps(gbps)} over PCIe",
+                  _nvlink_category(size))
 
 
-def too_slow_now(min_gbps: float, size: int, gbps: float) -> str:
-    return f"requires {_gbps(min_gbps)} all-reduce over {size} GPUs: the best free ones reach {_gbps(gbps)}"
+def _slow_category(min_gbps: float, size: int) -> str:
+    return f"requires {_gbps(min_gbps)} all-reduce over {size} GPUs (min-allreduce-gbps): not reached"
+
+
+def too_slow_ever(min_gbps: float, size: int, best_empty_gbps: float) -> Reason:
+    return Reason(f"requires {_gbps(min_gbps)} all-reduce over {size} GPUs: this node's best is "
+                  f"{_gbps(best_empty_gbps)} even when empty", category=_slow_category(min_gbps, size))
+
+
+def too_slow_now(min_gbps: float, size: int, gbps: float) -> Reason:
+    return Reason(f"requires {_gbps(min_gbps)} all-reduce over {size} GPUs: the best free ones reach {_gbps(gbps)}",
+                  category=_slow_category(min_gbps, size))

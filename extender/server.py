@@ -17,6 +17,9 @@ protocol class), and this module adds, per listener:
 - listening sockets bound before the app starts, so a busy port fails before anything says "started".
 - a request with both Transfer-Encoding and Content-Length refused with 400 (RFC 9112 6.3: its length is
   ambiguous, the classic request-smuggling shape), before the app sees it.
+- a second, read-only listener (metrics, probes) run beside the main one in the same loop (`serve_beside`).
+
+Both binaries that serve HTTP use it: `gpu-extender serve` and `gpu-extender webhook`.
 """
 
 from __future__ import annotations
@@ -27,15 +30,15 @@ import os
 import resource
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import h11
 import structlog
+import uvicorn
+from prometheus_client import Counter, Gauge
 from uvicorn.protocols.http.h11_impl import H11Protocol
-
-from extender.metrics import ExtenderMetrics
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +49,14 @@ FD_RESERVE = 64
 # room for them are only closed on the loop's next pass, so the cap leaves this much room below the files limit.
 BACKLOG = 64
 HEAD, BODY = "head", "body"
+
+
+class HttpMetrics(Protocol):
+    """What a listener counts (ExtenderMetrics and the webhook's metrics both carry these, on their own registry)."""
+
+    http_connections: Gauge
+    http_connections_closed: Counter
+    http_accept_errors: Counter
 
 
 class ListenError(Exception):
@@ -75,7 +86,7 @@ class Guard:
     """One listener's connections: its limits, which connections wait for a request head (and since when), and
     the metrics of what was closed."""
 
-    def __init__(self, listener: str, limits: ConnectionLimits, metrics: ExtenderMetrics) -> None:
+    def __init__(self, listener: str, limits: ConnectionLimits, metrics: HttpMetrics) -> None:
         self.listener = listener
         self.limits = limits
         self.waiting: dict[GuardedH11Protocol, float] = {}  # waiting for a request head, since when
@@ -214,7 +225,7 @@ class AcceptErrors:
 
     MESSAGE = "socket.accept() out of system resource"
 
-    def __init__(self, metrics: ExtenderMetrics, interval_s: float = ACCEPT_LOG_INTERVAL_S,
+    def __init__(self, metrics: HttpMetrics, interval_s: float = ACCEPT_LOG_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._counter = metrics.http_accept_errors
         self.interval_s = interval_s
@@ -259,3 +270,46 @@ def listen(host: str, port: int) -> socket.socket:
 def close_quietly(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.close()
+
+
+def companion_server(config: uvicorn.Config) -> uvicorn.Server:
+    """A uvicorn server that leaves the signals to the main server (serve_beside stops it)."""
+    class CompanionServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return CompanionServer(config)
+
+
+async def serve_beside(main: uvicorn.Server, companion: uvicorn.Server | None,
+                       sockets: list[socket.socket], companion_sockets: list[socket.socket]) -> None:
+    """Run both servers in one loop on their bound sockets. The companion stops as soon as the main server begins
+    to (a signal, a failed start); a companion that fails stops the main server and the process exits 3."""
+    if companion is None:
+        await main.serve(sockets=sockets)
+        return
+    failed: list[BaseException] = []
+
+    async def run_companion() -> None:
+        try:
+            await companion.serve(sockets=companion_sockets)
+        except (SystemExit, Exception) as e:
+            failed.append(e)
+            main.should_exit = True
+
+    async def follow() -> None:
+        while not main.should_exit and not task.done():
+            await asyncio.sleep(0.1)
+        companion.should_exit = True
+
+    task = asyncio.create_task(run_companion())
+    follower = asyncio.create_task(follow())
+    try:
+        await main.serve(sockets=sockets)
+    finally:
+        companion.should_exit = True
+        await asyncio.gather(task, follower)
+    if failed:
+        log.error("extender.metrics.failed", error=str(failed[0]))
+        raise SystemExit(3)

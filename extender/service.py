@@ -14,6 +14,7 @@ from extender.binder import Binder
 from extender.cache import NodeCache
 from extender.cluster import ClusterSync
 from extender.config import ExtenderConfig
+from extender.explain import Explainer
 from extender.inventory import Inventory, load_inventory
 from extender.metrics import ExtenderMetrics
 from extender.placement import Placement
@@ -65,11 +66,12 @@ class Extender:
         self.cache.on_reservation_end = lambda why, n: self.metrics.reservations_ended.labels(why).inc(n)
         self.placement = Placement(self.cache)
         self.recent = RecentPods()
+        self.explainer = Explainer(lambda topo, size: self.placement.memo.facts(topo).best_empty(size))
         self.inventory = inventory
         sync_options = {"metrics": self.metrics.watch, **(sync_options or {})}
         self.sync = ClusterSync(api, self.cache, **sync_options) if api is not None else None
         self.binder = Binder(config, self.cache, self.placement, self.metrics, self.recent, api=api,
-                             inventory=inventory)
+                             inventory=inventory, explainer=self.explainer)
         self.mode = "standalone" if inventory is not None else "cluster"
         self.expiry_interval_s = expiry_interval_s or max(0.05, min(5.0, config.reservation_timeout_s / 4))
         self._expiry = ReservationExpiry(self.cache, self.expiry_interval_s)

@@ -86,7 +86,8 @@ class Verbs:
             log.info("extender.prioritize.bad_pod", error=str(e))
             return host_priority_list(args.names, [0] * len(args.names))
         self.ext.recent.remember(needs)
-        scores = self.ext.placement.score(args.names, needs.need, self._extra_entries(args))
+        scores, offer = self.ext.placement.score_offer(args.names, needs.need, self._extra_entries(args))
+        self.ext.explainer.remember(needs.uid, offer)  # what bind's explanation compares the chosen node with
         return host_priority_list(args.names, scores)
 
     async def bind(self, data: Any) -> dict[str, Any]:

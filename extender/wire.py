@@ -11,38 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from extender.binder import BindRequest
+from extender.bodies import BadRequest, BodyTooLarge, decode
 from extender.preempt import NodeVictims, Victim
 from gputopo.contract import PlanFormatError, parse_plan
 
+__all__ = ["BadRequest", "BodyTooLarge", "decode"]  # re-exported: the verbs' errors and decoder
+
 INT32_MAX = 2**31 - 1  # NumPDBViolations is an int32 in kube-scheduler
-
-
-class BadRequest(ValueError):
-    """The body is not JSON or not the shape kube-scheduler sends; answered with HTTP 400."""
-
-
-class BodyTooLarge(ValueError):
-    """The body exceeds the configured limit; answered with HTTP 413."""
-
-
-GZIP_MAGIC = b"\x1f\x8b"
-
-
-def decode(body: bytes) -> Any:
-    if not body:
-        raise BadRequest("empty body: expected a JSON object")
-    if body.startswith(GZIP_MAGIC):
-        raise BadRequest("body is gzip-compressed; kube-scheduler sends plain JSON and so must any other client "
-                         "(Content-Encoding is not supported)")
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        if "UTF-8" in str(e) or "surrogates" in str(e):
-            raise BadRequest("body is not UTF-8 text, so not JSON (is it compressed or binary?)") from None
-        raise BadRequest(f"body is not valid JSON: {e}") from None
 
 
 def _type(value: Any) -> str:

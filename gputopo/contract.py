@@ -113,6 +113,11 @@ class Keys:
     def gpus(self) -> str:
         return self._key("gpus")
 
+    @property
+    def placement(self) -> str:
+        """Why the extender chose this node and these GPUs (extender.explain), next to the plan; for humans."""
+        return self._key("placement")
+
     # Pod annotations a user may set.
     @property
     def require_nvlink(self) -> str:
@@ -131,6 +136,12 @@ class Keys:
     @property
     def job_size(self) -> str:
         return self._key("job-size")
+
+    # Pod and namespace label a user may set: "disabled" keeps the admission webhook (extender.webhook) from
+    # setting the pod's schedulerName; "enabled" opts a namespace in when the webhook runs opt-in.
+    @property
+    def webhook(self) -> str:
+        return self._key("webhook")
 
 
 DEFAULT_KEYS = Keys()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from gputopo.core import allreduce_gbps, best_possible_gbps
+from gputopo.core import VS_EMPTY, allreduce_gbps, best_possible_gbps, efficiency_ratio
 from gputopo.core.blind import blind_pick
 from sim.cluster import RESOURCE, LocalCluster
 from sim.scheduler import SchedulerDriver, gpu_pod
@@ -121,11 +121,11 @@ def table(rows: list[PodRow]) -> str:
     if multi:
         ours = sum(r.gbps for r in multi) / len(multi)
         blind = sum(r.blind_gbps for r in multi) / len(multi)
-        eff = sum(r.gbps / r.best_gbps for r in multi) / len(multi)
-        blind_eff = sum(r.blind_gbps / r.best_gbps for r in multi) / len(multi)
+        eff = sum(efficiency_ratio(r.gbps, r.best_gbps, r.size) for r in multi) / len(multi)
+        blind_eff = sum(efficiency_ratio(r.blind_gbps, r.best_gbps, r.size) for r in multi) / len(multi)
         lines += ["", f"multi-GPU pods placed: {len(multi)}; mean estimated all-reduce {ours:.1f} GB/s here vs "
                       f"{blind:.1f} GB/s for a topology-blind pick on the same nodes ({ours / blind:.2f}x); "
-                      f"mean placement efficiency {eff:.3f} vs {blind_eff:.3f}; "
+                      f"mean {VS_EMPTY} {eff:.3f} vs {blind_eff:.3f}; "
                       f"plans honoured by the plugin: {sum(r.plan_honoured for r in rows if r.node)}/"
                       f"{sum(1 for r in rows if r.node)}"]
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""`gpuplugin plan`: the allocator's choice for one request, and why (each score component)."""
+"""`gpuplugin plan`: the allocator's choice for one request, and why (each score component), with both placement
+efficiencies of gputopo.core.efficiency: vs the empty node and vs the free set (`--available`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 
 import click
 
-from gputopo.core import CoreError, best_subset, placement_efficiency
+from gputopo.core import VS_EMPTY, VS_FREE, CoreError, best_subset, efficiency_vs_empty, efficiency_vs_free
 from gputopo.core.allocator import best_possible_gbps
 
 
@@ -48,7 +49,8 @@ def command(topology_file: str, size: int, available: str | None, must_include: 
         alloc = best_subset(topo, avail, size, must)
     except CoreError as e:
         raise _ExitTwo(str(e)) from None
-    efficiency = placement_efficiency(topo, alloc.gpus)
+    vs_empty = efficiency_vs_empty(topo, alloc.gpus)
+    vs_free = efficiency_vs_free(topo, alloc.gpus, avail)
     if as_json:
         out = {
             "gpus": list(alloc.gpus),
@@ -57,7 +59,8 @@ def command(topology_file: str, size: int, available: str | None, must_include: 
             "total_gbps": alloc.total_gbps,
             "numa_nodes": alloc.numa_nodes,
             "remainder_quality": alloc.remainder_quality,
-            "placement_efficiency": round(efficiency, 4),
+            "efficiency_vs_empty_node": round(vs_empty, 4),
+            "efficiency_vs_free_set": round(vs_free, 4),
             "optimal": alloc.optimal,
             "bound_gbps": alloc.bound_gbps,
         }
@@ -65,11 +68,13 @@ def command(topology_file: str, size: int, available: str | None, must_include: 
         sys.stdout.write("\n")
         return
     best_empty = best_possible_gbps(topo, size) if size > 1 else 0.0
+    best_free = best_possible_gbps(topo, size, avail) if size > 1 else 0.0
     click.echo(f"GPUs {','.join(map(str, alloc.gpus))}  ({', '.join(topo.gpus[i].id for i in alloc.gpus)})")
     click.echo(
-        f"  1. all-reduce estimate  {alloc.allreduce_gbps:.1f} GB/s (best ring bottleneck; empty node best "
-        f"{best_empty:.1f}, efficiency {efficiency:.3f})"
+        f"  1. all-reduce estimate  {alloc.allreduce_gbps:.1f} GB/s (best ring bottleneck; best on the empty node "
+        f"{best_empty:.1f}, among the free GPUs {best_free:.1f})"
     )
+    click.echo(f"     {VS_EMPTY} {vs_empty:.3f}, {VS_FREE} {vs_free:.3f}")
     click.echo(f"  2. total pairwise       {alloc.total_gbps:.1f} GB/s")
     click.echo(f"  3. NUMA nodes spanned   {alloc.numa_nodes}")
     click.echo(

@@ -505,12 +505,3 @@ def best_possible_gbps(topology: Topology, size: int, available: Iterable[int] |
         ctx = _context(topology)
         mask = (1 << ctx.n) - 1 if available is None else _mask(available)
         return _max_ring(ctx, mask, size) / 1000.0
-
-
-def placement_efficiency(topology: Topology, gpus: Iterable[int], available: Iterable[int] | None = None) -> float:
-    """A subset's all-reduce estimate over the best for its size on the empty node (or on `available`)."""
-    chosen = list(gpus)
-    if len(chosen) <= 1:
-        return 1.0
-    best = best_possible_gbps(topology, len(chosen), available)
-    return allreduce_gbps(topology, chosen) / best if best else 1.0

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gputopo.core import AllocationError, best_subset, placement_efficiency
+from gputopo.core import AllocationError, best_subset, efficiency_vs_empty
 from gputopo.core.allocator import best_possible_gbps
 from gputopo.core.topology import Gpu, Link, LinkKind, Topology
 from gputopo.discovery.loader import load_topology_file
@@ -117,9 +117,9 @@ def test_large_nodes_find_the_whole_domain_when_it_is_free() -> None:
 
 def test_placement_efficiency_is_relative_to_the_empty_node() -> None:
     topo = _dgx1()
-    assert placement_efficiency(topo, [0, 3]) == pytest.approx(1.0)
-    assert placement_efficiency(topo, [0, 5]) == pytest.approx(7.2 / 40.0)
-    assert placement_efficiency(topo, [4]) == 1.0
+    assert efficiency_vs_empty(topo, [0, 3]) == pytest.approx(1.0)
+    assert efficiency_vs_empty(topo, [0, 5]) == pytest.approx(7.2 / 40.0)
+    assert efficiency_vs_empty(topo, [4]) == 1.0
     assert best_possible_gbps(topo, 4) == pytest.approx(20.0)
 
 

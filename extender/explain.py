@@ -1,0 +1,132 @@
+"""Why a pod got its node and GPUs, in one short line written next to its plan (`<prefix>/placement`).
+
+Prioritize sees every candidate node of the pod (the nodes that passed kube-scheduler's filters and ours) and
+ranks them; `offer` keeps, per pod, what the best of them offered: the fastest set of the pod's size, on which node,
+its score and the top score, and, when that node was ranked down for breaking a scarce larger NVLink island, which
+island. Bind, which learns only the chosen node, then words the choice (`Explainer.explain`):
+
+    n3 GPUs 0-3: 150.0 GB/s, efficiency vs the empty node 1.00; fastest offered 300.0 GB/s on n7, passed over to
+    keep its free 8-GPU island (300 GB/s, scarce) for larger pods; require-nvlink
+
+Reasons a faster node is passed over, as the policy has them (extender.placement_policy, extender.scoring): an
+island kept for larger pods (the island penalty); a tighter fit among nodes as fast (packing); kube-scheduler's own
+scores or a placement in between (we ranked the faster node first, it chose another). The pod's constraints
+(require-nvlink, min-allreduce-gbps) are named, since they are why nodes were refused. Other reasons (a job's
+locality, once job plans are placed) come in as `notes`.
+
+Kept per pod UID in a bounded map, oldest forgotten first; a pod bound without a prioritize call (one feasible node,
+or an extender restart in between) is explained without the comparison.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from extender import placement_policy as policy
+from extender.placement_policy import NO_FIT, Fit
+from extender.placement_reasons import gpu_list
+from extender.pods import Need
+from gputopo.core import Topology
+from gputopo.core.bitset import mask_of
+from gputopo.core.efficiency import VS_EMPTY, efficiency_ratio
+
+MAX_CHARS = 400
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What the candidates of one prioritize call offered a pod."""
+
+    candidates: int
+    fitting: int
+    fastest_gbps: float
+    fastest_node: str
+    fastest_score: int
+    top_score: int
+    # (size, GB/s) of scarce larger free islands the fastest node's set would break, when that ranked it down
+    kept: tuple[tuple[int, float], ...] = ()
+
+
+def offer(names: Sequence[str], fits: Sequence[Fit], scores: Sequence[int], penalty: float, spare: int
+          ) -> Offer | None:
+    """The Offer of one prioritize answer (fits and scores aligned with names); None when no node fits."""
+    distinct = set(fits)
+    distinct.discard(NO_FIT)
+    if not distinct:
+        return None
+    fastest = max(f.gbps for f in distinct)
+    # among equally fast states, the one ranked highest (equal states share one Fit and one score)
+    ties = [(scores[fits.index(f)], fits.index(f)) for f in distinct if f.gbps >= fastest - _EPS]
+    score, i = max(ties)
+    top = max(scores)
+    kept: tuple[tuple[int, float], ...] = ()
+    best = fits[i]
+    if score < top and best.islands and penalty > 0:
+        counts = Counter(fits)
+        counts.pop(NO_FIT, None)
+        kept = tuple((s, before) for s, before, after in policy.scarce_islands(counts, best, spare)
+                     if before - after > _EPS)  # an island it leaves whole was not the reason
+    return Offer(len(names), len(fits) - fits.count(NO_FIT), fastest, names[i], score, top, kept)
+
+
+class Explainer:
+    """Offers by pod UID (bounded), and the words of a bound pod's placement."""
+
+    def __init__(self, best_empty: Callable[[Topology, int], float], limit: int = 10_000) -> None:
+        self._best_empty = best_empty
+        self.limit = limit
+        self._offers: OrderedDict[str, Offer | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def remember(self, uid: str, found: Offer | None) -> None:
+        if not uid:
+            return
+        with self._lock:
+            self._offers[uid] = found
+            self._offers.move_to_end(uid)
+            while len(self._offers) > self.limit:
+                self._offers.popitem(last=False)
+
+    def explain(self, uid: str, node: str, topo: Topology, gpus: Sequence[int], gbps: float, need: Need,
+                notes: Sequence[str] = ()) -> str:
+        """One line: the choice, its efficiency vs the empty node, how it compares with the fastest offered, the
+        constraints, and `notes`; at most MAX_CHARS characters."""
+        with self._lock:
+            known = uid in self._offers
+            found = self._offers.get(uid)
+        size = len(gpus)
+        if size == 1:
+            parts = [f"{node} GPU {gpus[0]}: one GPU, no all-reduce"]
+        else:
+            eff = efficiency_ratio(gbps, self._best_empty(topo, size), size)
+            parts = [f"{node} GPUs {gpu_list(mask_of(gpus))}: {gbps:.1f} GB/s, {VS_EMPTY} {eff:.2f}"]
+        if size > 1:
+            parts.append(_comparison(found, known, node, gbps))
+        constraints = (["require-nvlink"] if need.require_nvlink else []) + (
+            [f"min-allreduce {need.min_gbps:g} GB/s"] if need.min_gbps > 0 else [])
+        if constraints:
+            parts.append("constraints: " + ", ".join(constraints))
+        parts.extend(notes)
+        text = "; ".join(p for p in parts if p)
+        return text if len(text) <= MAX_CHARS else text[:MAX_CHARS - 3] + "..."
+
+
+def _comparison(found: Offer | None, known: bool, node: str, gbps: float) -> str:
+    if not known:
+        return "not ranked by this extender (one feasible node, or it restarted since)"
+    if found is None:
+        return ""
+    if gbps >= found.fastest_gbps - _EPS:
+        return (f"the fastest of {found.candidates} candidate nodes" if found.candidates > 1
+                else "the only candidate node")
+    head = f"fastest offered {found.fastest_gbps:.1f} GB/s on {found.fastest_node}"
+    if found.kept:
+        islands = ", ".join(f"{s}-GPU island ({b:.0f} GB/s)" for s, b in found.kept)
+        return f"{head}, passed over to keep its free {islands} for larger pods: few nodes still offer one"
+    if found.fastest_score < found.top_score:
+        return f"{head}, ranked below a tighter fit that keeps larger free sets whole"
+    return f"{head}, ranked first here; kube-scheduler's other scores or a placement since chose {node}"

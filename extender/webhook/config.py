@@ -1,0 +1,134 @@
+"""Settings of `gpu-extender webhook`: one pydantic model, loaded by gputopo.settings (flags > environment
+`GPU_EXTENDER_WEBHOOK_<FLAG>` > YAML `--config` file > the defaults below)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from extender.config import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_KEEP_ALIVE_S,
+    DEFAULT_MAX_CONNECTIONS,
+)
+from gputopo.contract import (
+    DEFAULT_PREFIX,
+    DEFAULT_RESOURCE,
+    Keys,
+    dns_subdomain_problem,
+    extended_resource_problem,
+    prefix_problem,
+)
+from gputopo.logs import LogLevel
+from gputopo.settings import Cli, ReadableFile, SettingsLoader
+
+DEFAULT_SCHEDULER_NAME = "gpu-topology-scheduler"
+# An AdmissionReview carries the pod once (oldObject is null on CREATE); the API server refuses request bodies over
+# 3 MiB, so a review of any pod it accepted fits in 4 MiB.
+DEFAULT_WEBHOOK_BODY_LIMIT = 4 * 1024 * 1024
+
+
+class WebhookConfig(BaseModel):
+    """Validated settings; field names are the flag names with '_' for '-'."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field("0.0.0.0", description="Address to listen on (HTTPS only).")
+    port: int = Field(8443, description="HTTPS port the API server calls (POST /mutate).")
+    tls_cert: ReadableFile | None = Field(
+        None, description="Serving certificate (required: the API server calls webhooks over HTTPS only); reloaded "
+                          "when the file changes.")
+    tls_key: ReadableFile | None = Field(None, description="The private key of --tls-cert (required).")
+    scheduler_name: str = Field(DEFAULT_SCHEDULER_NAME, description="schedulerName given to the pods it manages.")
+    resource_name: str = Field(DEFAULT_RESOURCE, description="Extended resource whose pods it manages.")
+    annotation_prefix: str = Field(
+        DEFAULT_PREFIX, description="Prefix of the opt-out label <prefix>/webhook=disabled on pods.")
+    max_body_bytes: int = Field(DEFAULT_WEBHOOK_BODY_LIMIT, description="Requests larger than this get 413.")
+    header_timeout_s: Annotated[float, Cli(flag="header-timeout")] = Field(
+        DEFAULT_HEADER_TIMEOUT_S, description="Seconds a connection may take, from being ready for a request, to send "
+                                              "the request's head; then it is closed.")
+    body_timeout_s: Annotated[float, Cli(flag="body-timeout")] = Field(
+        DEFAULT_BODY_TIMEOUT_S, description="Seconds a request may take to send its body after its head; then its "
+                                            "connection is closed.")
+    keep_alive_timeout_s: Annotated[float, Cli(flag="keep-alive-timeout")] = Field(
+        DEFAULT_KEEP_ALIVE_S, description="Seconds an idle keep-alive connection is kept after a response.")
+    max_connections: int = Field(
+        DEFAULT_MAX_CONNECTIONS,
+        description="Client connections per listener; past it the one waiting longest for a request is closed.")
+    certificate_check_s: Annotated[float, Cli(flag="certificate-check-interval")] = Field(
+        10.0, description="Seconds between checks of --tls-cert/--tls-key for a renewed certificate.")
+    metrics_port: int = Field(
+        0, description="Also serve GET /metrics /healthz /readyz (only those, plain HTTP) on this port; 0: the HTTPS "
+                       "port only.")
+    metrics_host: str = Field("0.0.0.0", description="Address of the --metrics-port listener.")
+    log_level: LogLevel = Field("info", description="Least level logged.")
+
+    @field_validator("port", "metrics_port")
+    @classmethod
+    def _ports(cls, v: int) -> int:
+        if not 0 <= v <= 65535:
+            raise ValueError(f"{v} is not a TCP port (0-65535)")
+        return v
+
+    @field_validator("scheduler_name")
+    @classmethod
+    def _scheduler_name(cls, v: str) -> str:
+        problem = dns_subdomain_problem(v)  # the API server validates spec.schedulerName as a DNS subdomain
+        if problem:
+            raise ValueError(f"scheduler name {problem}")
+        if v == "default-scheduler":
+            raise ValueError("the scheduler name must be the topology-aware scheduler's, not default-scheduler")
+        return v
+
+    @field_validator("resource_name")
+    @classmethod
+    def _resource_name(cls, v: str) -> str:
+        problem = extended_resource_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("annotation_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        problem = prefix_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("max_body_bytes", "max_connections")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be at least 1, got {v}")
+        return v
+
+    @field_validator("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "certificate_check_s")
+    @classmethod
+    def _seconds(cls, v: float) -> float:
+        if not 0 < v < float("inf"):
+            raise ValueError(f"must be a positive number of seconds, got {v}")
+        return v
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, v: object) -> object:
+        return v.strip().lower() if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _https_only(self) -> WebhookConfig:
+        if self.tls_cert is None or self.tls_key is None:
+            raise ValueError("the webhook serves HTTPS only (the API server calls webhooks over HTTPS): give "
+                             "--tls-cert and --tls-key")
+        if self.metrics_port and self.metrics_port == self.port:
+            raise ValueError(f"--metrics-port {self.metrics_port} is the HTTPS port: give it a port of its own")
+        return self
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.annotation_prefix)
+
+
+SETTINGS = SettingsLoader(WebhookConfig, "GPU_EXTENDER_WEBHOOK")

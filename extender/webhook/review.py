@@ -1,0 +1,163 @@
+"""One AdmissionReview v1 request in, its answer out: whether to set the pod's schedulerName, and the JSONPatch.
+
+The rule (issue 13): a pod being created that asks for the managed resource (counted as the kubelet counts it,
+init containers included: gputopo.podspec) and names no scheduler of its own (none, "" or "default-scheduler") gets
+`spec.schedulerName` set to the topology-aware scheduler. Anything else is answered `allowed: true` with no patch:
+another scheduler's pod, a pod without GPUs, a pod labelled `<prefix>/webhook: disabled`, a pod already bound
+(`spec.nodeName`), an operation or kind it does not manage. The webhook never refuses a pod: what it cannot read it
+leaves alone, with a warning the client sees (`kubectl` prints it), since the API server then validates the pod.
+
+The answer's shape is the one a real kube-apiserver v1.36 accepted (../shared/recordings/kube-apiserver-admission):
+`{"apiVersion", "kind": "AdmissionReview", "response": {"uid", "allowed": true, "patchType": "JSONPatch",
+"patch": <base64 JSON>}}`, the uid copied from the request.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gputopo.podspec import PodSpecError, pod_device_count
+
+API_VERSION = "admission.k8s.io/v1"
+DEFAULT_SCHEDULERS = frozenset({"", "default-scheduler"})
+OPT_OUT = "disabled"
+MAX_UID = 128  # a UID is 36 characters; anything far longer is not one
+# The API server asks webhooks to keep warnings to 120 characters and may truncate longer ones.
+MAX_WARNING = 120
+LEFT = "gpu-topology webhook left the pod to its scheduler"  # every warning starts so: what happened comes first
+
+# Outcomes (the metrics label and the log field).
+PATCHED = "patched"
+NOT_MANAGED = "not_managed"  # another operation, kind or subresource
+OTHER_SCHEDULER = "other_scheduler"
+ALREADY_OURS = "already_ours"
+NO_GPUS = "no_gpus"
+OPTED_OUT = "opted_out"
+ALREADY_BOUND = "already_bound"
+UNREADABLE_POD = "unreadable_pod"
+ERROR = "error"
+OUTCOMES = (PATCHED, NOT_MANAGED, OTHER_SCHEDULER, ALREADY_OURS, NO_GPUS, OPTED_OUT, ALREADY_BOUND, UNREADABLE_POD,
+            ERROR)
+
+
+class ReviewError(ValueError):
+    """The body is not an AdmissionReview request that can be answered (no request uid to answer to): HTTP 400,
+    which the API server treats as a failed call (failurePolicy Ignore: the pod is admitted unchanged)."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the webhook manages and what it sets."""
+
+    scheduler_name: str
+    resource: str
+    opt_out_label: str
+
+
+@dataclass(frozen=True)
+class Review:
+    api_version: str
+    uid: str
+    request: Mapping[str, Any]
+
+    @property
+    def pod_name(self) -> str:
+        """namespace/name, or namespace/generateName* for a pod whose name the API server has not chosen yet."""
+        ns = self.request.get("namespace")
+        name = self.request.get("name")
+        if not name:
+            meta = _dict(_dict(self.request.get("object")).get("metadata"))
+            name = f"{meta.get('generateName') or ''}*"
+        return f"{ns if isinstance(ns, str) else ''}/{name}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    outcome: str
+    patch: tuple[dict[str, Any], ...] = ()
+    warning: str | None = None
+    gpus: int = 0
+
+
+def _dict(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def read_review(data: Any) -> Review:
+    """The review's version, uid and request. Raises ReviewError when there is nothing to answer to."""
+    if not isinstance(data, dict):
+        raise ReviewError("expected an AdmissionReview object")
+    if data.get("kind") != "AdmissionReview" or data.get("apiVersion") != API_VERSION:
+        raise ReviewError(f"expected kind AdmissionReview, apiVersion {API_VERSION} (the webhook's "
+                          f"admissionReviewVersions), got {str(data.get('kind'))[:40]!r} "
+                          f"{str(data.get('apiVersion'))[:40]!r}")
+    request = data.get("request")
+    if not isinstance(request, dict):
+        raise ReviewError("AdmissionReview has no request object")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid or len(uid) > MAX_UID:
+        raise ReviewError(f"request.uid must be a non-empty string of at most {MAX_UID} characters")
+    return Review(API_VERSION, uid, request)
+
+
+def _managed_operation(request: Mapping[str, Any]) -> bool:
+    kind = _dict(request.get("kind"))
+    return (request.get("operation") == "CREATE" and kind.get("group") == "" and kind.get("kind") == "Pod"
+            and not request.get("subResource"))
+
+
+def warning(text: str) -> str:
+    """A warning as the API server passes it on: printable, one line, at most MAX_WARNING characters."""
+    clean = "".join(ch if ch.isprintable() else " " for ch in text)
+    return clean if len(clean) <= MAX_WARNING else clean[:MAX_WARNING - 3] + "..."
+
+
+def decide(request: Mapping[str, Any], policy: Policy) -> Decision:
+    """Whether to set this pod's schedulerName; never raises for anything in the request."""
+    if not _managed_operation(request):
+        return Decision(NOT_MANAGED)
+    pod = request.get("object")
+    if not isinstance(pod, dict):
+        return Decision(UNREADABLE_POD, warning=warning(f"{LEFT}: the review carries no pod object"))
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return Decision(UNREADABLE_POD, warning=warning(f"{LEFT}: the pod has no spec object"))
+    scheduler = spec.get("schedulerName")
+    if scheduler == policy.scheduler_name:
+        return Decision(ALREADY_OURS)
+    if scheduler is not None and not (isinstance(scheduler, str) and scheduler in DEFAULT_SCHEDULERS):
+        return Decision(OTHER_SCHEDULER)  # never override another scheduler (a string or not: not ours to fix)
+    labels = _dict(_dict(pod.get("metadata")).get("labels"))
+    if labels.get(policy.opt_out_label) == OPT_OUT:
+        return Decision(OPTED_OUT)
+    if spec.get("nodeName"):
+        return Decision(ALREADY_BOUND)  # no scheduler will see it
+    try:
+        gpus = pod_device_count(pod, policy.resource)
+    except PodSpecError as e:
+        return Decision(UNREADABLE_POD, warning=warning(f"{LEFT}: {e}"))
+    if gpus == 0:
+        return Decision(NO_GPUS)
+    patch = ({"op": "add", "path": "/spec/schedulerName", "value": policy.scheduler_name},)
+    return Decision(PATCHED, patch, gpus=gpus)
+
+
+def failed(error: BaseException) -> Decision:
+    """The answer when deciding itself failed: the pod goes on unchanged, and its creator is told."""
+    return Decision(ERROR, warning=warning(f"{LEFT}: internal error ({type(error).__name__})"))
+
+
+def answer(review: Review, decision: Decision) -> dict[str, Any]:
+    """The AdmissionReview response: always allowed; the patch and the warning when there are."""
+    response: dict[str, Any] = {"uid": review.uid, "allowed": True}
+    if decision.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(orjson.dumps(list(decision.patch))).decode("ascii")
+    if decision.warning:
+        response["warnings"] = [decision.warning]
+    return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": response}
