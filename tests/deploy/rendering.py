@@ -7,6 +7,7 @@ helm-python-sdk (Helm v4's Go engine through libhelm_c), the same engine `helm t
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from collections.abc import Iterator
@@ -198,6 +199,29 @@ def containers(obj: Obj) -> Iterator[tuple[Obj, Obj]]:
 
 def find(objects: list[Obj], kind: str, name: str | None = None) -> list[Obj]:
     return [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+
+
+def component(obj: Obj) -> str | None:
+    """The chart's app.kubernetes.io/component label of an object (plugin, scheduler, webhook, ...)."""
+    return obj["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+
+
+def generated_masked(objects: list[Obj]) -> list[Obj]:
+    """The objects with what Helm generates anew on every render (the webhook's certificates and CA bundle) masked,
+    so two renderings compare equal when the chart itself did not change."""
+    out = copy.deepcopy(objects)
+    for obj in out:
+        if obj["kind"] == "Secret" and component(obj) == "webhook":
+            obj["data"] = {key: "<generated>" for key in obj.get("data", {})}
+        for hook in obj.get("webhooks", []) if obj["kind"] == "MutatingWebhookConfiguration" else []:
+            if "caBundle" in hook.get("clientConfig", {}):
+                hook["clientConfig"]["caBundle"] = "<generated>"
+    return out
+
+
+def without_webhook(objects: list[Obj]) -> list[Obj]:
+    """The objects of the scheduling path: the admission webhook's own are tested in test_webhook_deploy.py."""
+    return [o for o in objects if component(o) != "webhook"]
 
 
 def write_renderings(directory: Path) -> list[Path]:

@@ -23,6 +23,7 @@ from tests.deploy.rendering import (
     kustomize_build,
     render_chart,
     render_chart_files,
+    without_webhook,
 )
 from tests.deploy.schemas import supported_versions
 
@@ -44,7 +45,8 @@ def test_custom_values_reach_their_objects() -> None:
     variant = CHART_VARIANTS["custom"]
     objects = render_chart(variant)
     values = variant.values
-    namespaced = [o for o in objects if o["kind"] not in ("ClusterRole", "ClusterRoleBinding", "Namespace")]
+    cluster_scoped = ("ClusterRole", "ClusterRoleBinding", "Namespace", "MutatingWebhookConfiguration")
+    namespaced = [o for o in objects if o["kind"] not in cluster_scoped]
     for obj in namespaced:
         expected = "kube-system" if obj["kind"] == "RoleBinding" and obj["metadata"]["name"].endswith(
             "auth-reader") else values["namespace"]["name"]
@@ -62,7 +64,7 @@ def test_custom_values_reach_their_objects() -> None:
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert all(any(e["key"] == "topo.acme.example/device-plugin" for e in t["matchExpressions"]) for t in terms)
 
-    (deployment,) = find(objects, "Deployment")
+    (deployment,) = find(without_webhook(objects), "Deployment")
     assert deployment["spec"]["replicas"] == 3
     images = {c["name"]: c["image"] for _, c in containers(deployment)}
     assert images == {"kube-scheduler": "registry.k8s.io/kube-scheduler:v1.35.4",
@@ -74,9 +76,9 @@ def test_custom_values_reach_their_objects() -> None:
     (service,) = find(objects, "Service", "prod-gpu-topology-scheduler-metrics")
     assert {"name": "http-metrics", "port": 18889, "targetPort": "http-metrics", "protocol": "TCP"} in \
         service["spec"]["ports"]
-    (pdb,) = find(objects, "PodDisruptionBudget")
+    (pdb,) = find(without_webhook(objects), "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 2
-    for policy in find(objects, "NetworkPolicy"):
+    for policy in find(without_webhook(objects), "NetworkPolicy"):
         assert policy["spec"]["ingress"][0]["from"] == values["networkPolicy"]["metricsFrom"]
 
 
@@ -143,7 +145,7 @@ def test_chart_defaults_install_the_same_pods_as_kustomize(kind: str) -> None:
     kustomize_objects = kustomize_build(MANIFESTS)
     scheduler_tag = next(c["image"] for w in kustomize_objects for _, c in containers(w)
                          if c["name"] == "kube-scheduler").rsplit(":", 1)[1]
-    (chart,) = find(render_chart(CHART_VARIANTS["defaults"], scheduler_tag), kind)
+    (chart,) = find(without_webhook(render_chart(CHART_VARIANTS["defaults"], scheduler_tag)), kind)
     assert chart["metadata"]["name"] == kustomize["metadata"]["name"]
     assert chart["spec"].get("replicas") == kustomize["spec"].get("replicas")
     assert _pod_essentials(chart) == _pod_essentials(kustomize)
@@ -184,7 +186,7 @@ def test_image_pull_secrets_reach_every_pod(variant: str) -> None:
 
 def test_pod_annotations_and_labels_are_added_and_selectors_kept() -> None:
     values = CHART_VARIANTS["custom"].values
-    for workload, template in _pods(render_chart(CHART_VARIANTS["custom"])):
+    for workload, template in _pods(without_webhook(render_chart(CHART_VARIANTS["custom"]))):
         own = values["plugin"] if workload["kind"] == "DaemonSet" else values["scheduler"]
         assert own["podAnnotations"].items() <= template["metadata"]["annotations"].items()
         assert own["podLabels"].items() <= template["metadata"]["labels"].items()
@@ -270,7 +272,8 @@ def test_service_monitors_select_the_metrics_services_and_ports() -> None:
     values = CHART_VARIANTS["custom"].values
     objects = render_chart(CHART_VARIANTS["custom"])
     monitors = find(objects, "ServiceMonitor")
-    assert {m["metadata"]["name"] for m in monitors} == {"prod-gpu-topology-plugin", "prod-gpu-topology-extender"}
+    assert {m["metadata"]["name"] for m in monitors} == {"prod-gpu-topology-plugin", "prod-gpu-topology-extender",
+                                                         "prod-gpu-topology-webhook"}
     services = find(objects, "Service")
     for monitor in monitors:
         spec = monitor["spec"]

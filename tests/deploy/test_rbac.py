@@ -29,6 +29,7 @@ ACCOUNT_COMPONENTS = {
     "dra-driver": ("dra",),
     "extender": ("extender",),
     "scheduler": ("kube-scheduler", "extender"),
+    "webhook": (),  # answers admission reviews only: no API access at all
 }
 BUILTIN_ROLES = {
     "scheduler": {

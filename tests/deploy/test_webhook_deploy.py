@@ -87,12 +87,14 @@ def _container(objects: list[Obj]) -> tuple[dict[str, Any], dict[str, Any]]:
     return pod, container
 
 
-def test_disabled_by_default_and_only_with_the_second_scheduler() -> None:
-    assert _webhook_objects(render_chart(CHART_VARIANTS["defaults"])) == []
-    with pytest.raises(helm_python.HelmError) as caught:
-        render_chart_files(ChartVariant("r", "ns", {"webhook": {"enabled": True},
-                                                    "scheduler": {"mode": "default-scheduler"}}))
-    assert "webhook.enabled needs scheduler.mode=second-scheduler" in str(caught.value)
+def test_on_by_default_with_the_second_scheduler_and_never_with_the_default_one() -> None:
+    """The default install makes GPU pods go to the topology-aware scheduler without changing them; with the
+    extender wired into the default scheduler every pod already goes through it, so no webhook is rendered."""
+    kinds = {o["kind"] for o in _webhook_objects(render_chart(CHART_VARIANTS["defaults"]))}
+    assert {"MutatingWebhookConfiguration", "Deployment", "Service", "Secret"} <= kinds
+    default_mode = ChartVariant("r", "ns", {"webhook": {"enabled": True}, "scheduler": {"mode": "default-scheduler"}})
+    assert _webhook_objects(render_chart(default_mode)) == []
+    assert _webhook_objects(render_chart(ChartVariant("r", "ns", {"webhook": {"enabled": False}}))) == []
 
 
 @pytest.mark.parametrize("version", schemas.supported_versions())
