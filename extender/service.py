@@ -90,7 +90,7 @@ class Extender:
         """Nodes from a YAML inventory (raises InventoryError naming what is wrong)."""
         config = config or ExtenderConfig()
         entries = load_inventory(path, config.network_locality())
-        cache = NodeCache(config, Reservations(config.reservation_timeout_s))
+        cache = NodeCache(config, Reservations(config.reservation_timeout_s, kwargs.get("clock", time.monotonic)))
         return cls(config, inventory=Inventory(cache, entries, str(path)), cache=cache, **kwargs)
 
     @classmethod
