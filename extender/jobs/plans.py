@@ -386,8 +386,9 @@ class JobPlans:
             self.metrics.job_plan_seconds.observe(time.perf_counter() - started)
             if self._reserve(state, plan, None if size is not None else jp.uid):
                 self.metrics.job_plans.labels("planned").inc()
-                log.info("extender.job.planned", job=str(state.ref), pod=jp.name, summary=plan.summary,
-                         on=sorted({s.node for s in plan.slots}), among=len(names) if names else "all",
+                log.info("extender.job.planned", job=str(state.ref), pod=jp.name,
+                         summary=reasons.bounded(plan.summary), slots=len(plan.slots),
+                         nodes=len({s.node for s in plan.slots}), among=len(names) if names else "all",
                          ms=round((time.perf_counter() - started) * 1000, 2))
                 return plan
         raise JobUnplaceable(f"job {state.ref}: the GPUs planned for it were taken while they were being reserved, "

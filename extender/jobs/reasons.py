@@ -16,18 +16,16 @@ def bounded(text: str) -> str:
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
 
-def node_list(nodes: list[str]) -> str:
-    shown = ", ".join(nodes[:_SHOWN_NODES])
-    return shown + (f" and {len(nodes) - _SHOWN_NODES} more" if len(nodes) > _SHOWN_NODES else "")
-
-
 def not_in_plan(job: str, placed: int, size: int | None, role: str, open_slots: int, where: str,
                 nodes: list[str], gbps: float) -> str:
-    """'job ml/train-7: 3 of 4 workers placed, 1 planned on rack r12 (n7); est. 50.0 GB/s; this node is not in the
-    plan' (the same sentence for every node outside the plan)."""
+    """'job ml/train-7: not in its plan (3/4 workers placed, 1 planned on rack r12: n7; est. 50.0 GB/s)', the same
+    for every node outside the plan. Short: kube-scheduler gets it once per node (5,000 nodes: 5,000 copies)."""
     total = size if size is not None else "?"
-    return bounded(f"job {job}: {placed} of {total} {role}s placed, {open_slots} planned on {where} "
-                   f"({node_list(nodes)}); est. {gbps:.1f} GB/s all-reduce; this node is not in the plan")
+    shown = ""
+    if nodes and where != f"node {nodes[0]}":
+        shown = ": " + nodes[0] + (f" +{len(nodes) - 1}" if len(nodes) > 1 else "")
+    return bounded(f"job {job}: not in its plan ({placed}/{total} {role}s placed, {open_slots} planned on {where}"
+                   f"{shown}; est. {gbps:.1f} GB/s)")
 
 
 def pod_problem(pod: str, problem: str) -> str:

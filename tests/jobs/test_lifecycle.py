@@ -59,8 +59,8 @@ def test_later_pods_take_their_slots_and_single_pods_never_do(groups_fake: FakeG
         home = out["NodeNames"][0]
         assert slots(ext) == {home: 8}  # the whole job reserved at its first pod: 4 slots of 2 GPUs
         reason = out["FailedNodes"][next(n for n in NAMES if n != home)]
-        assert reason.startswith("job ml/train-7: 0 of 4 workers placed, 4 planned on node " + home)
-        assert reason.endswith("this node is not in the plan")
+        assert reason == (f"job ml/train-7: not in its plan (0/4 workers placed, 4 planned on node {home}; "
+                          "est. 25.8 GB/s)")
         scores = client.post("/prioritize", json=cache_args(pods[0], NAMES)).json()
         assert {h["Host"]: h["Score"] for h in scores} == {n: 10 if n == home else 0 for n in NAMES}
 
@@ -126,7 +126,7 @@ def test_a_member_bound_outside_the_plan_replans_the_rest_around_it(groups_fake:
         assert [r.node for r in ext.reservations.all()] == [elsewhere]
         out = filter_(client, pods[1])
         assert out["NodeNames"] == [elsewhere]  # planned again with the pod placed: one node is fastest
-        assert "1 of 2 workers placed" in out["FailedNodes"][home]
+        assert "(1/2 workers placed, 1 planned on node " in out["FailedNodes"][home]
 
 
 def test_a_deleted_planned_node_releases_its_slots_and_the_job_goes_elsewhere(groups_fake: FakeGroupsKubeApi,
@@ -171,4 +171,4 @@ def test_a_job_of_unknown_size_goes_pod_by_pod_near_its_members(groups_fake: Fak
         late = groups_fake.add_pod(kubeflow_pod("train-7", 3, 2))
         out = filter_(client, late)
         assert out["NodeNames"] == first and slots(ext) == {first[0]: 2}
-        assert "3 of 4 workers placed, 1 planned on node" in next(iter(out["FailedNodes"].values()))
+        assert "(3/4 workers placed, 1 planned on node" in next(iter(out["FailedNodes"].values()))
