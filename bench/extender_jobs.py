@@ -12,6 +12,11 @@ node's name), encoded before the clock starts; latency is the client-observed ro
    slot. The jobs stay reserved: the cluster fills with plans.
 3. Single pods again, with those jobs' slots reserved across the cluster.
 4. Later pods of those jobs: filter + prioritize (a lookup of the job's open slots, then the answer for every node).
+
+Round trips on a shared 2-core machine carry the other work's scheduling delays, so the same four series are also
+run in the benchmark's own process: the verbs' code on the same inventory, body
+decoding and answer encoding included, HTTP and uvicorn left out, timed in CPU time of the calling thread, which
+other processes do not inflate.
 """
 
 from __future__ import annotations
@@ -25,10 +30,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
 from bench.common import RESULTS, machine_line, markdown_table, percentile, shared_topology_files
 from bench.extender import Client, Server, args_body, ms, pod_json
+from extender.service import Extender
+from extender.verbs import Verbs
 from gputopo.discovery.loader import load_topology_file
 
 SIZES = (1, 2, 4, 8)
@@ -59,49 +67,57 @@ def job_pod(job: str, index: int, gpus: int, pods: int) -> dict[str, Any]:
     return pod
 
 
-def verbs(c: Client, body: bytes) -> tuple[float, float, dict[str, Any]]:
+def verbs(c: Client | InProcess, body: bytes) -> tuple[float, float, dict[str, Any]]:
     df, data = c.timed("/filter", body)
     out = json.loads(data)
     dp, _ = c.timed("/prioritize", body)
     return df, dp, out
 
 
-def run(n: int, rounds: int, jobs_per_size: int, seed: int) -> str:
-    tmp = Path(tempfile.mkdtemp(prefix="bench-extender-jobs-"))
-    load_before = os.getloadavg()[0]
-    names = make_inventory(tmp / "inv.yaml", n, seed)
-    singles = {s: args_body(pod_json(s, f"single-{s}", f"single-{s}"), names, None) for s in SIZES}
-    server = Server(tmp / "inv.yaml")
-    try:
-        c = server.client()
-        for _ in range(2):
-            for s in SIZES:
-                verbs(c, singles[s])
-        before = [sum(verbs(c, singles[SIZES[k % 4]])[:2]) for k in range(rounds)]
+class InProcess:
+    """The verbs' code without HTTP, timed in thread CPU time: the same calls as Client.timed makes."""
 
-        plans: dict[int, list[float]] = {k: [] for k in SIZES}
-        planned: list[tuple[str, int]] = []
-        for round_ in range(jobs_per_size):
-            for k in SIZES:
-                job = f"bench-{k}gpu-{round_}"
-                df, data = c.timed("/filter", args_body(job_pod(job, 0, k, 32), names, None))
-                passed = json.loads(data)["NodeNames"]
-                plans[k].append(df)
-                if passed:
-                    planned.append((job, k))
-        for _ in range(2):  # node states with reserved GPUs are new to the memo: warm it as before the jobs
-            for s in SIZES:
-                verbs(c, singles[s])
-        with_jobs = [sum(verbs(c, singles[SIZES[k % 4]])[:2]) for k in range(rounds)]
-        members = []
-        member_bodies = [args_body(job_pod(job, 1 + r % 31, k, 32), names, None)
-                         for r, (job, k) in enumerate(planned * (rounds // max(1, len(planned)) + 1))][:rounds]
-        for body in member_bodies:
-            df, dp, out = verbs(c, body)
-            assert out["NodeNames"], "a later pod of a planned job found no slot"
-            members.append(df + dp)
-    finally:
-        server.stop()
+    def __init__(self, inventory: Path) -> None:
+        self.verbs = Verbs(Extender.standalone(inventory))
+
+    def timed(self, path: str, body: bytes) -> tuple[float, bytes]:
+        t0 = time.thread_time()
+        data = orjson.loads(body)
+        answer = self.verbs.filter(data) if path == "/filter" else self.verbs.prioritize(data)
+        out = answer if isinstance(answer, bytes) else orjson.dumps(answer)
+        return time.thread_time() - t0, out
+
+
+def series(c: Client | InProcess, names: list[str], rounds: int, jobs_per_size: int) -> tuple[list[list[Any]],
+                                                                                          list[list[Any]], int]:
+    """(filter+prioritize rows, planning rows, jobs planned) for one way of calling the verbs."""
+    singles = {s: args_body(pod_json(s, f"single-{s}", f"single-{s}"), names, None) for s in SIZES}
+    for _ in range(2):
+        for s in SIZES:
+            verbs(c, singles[s])
+    before = [sum(verbs(c, singles[SIZES[k % 4]])[:2]) for k in range(rounds)]
+
+    plans: dict[int, list[float]] = {k: [] for k in SIZES}
+    planned: list[tuple[str, int]] = []
+    for round_ in range(jobs_per_size):
+        for k in SIZES:
+            job = f"bench-{k}gpu-{round_}"
+            df, data = c.timed("/filter", args_body(job_pod(job, 0, k, 32), names, None))
+            passed = json.loads(data)["NodeNames"]
+            plans[k].append(df)
+            if passed:
+                planned.append((job, k))
+    for _ in range(2):  # node states with reserved GPUs are new to the memo: warm it as before the jobs
+        for s in SIZES:
+            verbs(c, singles[s])
+    with_jobs = [sum(verbs(c, singles[SIZES[k % 4]])[:2]) for k in range(rounds)]
+    members = []
+    member_bodies = [args_body(job_pod(job, 1 + r % 31, k, 32), names, None)
+                     for r, (job, k) in enumerate(planned * (rounds // max(1, len(planned)) + 1))][:rounds]
+    for body in member_bodies:
+        df, dp, out = verbs(c, body)
+        assert out["NodeNames"], "a later pod of a planned job found no slot"
+        members.append(df + dp)
     rows = [["single pods, no job yet", len(before), ms(percentile(before, 50)), ms(percentile(before, 99))],
             [f"single pods, {len(planned)} jobs of 32 pods reserved", len(with_jobs),
              ms(percentile(with_jobs, 50)), ms(percentile(with_jobs, 99))],
@@ -109,9 +125,22 @@ def run(n: int, rounds: int, jobs_per_size: int, seed: int) -> str:
              ms(percentile(members, 99))]]
     plan_rows = [[f"32 x {k} GPUs", len(v), ms(percentile(v, 50)), ms(percentile(v, 99)), ms(max(v))]
                  for k, v in plans.items()]
+    return rows, plan_rows, len(planned)
+
+
+def run(n: int, rounds: int, jobs_per_size: int, seed: int) -> str:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-extender-jobs-"))
+    load_before = os.getloadavg()[0]
+    names = make_inventory(tmp / "inv.yaml", n, seed)
+    server = Server(tmp / "inv.yaml")
+    try:
+        rows, plan_rows, _ = series(server.client(), names, rounds, jobs_per_size)
+    finally:
+        server.stop()
+    cpu_rows, cpu_plan_rows, _ = series(InProcess(tmp / "inv.yaml"), names, rounds, jobs_per_size)
     load = f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
     return "\n".join([
-        "# Scheduler extender with jobs: latency over HTTP",
+        "# Scheduler extender with jobs: latency",
         "",
         f"Machine: {machine_line()}. Command: `python -m bench.extender_jobs --nodes {n} --rounds {rounds} "
         f"--jobs {jobs_per_size}`. {n:,} nodes in racks of {NODES_PER_RACK} ({RACKS_PER_SPINE} racks a spine), "
@@ -133,6 +162,15 @@ def run(n: int, rounds: int, jobs_per_size: int, seed: int) -> str:
         "cluster fills with reserved plans.",
         "",
         markdown_table(["job", "jobs", "p50 ms", "p99 ms", "max ms"], plan_rows),
+        "",
+        "## The same in the benchmark's process: the verbs' CPU time, no HTTP",
+        "",
+        "Decoding the body, the verb, encoding the answer; thread CPU time, so other work on the machine does not "
+        "count. A fresh extender on the same inventory, the same series in the same order.",
+        "",
+        markdown_table(["pods", "requests", "filter+prioritize p50 ms", "filter+prioritize p99 ms"], cpu_rows),
+        "",
+        markdown_table(["job (first pod's filter)", "jobs", "p50 ms", "p99 ms", "max ms"], cpu_plan_rows),
         "",
     ])
 
