@@ -172,3 +172,19 @@ def test_a_job_of_unknown_size_goes_pod_by_pod_near_its_members(groups_fake: Fak
         out = filter_(client, late)
         assert out["NodeNames"] == first and slots(ext) == {first[0]: 2}
         assert "(3/4 workers placed, 1 planned on node" in next(iter(out["FailedNodes"].values()))
+
+
+def test_a_failed_binding_of_a_member_loses_no_gpu_and_the_pod_gets_a_slot_again(groups_fake: FakeGroupsKubeApi,
+                                                                                  groups_api) -> None:
+    pods = setup(groups_fake, 2, 4)
+    with cluster(groups_api) as (ext, client):
+        assert ext.cache.wait_for(lambda: ext.cache.groups.sizes, WAIT)
+        home = filter_(client, pods[0])["NodeNames"][0]
+        groups_fake.fail_next(1, 500, path_regex="/binding")
+        assert "failed" in bind(client, pods[0], home)
+        assert slots(ext) == {home: 4} and ext.reservations.count() == 1  # its slot went with the failed bind
+        for pod in pods:  # the retry takes the slot left; the other pod finds none and plans itself next to it
+            assert filter_(client, pod)["NodeNames"] == [home]
+            assert bind(client, pod, home) == ""
+        assert slots(ext) == {} and ext.reservations.count() == 2
+        assert len(set().union(*(r.ids for r in ext.reservations.all()))) == 8
