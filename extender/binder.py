@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import kubernetes.client
@@ -32,6 +32,9 @@ from extender.reservations import BIND, Reservation
 from gputopo.contract import Plan, encode_plan
 from gputopo.core.bitset import mask_of
 from gputopo.kube import ApiUnavailable, Conflict, KubeApiError, KubeArgumentError, NotFound, bind_pod, get_pod
+
+if TYPE_CHECKING:
+    from extender.jobs.plans import JobPlans
 
 log = structlog.get_logger(__name__)
 
@@ -89,6 +92,7 @@ class Binder:
         inventory: Inventory | None = None,
         api_concurrency: int = 8,
         explainer: Explainer | None = None,
+        jobs: JobPlans | None = None,
     ) -> None:
         if (api is None) == (inventory is None):
             raise ValueError("a binder needs exactly one of an apiserver client or an inventory")
@@ -99,6 +103,7 @@ class Binder:
         self.recent = recent
         self.api = api
         self.inventory = inventory
+        self.jobs = jobs  # a job's pod takes its slot of the job's plan (extender.jobs.plans)
         self._api_limiter = anyio.CapacityLimiter(api_concurrency)
         self.explainer = explainer
 
@@ -176,8 +181,9 @@ class Binder:
                 return None, None
             entry = self.cache.nodes.get(req.node)
             free = self.cache.free_mask(entry) if entry is not None else 0
+            claim = self.jobs.slot_for(req.holder, req.node, needs.size) if self.jobs is not None else None
             try:
-                alloc = self.placement.choose(entry, free, needs.need)
+                alloc = claim.alloc if claim is not None else self.placement.choose(entry, free, needs.need)
             except NoFit as e:
                 raise BindFailed("no_fit", f"node {req.node} cannot take pod {req.key}: {e.reason}") from None
             assert entry is not None and entry.topo is not None
@@ -195,11 +201,15 @@ class Binder:
             if self.inventory is not None:
                 self.inventory.commit(entry, PodRecord(req.uid, req.namespace, req.name, req.node, "Running", False,
                                                        needs, plan, encode_plan(plan)))
+                if self.jobs is not None:
+                    self.jobs.bound(req.holder, req.node, alloc.gpus, claim)
                 log.info("extender.bind.planned", pod=req.key, node=req.node, plan=plan.container_ids(),
                          gbps=plan.gbps)
                 return plan, None
             res = self.cache.reservations.add(req.holder, req.namespace, req.name, req.node, plan.ids,
                                               mask_of(alloc.gpus), BIND, plan)
+            if self.jobs is not None:
+                self.jobs.bound(req.holder, req.node, alloc.gpus, claim)
         log.info("extender.bind.planned", pod=req.key, node=req.node, plan=plan.container_ids(), gbps=plan.gbps)
         return plan, res
 

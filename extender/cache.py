@@ -1,4 +1,5 @@
-"""The extender's view of the cluster: every node's topology and GPU state, the GPU pods, and the reservations.
+"""The extender's view of the cluster: every node's topology, GPU state and locality, the GPU pods and the jobs
+they belong to, the group sizes of those jobs, and the reservations.
 
 Fed by watches on Nodes and Pods (extender.cluster) or by an inventory file (extender.inventory). Readers on the
 filter hot path take no lock: entries are immutable and replaced whole, and reservation masks are a plain dict.
@@ -19,11 +20,15 @@ from typing import Any
 import structlog
 
 from extender.config import ExtenderConfig
+from extender.jobs.groups import GroupSizes
+from extender.jobs.index import JobIndex
+from extender.jobs.membership import Membership, MembershipError, job_membership
 from extender.pods import PodNeeds, PodSpecError, parse_quantity, pod_needs
 from extender.reservations import POD, Reservation, Reservations
 from gputopo.contract import Plan, PlanFormatError, parse_plan
 from gputopo.core import Topology, TopologyError, state_from_json, topology_from_json
 from gputopo.core.bitset import mask_of
+from gputopo.core.locality import Place
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +60,7 @@ class NodeEntry:
     unschedulable: bool
     generation: int
     fingerprint: str
+    place: Place = ()  # where it sits in the network (--locality levels from its labels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +75,16 @@ class PodRecord:
     plan: Plan | None
     plan_text: str | None
     priority: int | None = None  # spec.priority (preemption compares victims by it)
+    membership: Membership | None = None  # its job (extender.jobs.membership), sizes left to the filter
+    membership_error: str | None = None  # why its job cannot be read
 
     @property
     def terminal(self) -> bool:
         return self.phase in TERMINAL_PHASES
+
+    @property
+    def job_key(self) -> str | None:
+        return self.membership.job.key if self.membership is not None else None
 
     @property
     def key(self) -> str:
@@ -117,19 +129,20 @@ def make_entry(
     allocatable: int | None = None,
     unschedulable: bool = False,
     generation: int = 0,
+    place: Place = (),
 ) -> NodeEntry:
     """Build an entry; ids the topology does not know are dropped (logged by the caller)."""
     used_ids, unhealthy_ids = frozenset(used), frozenset(unhealthy)
     if topo is None:
         return NodeEntry(name, None, problem or "publishes no GPU topology", {}, used_ids, unhealthy_ids, 0, 0, 0, 0,
-                         unschedulable, generation, "")
+                         unschedulable, generation, "", place)
     idx = index if index is not None else {g.id: g.index for g in topo.gpus}
     used_mask = mask_of(idx[i] for i in used_ids if i in idx)
     bad_mask = mask_of(idx[i] for i in unhealthy_ids if i in idx)
     full = (1 << topo.size) - 1
     total = topo.size if allocatable is None else min(topo.size, allocatable)
     return NodeEntry(name, topo, problem, idx, used_ids, unhealthy_ids, used_mask, bad_mask,
-                     full & ~used_mask & ~bad_mask, total, unschedulable, generation, topo.fingerprint)
+                     full & ~used_mask & ~bad_mask, total, unschedulable, generation, topo.fingerprint, place)
 
 
 class NodeCache:
@@ -137,7 +150,10 @@ class NodeCache:
 
     def __init__(self, config: ExtenderConfig, reservations: Reservations) -> None:
         self.config = config
+        self.locality = config.network_locality()
         self.reservations = reservations
+        self.groups = GroupSizes()  # job sizes from PodGroups and Workloads (fed by extender.cluster)
+        self.jobs = JobIndex()
         self.nodes: dict[str, NodeEntry] = {}
         self.states: dict[str, PlacementState] = {}  # node -> its state, kept current for the hot path
         self._interned: dict[tuple[Any, ...], PlacementState] = {}
@@ -153,9 +169,13 @@ class NodeCache:
         self._reported: dict[str, str] = {}  # node or pod -> last problem logged
         # metrics hook: (why, how many) each time reservations end: settled, pod_gone, timeout, topology_changed
         self.on_reservation_end: Callable[[str, int], None] = lambda why, n: None
+        # job plans' hooks (extender.jobs.plans): a node left the cache; a job's last pod left it
+        self.on_node_removed: Callable[[str], None] = lambda name: None
+        self.on_job_gone: Callable[[str], None] = lambda key: None
         self._changed = threading.Condition()
         self.version = 0  # bumped on every change, so waiters (readiness, tests, demos) need no polling
         reservations.on_change = self._refresh_state
+        self.groups.on_change = self._bump
 
     # -- locks and reads -------------------------------------------------------------------------------------
 
@@ -234,6 +254,7 @@ class NodeCache:
         meta = _dict(node.get("metadata"))
         name = str(meta.get("name") or "")
         ann = _dict(meta.get("annotations"))
+        place = self.locality.place(_dict(meta.get("labels")))
         spec, status = _dict(node.get("spec")), _dict(node.get("status"))
         unschedulable = spec.get("unschedulable") is True
         allocatable: int | None = None
@@ -246,13 +267,13 @@ class NodeCache:
         text = ann.get(self.config.keys.topology)
         if not isinstance(text, str) or not text:
             entry = make_entry(name, None, problem=f"publishes no GPU topology (annotation "
-                               f"{self.config.keys.topology} missing)", unschedulable=unschedulable)
+                               f"{self.config.keys.topology} missing)", unschedulable=unschedulable, place=place)
             self._report(f"node/{name}", None)
             return entry
         topo, index, problem = self.parse_topology(text)
         if topo is None:
             self._report(f"node/{name}", problem)
-            return make_entry(name, None, problem=problem, unschedulable=unschedulable)
+            return make_entry(name, None, problem=problem, unschedulable=unschedulable, place=place)
         used: frozenset[str] = frozenset()
         unhealthy: frozenset[str] = frozenset()
         generation = 0
@@ -271,9 +292,9 @@ class NodeCache:
             problem = f"GPU state annotation {self.config.keys.state} is not a string"
         self._report(f"node/{name}", problem)
         if problem is not None:
-            return make_entry(name, None, problem=problem, unschedulable=unschedulable)
+            return make_entry(name, None, problem=problem, unschedulable=unschedulable, place=place)
         return make_entry(name, topo, index=index, used=used, unhealthy=unhealthy, allocatable=allocatable,
-                          unschedulable=unschedulable, generation=generation)
+                          unschedulable=unschedulable, generation=generation, place=place)
 
     def put_node(self, entry: NodeEntry) -> None:
         """Install a node entry; remaps reservations if its topology changed, settles those its state shows used."""
@@ -307,9 +328,11 @@ class NodeCache:
 
     def remove_node(self, name: str) -> None:
         with self.lock_for(name):
-            self.nodes.pop(name, None)
+            gone = self.nodes.pop(name, None)
             self._refresh_state(name)
         self._reported.pop(f"node/{name}", None)
+        if gone is not None:
+            self.on_node_removed(name)
         self._bump()
 
     def sync_nodes(self, items: Iterable[Any]) -> None:
@@ -352,10 +375,18 @@ class NodeCache:
         spec, status = _dict(pod.get("spec")), _dict(pod.get("status"))
         node = spec.get("nodeName")
         priority = spec.get("priority")
+        membership, membership_error = None, None
+        try:
+            membership = job_membership(pod, self.config.keys)
+            self._report(f"pod/{uid}/job", None)
+        except MembershipError as e:
+            membership_error = str(e)
+            self._report(f"pod/{uid}/job", f"job unreadable: {e}", pod=f"{namespace}/{name}")
         return PodRecord(uid, namespace, name, node if isinstance(node, str) and node else None,
                          str(status.get("phase") or ""), bool(meta.get("deletionTimestamp")), needs, plan,
                          plan_text if isinstance(plan_text, str) else None,
-                         priority if isinstance(priority, int) and not isinstance(priority, bool) else 0)
+                         priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+                         membership, membership_error)
 
     def update_pod(self, pod: Mapping[str, Any]) -> PodRecord | None:
         rec = self.record_from_pod(pod)
@@ -365,22 +396,30 @@ class NodeCache:
                 self.remove_pod(uid)
             return None
         with self._pods_lock:
+            old = self.pods.get(rec.uid)
             self.pods[rec.uid] = rec
+            gone = self.jobs.move(rec.uid, old.job_key if old is not None else None, rec.job_key)
+        if gone is not None:
+            self.on_job_gone(gone)
         self._reconcile(rec)
         self._bump()
         return rec
 
     def remove_pod(self, uid: str) -> None:
         with self._pods_lock:
-            self.pods.pop(uid, None)
+            rec = self.pods.pop(uid, None)
             self._settled.pop(uid, None)
+            gone = self.jobs.move(uid, rec.job_key, None) if rec is not None else None
         self._reported.pop(f"pod/{uid}", None)
         self._reported.pop(f"pod/{uid}/spec", None)
+        self._reported.pop(f"pod/{uid}/job", None)
         released = self.reservations.release(uid)
         for r in released:
             log.debug("extender.reservation.released", pod=f"{r.namespace}/{r.name}", node=r.node, why="pod gone")
         if released:
             self.on_reservation_end("pod_gone", len(released))
+        if gone is not None:
+            self.on_job_gone(gone)
         self._bump()
 
     def sync_pods(self, items: Iterable[Any]) -> None:
@@ -453,4 +492,6 @@ class NodeCache:
     def remember_pod(self, rec: PodRecord) -> None:
         """Record a pod placed without an apiserver (standalone mode); no reservation: the GPUs are marked used."""
         with self._pods_lock:
+            old = self.pods.get(rec.uid)
             self.pods[rec.uid] = rec
+            self.jobs.move(rec.uid, old.job_key if old is not None else None, rec.job_key)

@@ -1,4 +1,6 @@
-"""Feeds the node cache from the apiserver: a Watcher on Nodes and one on Pods (list, watch, re-list on 410)."""
+"""Feeds the node cache from the apiserver: a Watcher on Nodes, one on Pods (list, watch, re-list on 410), and one on
+each kind of group object that sizes jobs (extender.jobs.groups), where it exists: a kind that is not installed or not
+granted is looked for again every `group_retry_s`, quietly."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import kubernetes.client
 import structlog
 
 from extender.cache import NodeCache
+from extender.jobs.groups import GROUP_RESOURCES
 from gputopo.kube import SYNC, Watcher
+from gputopo.kube.fetching import ApiResource
 from gputopo.kube.watching import WatchMetrics
 
 log = structlog.get_logger(__name__)
@@ -28,6 +32,7 @@ class ClusterSync:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
         metrics: WatchMetrics | None = None,
+        group_retry_s: float = 300.0,
     ) -> None:
         self.cache = cache
         common: dict[str, Any] = {"timeout_seconds": watch_timeout_s, "backoff_initial_s": backoff_initial_s,
@@ -35,17 +40,24 @@ class ClusterSync:
         self.nodes = Watcher(api, "nodes", self._on_node, name="extender-nodes", **common)
         self.pods = Watcher(api, "pods", self._on_pod, field_selector=pod_field_selector, name="extender-pods",
                             **common)
+        self.groups = [Watcher(api, r, self._group_callback(r), name=f"extender-{r.plural}-{r.group}",
+                               absent_retry_s=group_retry_s, **common) for r in GROUP_RESOURCES]
 
     def start(self) -> None:
         self.nodes.start()
         self.pods.start()
+        for w in self.groups:
+            w.start()
 
     def stop(self) -> None:
+        for w in self.groups:
+            w.stop()
         self.pods.stop()
         self.nodes.stop()
 
     @property
     def synced(self) -> bool:
+        """Nodes and pods listed (group sizes are not waited for: a kind may never be served)."""
         return self.nodes.synced and self.pods.synced
 
     def wait_synced(self, timeout: float | None = None) -> bool:
@@ -70,3 +82,12 @@ class ClusterSync:
                 self.cache.remove_pod(uid)
         else:
             self.cache.update_pod(obj)
+
+    def _group_callback(self, resource: ApiResource) -> Any:
+        def on_group(event_type: str, obj: dict[str, Any]) -> None:
+            if event_type == SYNC:
+                self.cache.groups.sync(resource, obj.get("items") or [])
+            else:
+                self.cache.groups.apply(resource, event_type, obj)
+
+        return on_group

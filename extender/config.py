@@ -11,6 +11,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
+from gputopo.core.locality import Locality, LocalityError, parse_locality
 from gputopo.settings import AnnotationPrefix, Cli, ExtendedResourceName, LogLevel, ReadableFile, SettingsLoader
 
 DEFAULT_BODY_LIMIT = 10 * 1024 * 1024
@@ -72,6 +73,10 @@ class ExtenderConfig(BaseModel):
     island_spare: int = Field(
         DEFAULT_ISLAND_SPARE,
         description="Equally fast larger islands other nodes must still offer for breaking one to cost nothing.")
+    locality: str | None = Field(
+        None, description="Network levels from node labels, innermost first, for job plans: "
+                          "'rack=key|key@0.5,spine=key,zone=key' (level=label keys, first present wins[@share of "
+                          "bandwidth kept crossing it]). Unset: topograph, GKE, EKS and zone labels (docs/jobs.md).")
     tls_cert: ReadableFile | None = Field(None, description="Serve HTTPS with this certificate (with --tls-key).")
     tls_key: ReadableFile | None = Field(None, description="The private key of --tls-cert.")
     tls_client_ca: ReadableFile | None = Field(
@@ -134,6 +139,16 @@ class ExtenderConfig(BaseModel):
             raise ValueError(f"island spare count must be 0 or more, got {v}")
         return v
 
+    @field_validator("locality")
+    @classmethod
+    def _locality(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                parse_locality(v)
+            except LocalityError as e:
+                raise ValueError(str(e)) from None
+        return v
+
     @model_validator(mode="after")
     def _listeners(self) -> ExtenderConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -147,6 +162,10 @@ class ExtenderConfig(BaseModel):
     @property
     def keys(self) -> Keys:
         return Keys(self.annotation_prefix)
+
+    def network_locality(self) -> Locality:
+        """The --locality levels (validated when loaded), or the defaults."""
+        return Locality() if self.locality is None else parse_locality(self.locality)
 
 
 SETTINGS = SettingsLoader(ExtenderConfig, "GPU_EXTENDER")

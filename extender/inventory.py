@@ -12,6 +12,7 @@ Format (see examples/inventory.yaml):
         used: [GPU0, 1]                   # optional: GPU ids, or indices
         unhealthy: []                     # optional
         unschedulable: false              # optional
+        labels: {example.com/rack: r1}    # optional: node labels, for the --locality levels of job plans
         replicas: 3                       # optional: dgx-1-0, dgx-1-1, dgx-1-2 with the same spec
 """
 
@@ -30,11 +31,13 @@ from extender.cache import NodeCache, NodeEntry, PodRecord, make_entry
 from gputopo.contract import Plan, encode_plan
 from gputopo.core import Topology, TopologyError
 from gputopo.core.bitset import bits
+from gputopo.core.locality import Locality
 from gputopo.discovery.loader import load_topology_file, load_topology_text
 
 log = structlog.get_logger(__name__)
 
-_NODE_KEYS = frozenset({"name", "topology", "topology_inline", "used", "unhealthy", "unschedulable", "replicas"})
+_NODE_KEYS = frozenset({"name", "topology", "topology_inline", "used", "unhealthy", "unschedulable", "replicas",
+                        "labels"})
 MAX_REPLICAS = 100_000
 
 
@@ -62,8 +65,18 @@ def _ids(topo: Topology, values: Any, where: str) -> list[str]:
     return out
 
 
-def parse_inventory(data: Any, base_dir: Path) -> list[NodeEntry]:
-    """Node entries from the inventory's parsed YAML. Raises InventoryError."""
+def _labels(values: Any, where: str) -> dict[str, str]:
+    if values is None:
+        return {}
+    if not isinstance(values, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in values.items()):
+        raise InventoryError(f"{where} labels must map label keys to string values")
+    return values
+
+
+def parse_inventory(data: Any, base_dir: Path, locality: Locality | None = None) -> list[NodeEntry]:
+    """Node entries from the inventory's parsed YAML (`locality` reads each node's place from its labels). Raises
+    InventoryError."""
+    locality = locality or Locality()
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise InventoryError("inventory must be a mapping with a 'nodes' list")
     topologies: dict[str, Topology] = {}
@@ -90,12 +103,14 @@ def parse_inventory(data: Any, base_dir: Path) -> list[NodeEntry]:
         if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int)
                                      or not 1 <= replicas <= MAX_REPLICAS):
             raise InventoryError(f"{where} replicas must be an integer in 1..{MAX_REPLICAS}")
+        place = locality.place(_labels(spec.get("labels"), where))
         node_names = [name] if replicas is None else [f"{name}-{i}" for i in range(replicas)]
         for n in node_names:
             if n in names:
                 raise InventoryError(f"node name {n} appears twice")
             names.add(n)
-            entries.append(make_entry(n, topo, used=used, unhealthy=unhealthy, unschedulable=unschedulable))
+            entries.append(make_entry(n, topo, used=used, unhealthy=unhealthy, unschedulable=unschedulable,
+                                      place=place))
     return entries
 
 
@@ -122,7 +137,7 @@ def _topology(spec: Mapping[str, Any], base_dir: Path, where: str, seen: dict[st
     return seen[key]
 
 
-def load_inventory(path: str | Path) -> list[NodeEntry]:
+def load_inventory(path: str | Path, locality: Locality | None = None) -> list[NodeEntry]:
     p = Path(path)
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
@@ -130,7 +145,7 @@ def load_inventory(path: str | Path) -> list[NodeEntry]:
         raise InventoryError(f"cannot read inventory {p}: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         raise InventoryError(f"inventory {p} is not valid YAML: {e}") from None
-    return parse_inventory(data, p.parent)
+    return parse_inventory(data, p.parent, locality)
 
 
 class Inventory:
@@ -149,7 +164,7 @@ class Inventory:
         assert rec.plan is not None and entry.topo is not None
         new = make_entry(entry.name, entry.topo, index=entry.index, used=entry.used_ids | rec.plan.ids,
                          unhealthy=entry.unhealthy_ids, unschedulable=entry.unschedulable,
-                         generation=entry.generation + 1)
+                         generation=entry.generation + 1, place=entry.place)
         self.cache.put_node(new)
         self.cache.remember_pod(rec)
         with self._lock:
@@ -167,7 +182,7 @@ class Inventory:
                 self.cache.put_node(make_entry(
                     entry.name, entry.topo, index=entry.index, used=entry.used_ids - rec.plan.ids,
                     unhealthy=entry.unhealthy_ids, unschedulable=entry.unschedulable,
-                    generation=entry.generation + 1))
+                    generation=entry.generation + 1, place=entry.place))
         self.cache.remove_pod(uid)
         return rec
 

@@ -57,6 +57,12 @@ class ExtenderMetrics:
             ["listener", "reason"], registry=r)
         self.http_accept_errors = Counter(f"{PREFIX}_http_accept_errors_total",
                                           "Accepts that failed for lack of files, buffers or memory.", registry=r)
+        self.job_plans = Counter(f"{PREFIX}_job_plans_total",
+                                 "Job plans made at a job pod's filter, by outcome: planned (its slots reserved), "
+                                 "unplaceable (fits nowhere now), bad_job.", ["outcome"], registry=r)
+        self.job_plan_seconds = Histogram(f"{PREFIX}_job_plan_seconds", "Time to plan a job (extender.jobs.planner).",
+                                          buckets=_LATENCY_BUCKETS, registry=r)
+        self.job_slots = Gauge(f"{PREFIX}_job_slots", "Reserved slots of job plans no pod has taken yet.", registry=r)
         self.watch = WatchMetrics(r, PREFIX)
 
     def bind_gauges(self, reservations: Callable[[], float], nodes: Callable[[], float],

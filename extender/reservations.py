@@ -7,6 +7,9 @@ unhealthy - reserved. A reservation ends when the node's state shows all its GPU
 is unknown and that the apiserver never applied): a bound pod whose kubelet is slow or down keeps its GPUs for as
 long as it lives, however long that takes, since giving them away would plan a second pod onto them.
 
+A job plan (extender.jobs.plans) reserves its slots the same way, one reservation per slot held by the job (a holder
+id that is no pod's uid), so nothing else is planned onto them; they end by the timeout unless a pod takes them.
+
 Reservations are keyed by (pod uid, node): two binds of one pod to different nodes never overwrite each other.
 Masks are bit sets of GPU indices on the node's current topology; ids stay the truth, so a node whose topology
 changes gets its masks recomputed.
@@ -21,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from gputopo.contract import Plan
 
-BIND, POD = "bind", "pod"
+BIND, POD, JOB = "bind", "pod", "job"
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,7 @@ class Reservation:
     ids: frozenset[str]
     mask: int
     expires_at: float
-    source: str  # BIND: made by this process's bind; POD: rebuilt from a pod's plan annotation
+    source: str  # BIND: made by this process's bind; POD: rebuilt from a pod's plan annotation; JOB: a job's slot
     plan: Plan | None = None
     bound: bool = False  # the Binding was applied: the timeout no longer applies
 

@@ -1,4 +1,5 @@
-"""One extender instance: cache, reservations, placement, binder and metrics, fed by a cluster or an inventory."""
+"""One extender instance: cache, reservations, placement, job plans, binder and metrics, fed by a cluster or an
+inventory."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from extender.cluster import ClusterSync
 from extender.config import ExtenderConfig
 from extender.explain import Explainer
 from extender.inventory import Inventory, load_inventory
+from extender.jobs.plans import JobPlans
 from extender.metrics import ExtenderMetrics
 from extender.placement import Placement
 from extender.pods import RecentPods
@@ -27,17 +29,19 @@ log = structlog.get_logger(__name__)
 
 
 class ReservationExpiry(Worker):
-    """Ends reservations whose plans the node never confirmed, every `interval_s`."""
+    """Ends reservations whose plans the node never confirmed, every `interval_s`, and forgets idle jobs."""
 
-    def __init__(self, cache: NodeCache, interval_s: float) -> None:
+    def __init__(self, cache: NodeCache, jobs: JobPlans, interval_s: float) -> None:
         super().__init__("extender-expiry")
         self.cache = cache
+        self.jobs = jobs
         self.interval_s = interval_s
 
     def loop(self) -> None:
         while not self.pause(self.interval_s):
             try:
                 self.cache.expire_reservations()
+                self.jobs.sweep()
             except Exception:
                 log.exception("extender.expiry.pass_failed")
 
@@ -65,16 +69,17 @@ class Extender:
         self.reservations = self.cache.reservations
         self.cache.on_reservation_end = lambda why, n: self.metrics.reservations_ended.labels(why).inc(n)
         self.placement = Placement(self.cache)
+        self.jobs = JobPlans(self.cache, self.metrics)
         self.recent = RecentPods()
         self.explainer = Explainer(lambda topo, size: self.placement.memo.facts(topo).best_empty(size))
         self.inventory = inventory
         sync_options = {"metrics": self.metrics.watch, **(sync_options or {})}
         self.sync = ClusterSync(api, self.cache, **sync_options) if api is not None else None
         self.binder = Binder(config, self.cache, self.placement, self.metrics, self.recent, api=api,
-                             inventory=inventory, explainer=self.explainer)
+                             inventory=inventory, explainer=self.explainer, jobs=self.jobs)
         self.mode = "standalone" if inventory is not None else "cluster"
         self.expiry_interval_s = expiry_interval_s or max(0.05, min(5.0, config.reservation_timeout_s / 4))
-        self._expiry = ReservationExpiry(self.cache, self.expiry_interval_s)
+        self._expiry = ReservationExpiry(self.cache, self.jobs, self.expiry_interval_s)
         self.metrics.bind_gauges(
             reservations=lambda: float(self.reservations.count()),
             nodes=lambda: float(len(self.cache.nodes)),
@@ -86,8 +91,8 @@ class Extender:
     def standalone(cls, path: str | Path, config: ExtenderConfig | None = None, **kwargs: Any) -> Extender:
         """Nodes from a YAML inventory (raises InventoryError naming what is wrong)."""
         config = config or ExtenderConfig()
-        entries = load_inventory(path)
-        cache = NodeCache(config, Reservations(config.reservation_timeout_s))
+        entries = load_inventory(path, config.network_locality())
+        cache = NodeCache(config, Reservations(config.reservation_timeout_s, kwargs.get("clock", time.monotonic)))
         return cls(config, inventory=Inventory(cache, entries, str(path)), cache=cache, **kwargs)
 
     @classmethod

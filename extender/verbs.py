@@ -1,9 +1,10 @@
 """kube-scheduler's four verbs over one Extender: decoded JSON in, the answer out as plain data (or ready bytes).
 
-Nothing here knows about HTTP: extender.answers reads and bounds the body, decodes it, calls a verb and maps every
-failure to an answer; extender.routers.scheduler publishes the verbs. The answer shapes are the Go structs of
-k8s.io/kube-scheduler/extender/v1 (ExtenderFilterResult, HostPriorityList, ExtenderBindingResult,
-ExtenderPreemptionResult), field for field.
+A pod of a job (extender.jobs.membership) is filtered and prioritized by its job's plan (extender.jobs.plans),
+every other pod by extender.placement. Nothing here knows about HTTP: extender.answers reads and bounds the body,
+decodes it, calls a verb and maps every failure to an answer; extender.routers.scheduler publishes the verbs. The
+answer shapes are the Go structs of k8s.io/kube-scheduler/extender/v1 (ExtenderFilterResult, HostPriorityList,
+ExtenderBindingResult, ExtenderPreemptionResult), field for field.
 """
 
 from __future__ import annotations
@@ -65,8 +66,11 @@ class Verbs:
             return filter_result(None if args.node_names is None else [], None if args.nodes is None else
                                  {**args.nodes, "items": []}, {}, {}, f"pod cannot be placed: {e}")
         ext.recent.remember(needs)
-        extra = self._extra_entries(args)
-        out = ext.placement.filter(args.names, needs.need, extra)
+        job_pod = ext.jobs.pod_of(args.pod, needs)
+        if job_pod is not None:
+            out = ext.jobs.filter(job_pod, args.names)
+        else:
+            out = ext.placement.filter(args.names, needs.need, self._extra_entries(args))
         m = ext.metrics.filter_nodes
         m.labels("passed").inc(len(out.passed))
         m.labels("failed").inc(len(out.failed))
@@ -86,8 +90,11 @@ class Verbs:
             log.info("extender.prioritize.bad_pod", error=str(e))
             return host_priority_list(args.names, [0] * len(args.names))
         self.ext.recent.remember(needs)
-        scores, offer = self.ext.placement.score_offer(args.names, needs.need, self._extra_entries(args))
-        self.ext.explainer.remember(needs.uid, offer)  # what bind's explanation compares the chosen node with
+        job_pod = self.ext.jobs.pod_of(args.pod, needs)
+        scores = self.ext.jobs.score(job_pod, args.names) if job_pod is not None else None
+        if scores is None:
+            scores, offer = self.ext.placement.score_offer(args.names, needs.need, self._extra_entries(args))
+            self.ext.explainer.remember(needs.uid, offer)  # what bind's explanation compares the chosen node with
         return host_priority_list(args.names, scores)
 
     async def bind(self, data: Any) -> dict[str, Any]:

@@ -6,7 +6,9 @@ all-reduce (gputopo.core.jobs) the cluster offers now, then the one spanning the
 least fragmentation: fewest whole free nodes broken, then the fullest racks (best fit: emptier racks stay whole for
 larger jobs), then fewest GPUs left stranded on the nodes it touches, then fewest nodes.
 
-How. Candidate fills are built cheaply, each with an upper bound of its estimate that is exact when it stays in one
+How. When the job is small against the free GPUs (at most `_EXACT_LIMIT` ways to put its pods on them), every
+way is weighed: the plan is then exact, as the allocator is up to 16 GPUs. Otherwise candidate fills are built
+cheaply, each with an upper bound of its estimate that is exact when it stays in one
 rack; the job model then weighs the best candidates only, best bound first, until no bound can beat the best
 estimate found (at most `_MAX_EVALUATIONS`). The candidates:
 - one node for the whole job (its pods then talk over the host path);
@@ -41,6 +43,7 @@ _MAX_EVALUATIONS = 8
 _RACKS_PER_ORDER = 6
 _REL_EPS = 1e-6
 _SPLIT_LIMIT = 2000
+_EXACT_LIMIT = 2_500  # ways to place the remaining pods, below which every way is weighed
 
 
 class JobPlanError(ValueError):
@@ -151,6 +154,9 @@ def plan_job(request: JobRequest, nodes: Iterable[NodeSnapshot], locality: Local
         ring = pod_ring_gbps(slot.topo, slot.gpus) if len(slot.gpus) > 1 else math.inf
         member_pods.setdefault(slot.node, []).append(_Pod(slot.gpus, ring, slot.network_gbps))
     member_places = {s.node: s.place for s in member_slots}
+    exact = _exact(request, snaps, member_slots, remaining, dropped, locality)
+    if exact is not None:
+        return exact
     candidates = _candidates(buckets, remaining, locality, member_pods, member_places)
     if not candidates:
         raise JobUnplaceable(
@@ -243,11 +249,18 @@ def _one_by_one(topo: Topology, free: int, k: int, c: int, network: bool) -> tup
                 g = next(g for g in avail if topo.network_gbps[g] == best_rate)
                 other = _pod(topo, best_subset(topo, avail, k, must_include=(g,)).gpus)
                 pod = _pod(topo, choice)
-                if (min(other.ring, other.rate), other.ring) > (min(pod.ring, pod.rate), pod.ring):
+                if _reach(other) > _reach(pod):
                     choice = other.gpus
         pods.append(_pod(topo, choice))
         left &= ~mask_of(choice)
     return tuple(pods)
+
+
+def _reach(pod: _Pod) -> tuple[float, float, float]:
+    """How good a pod is for a job that spans nodes: what it reaches itself, then its NIC rate (every edge between
+    nodes is that rate times a factor <= 1 for the levels it crosses, while the ring is not scaled), then its ring.
+    Rounded: rates and ring figures come from different sums, and float noise must not decide a tie."""
+    return round(min(pod.ring, pod.rate), 6), round(pod.rate, 6), round(pod.ring, 6)
 
 
 def _best_split(topo: Topology, free: int, k: int, c: int, network: bool,
@@ -538,14 +551,55 @@ def _candidate(fill: Fill, locality: Locality, member_pods: dict[str, list[_Pod]
 # -- weighing a fill -------------------------------------------------------------------------------------------
 
 
+def _exact(request: JobRequest, snaps: dict[str, NodeSnapshot], member_slots: list[PodSlot], remaining: int,
+           dropped: tuple[str, ...], locality: Locality) -> JobPlan | None:
+    """The best plan over every way to put the remaining pods on free GPUs, or None when there are more than
+    `_EXACT_LIMIT` ways (the candidate fills take over). Ties go to fewer locality levels crossed, then the best
+    pod rings (what the allocator would give each pod), then GPUs nearer a NIC (NCCL enters and leaves a node
+    through more than one of a pod's GPUs), then as for candidates: fewer whole free nodes broken,
+    fewer GPUs left stranded on the nodes touched, fewer nodes."""
+    k = request.gpus_per_pod
+    options = [(snap, combo) for snap in sorted(snaps.values(), key=lambda n: n.name)
+               for combo in combinations(bits(snap.free), k)]
+    if math.comb(len(options), remaining) > _EXACT_LIMIT:
+        return None
+    best: tuple[tuple, list[tuple[NodeSnapshot, tuple[int, ...]]]] | None = None
+    for chosen in combinations(options, remaining):
+        taken: dict[str, int] = {}
+        for snap, combo in chosen:
+            mask = mask_of(combo)
+            if taken.get(snap.name, 0) & mask:
+                break
+            taken[snap.name] = taken.get(snap.name, 0) | mask
+        else:
+            pods = [*member_slots, *(PodSlot(snap.name, snap.topo, combo, snap.place) for snap, combo in chosen)]
+            estimate = job_allreduce_gbps(pods, locality)
+            touched = {snap.name: snap for snap, _ in chosen}
+            broken = sum(1 for n in touched.values() if n.free.bit_count() == n.topo.size)
+            left = sum(n.free.bit_count() - taken[name].bit_count() for name, n in touched.items())
+            rings = sum(pod_ring_gbps(snap.topo, combo) for snap, combo in chosen if len(combo) > 1)
+            nics = sum(snap.topo.network_gbps[g] for snap, combo in chosen for g in combo)
+            nodes = len(touched.keys() | {p.node for p in member_slots})
+            score = (estimate.gbps, estimate.split, -rings, -nics, broken, left, nodes)
+            if best is None or _better(score, best[0]):
+                best = (score, list(chosen))
+    if best is None:
+        return None  # no way at all: the candidate search says why
+    return _plan_from(request, [(snap.name, snap.topo, combo, snap.place) for snap, combo in best[1]],
+                      member_slots, dropped, locality)
+
+
 def _plan_of(request: JobRequest, fill: Fill, member_slots: list[PodSlot], dropped: tuple[str, ...],
              locality: Locality) -> JobPlan:
-    slots: list[Slot] = []
-    pods = list(member_slots)
-    for b, snap, c, network in fill:
-        for pod in _pods(b.topo, b.free, b.k, c, network):
-            slots.append(Slot(snap.name, pod.gpus))
-            pods.append(PodSlot(snap.name, b.topo, pod.gpus, b.place))
+    picked = [(snap.name, b.topo, pod.gpus, b.place)
+              for b, snap, c, network in fill for pod in _pods(b.topo, b.free, b.k, c, network)]
+    return _plan_from(request, picked, member_slots, dropped, locality)
+
+
+def _plan_from(request: JobRequest, picked: list[tuple[str, Topology, tuple[int, ...], Place]],
+               member_slots: list[PodSlot], dropped: tuple[str, ...], locality: Locality) -> JobPlan:
+    slots = [Slot(name, gpus) for name, _, gpus, _ in picked]
+    pods = [*member_slots, *(PodSlot(name, topo, gpus, place) for name, topo, gpus, place in picked)]
     estimate = job_allreduce_gbps(pods, locality)
     counts = Counter(p.node for p in pods)
     if len(counts) == 1:

@@ -1,4 +1,4 @@
-"""GET and paginated LIST of Nodes and Pods, decoded into plain dicts.
+"""GET and paginated LIST of Nodes, Pods and the objects of any API group (`ApiResource`), decoded into plain dicts.
 
 Lists follow `continue` pages so 5,000 nodes never arrive as one giant reply; if a continue token expires (410) the
 list restarts once without a limit, as client-go's pager does, so the caller still gets one consistent snapshot.
@@ -7,6 +7,7 @@ list restarts once without a limit, as client-go's pager does, so the caller sti
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import kubernetes.client
@@ -21,14 +22,39 @@ Kind = Literal["nodes", "pods", "resourceslices"]
 KINDS: tuple[str, ...] = ("nodes", "pods", "resourceslices")
 
 
+@dataclass(frozen=True, slots=True)
+class ApiResource:
+    """A resource of a named API group, listed across namespaces through /apis/<group>/<version>/<plural> (custom
+    resources of CRDs and built-in alpha APIs alike, which the generated typed clients may not know)."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str  # of one object: "PodGroup"
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+    def __str__(self) -> str:
+        return f"{self.plural}.{self.group}"
+
+
 def _need_name(what: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise KubeArgumentError(f"{what} must be a non-empty string, got {value!r}")
     return value
 
 
-def list_method(api: kubernetes.client.ApiClient, kind: str, namespace: str | None) -> Callable[..., Any]:
-    """The generated list/watch method for a kind (KINDS), namespaced when `namespace` is given."""
+def list_method(api: kubernetes.client.ApiClient, kind: str | ApiResource,
+                namespace: str | None) -> Callable[..., Any]:
+    """The generated list/watch method for a kind (KINDS or an ApiResource), namespaced when `namespace` is given."""
+    if isinstance(kind, ApiResource):
+        custom = kubernetes.client.CustomObjectsApi(api)
+        if namespace:
+            ns = _need_name("namespace", namespace)
+            return lambda **kw: custom.list_namespaced_custom_object(kind.group, kind.version, ns, kind.plural, **kw)
+        return lambda **kw: custom.list_cluster_custom_object(kind.group, kind.version, kind.plural, **kw)
     core = kubernetes.client.CoreV1Api(api)
     if kind == "resourceslices":
         if namespace:
@@ -65,7 +91,7 @@ def get_pod(api: kubernetes.client.ApiClient, namespace: str, name: str) -> dict
 
 def list_objects(
     api: kubernetes.client.ApiClient,
-    kind: str,
+    kind: str | ApiResource,
     *,
     namespace: str | None = None,
     field_selector: str | None = None,

@@ -1,9 +1,13 @@
-"""List+watch of Nodes or Pods in a background thread, delivering plain-dict events to a callback.
+"""List+watch of Nodes, Pods or the objects of an API group in a background thread, delivering plain-dict events to
+a callback.
 
 The callback first gets ("SYNC", <list object>) — a full snapshot to replace any cache with — then
 ("ADDED"|"MODIFIED"|"DELETED", <object>) for each change. After a 410 (history compacted) the watcher re-lists and
 delivers a new SYNC; after connection errors and 5xx it reconnects from the last resourceVersion with a capped,
-jittered exponential backoff. Watch lines are decoded one by one with orjson straight from the raw urllib3
+jittered exponential backoff. A resource that may not exist (a CRD not installed, an alpha API
+switched off, or one RBAC does not grant) is watched with `absent_retry_s`: a 404 or 403 then counts as "absent",
+logged once, delivered as an empty SYNC, and looked for again after that many seconds, not retried as an error.
+Watch lines are decoded one by one with orjson straight from the raw urllib3
 response, so a 5,000-node cluster costs no model-class parsing.
 """
 
@@ -20,8 +24,16 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter
 
 from gputopo.kube.client import call_raw, request_timeout
-from gputopo.kube.errors import Gone, KubeApiError, KubeArgumentError, error_from_status, to_kube_error
-from gputopo.kube.fetching import KINDS, list_method, list_objects
+from gputopo.kube.errors import (
+    Forbidden,
+    Gone,
+    KubeApiError,
+    KubeArgumentError,
+    NotFound,
+    error_from_status,
+    to_kube_error,
+)
+from gputopo.kube.fetching import KINDS, ApiResource, list_method, list_objects
 from gputopo.retry import Backoff
 from gputopo.workers import Worker
 
@@ -33,7 +45,6 @@ SYNC = "SYNC"
 CHANGE_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 _LIST_KIND = {"nodes": "NodeList", "pods": "PodList", "resourceslices": "ResourceSliceList"}
 _READ_SIZE = 1 << 16
-
 
 
 class WatchMetrics:
@@ -63,6 +74,7 @@ class WatchStats:
     events: int = 0
     bookmarks: int = 0
     relists: int = 0
+    absent: int = 0
     errors: int = 0
     skipped_lines: int = 0
     callback_errors: int = 0
@@ -103,7 +115,7 @@ class Watcher(Worker):
     def __init__(
         self,
         api: kubernetes.client.ApiClient,
-        kind: str,
+        kind: str | ApiResource,
         on_event: WatchCallback,
         *,
         namespace: str | None = None,
@@ -116,9 +128,12 @@ class Watcher(Worker):
         deliver_bookmarks: bool = False,
         name: str | None = None,
         metrics: WatchMetrics | None = None,
+        absent_retry_s: float | None = None,
     ) -> None:
-        if kind not in KINDS:
-            raise KubeArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
+        if not isinstance(kind, ApiResource) and kind not in KINDS:
+            raise KubeArgumentError(f"kind must be one of {KINDS} or an ApiResource, got {kind!r}")
+        if absent_retry_s is not None and not absent_retry_s > 0:
+            raise KubeArgumentError(f"absent_retry_s must be positive, got {absent_retry_s!r}")
         if not isinstance(timeout_seconds, int) or timeout_seconds <= 0:
             raise KubeArgumentError(f"timeout_seconds must be a positive int, got {timeout_seconds!r}")
         if backoff_initial_s <= 0 or backoff_max_s < backoff_initial_s:
@@ -134,7 +149,11 @@ class Watcher(Worker):
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.deliver_bookmarks = deliver_bookmarks
-        super().__init__(name or f"watch-{kind}" + (f"-{namespace}" if namespace else ""))
+        self.absent_retry_s = absent_retry_s
+        self.label = str(kind)  # metrics and logs: "pods", "podgroups.scheduling.x-k8s.io"
+        self._list_kind = f"{kind.kind}List" if isinstance(kind, ApiResource) else _LIST_KIND[kind]
+        self._absent_why: str | None = None
+        super().__init__(name or f"watch-{self.label}" + (f"-{namespace}" if namespace else ""))
         self.stats = WatchStats()
         self._metrics = metrics
         self._backoff = Backoff(backoff_initial_s, backoff_max_s)
@@ -145,7 +164,7 @@ class Watcher(Worker):
         self._rv: str | None = None
         self._log = log.bind(
             watcher=self.name,
-            kind=kind,
+            kind=self.label,
             namespace=namespace,
             field_selector=field_selector,
             label_selector=label_selector,
@@ -157,6 +176,11 @@ class Watcher(Worker):
     def resource_version(self) -> str | None:
         """The newest resourceVersion seen (list, event or bookmark); None before the first list."""
         return self._rv
+
+    @property
+    def absent(self) -> str | None:
+        """Why the resource is absent now (absent_retry_s set and the last list got 404 or 403), else None."""
+        return self._absent_why
 
     @property
     def synced(self) -> bool:
@@ -192,7 +216,7 @@ class Watcher(Worker):
 
     def _restarted(self, reason: str) -> None:
         if self._metrics is not None:
-            self._metrics.restarts.labels(self.kind, reason).inc()
+            self._metrics.restarts.labels(self.label, reason).inc()
 
     def loop(self) -> None:
         attempt = 0
@@ -205,6 +229,17 @@ class Watcher(Worker):
                     need_list = False
                 if self._watch_once():
                     attempt = 0
+            except (NotFound, Forbidden) as exc:
+                if self.stopping:
+                    break
+                if self.absent_retry_s is None:
+                    attempt += 1
+                    self._note_error(exc.status, exc.reason, exc.message, attempt)
+                    self._sleep_backoff(attempt)
+                    continue
+                self._went_absent(exc)
+                need_list, attempt = True, 0
+                self.pause(self.absent_retry_s)
             except Gone as exc:
                 self.stats.relists += 1
                 self._restarted("expired")
@@ -239,6 +274,21 @@ class Watcher(Worker):
     def _sleep_backoff(self, attempt: int) -> None:
         self.pause(self._backoff.delay(attempt))
 
+    def _went_absent(self, exc: KubeApiError) -> None:
+        """The resource is not served (404) or not ours to read (403): forget its objects and say so once."""
+        why = "not installed" if isinstance(exc, NotFound) else "forbidden"
+        self.stats.absent += 1
+        self._restarted("absent")
+        if self._absent_why != why:
+            self._log.info("kube.watch.absent", why=why, status=exc.status, message=exc.message,
+                           retry_s=self.absent_retry_s)
+        self._absent_why = why
+        self._rv = None
+        if not self.stopping:
+            self._deliver(SYNC, {"kind": self._list_kind, "apiVersion": "v1", "metadata": {"resourceVersion": ""},
+                                 "items": []})
+        self._synced.set()
+
     def _list_and_sync(self) -> None:
         items, rv = list_objects(
             self.api,
@@ -250,8 +300,11 @@ class Watcher(Worker):
         )
         self.stats.lists += 1
         self._rv = rv or None
+        if self._absent_why is not None:
+            self._log.info("kube.watch.present", was=self._absent_why)
+            self._absent_why = None
         snapshot = {
-            "kind": _LIST_KIND[self.kind],
+            "kind": self._list_kind,
             "apiVersion": "v1",
             "metadata": {"resourceVersion": rv},
             "items": items,
@@ -276,7 +329,7 @@ class Watcher(Worker):
             kwargs["field_selector"] = self.field_selector
         if self.label_selector:
             kwargs["label_selector"] = self.label_selector
-        operation = f"watch {self.kind}"
+        operation = f"watch {self.label}"
         resp = call_raw(operation, method, **kwargs)
         with self._resp_lock:
             self._resp = resp
@@ -330,7 +383,7 @@ class Watcher(Worker):
             self._skip(line, "missing type or object")
             return
         if self._metrics is not None:
-            self._metrics.events.labels(self.kind, event_type if event_type in _KNOWN_TYPES else "other").inc()
+            self._metrics.events.labels(self.label, event_type if event_type in _KNOWN_TYPES else "other").inc()
         if event_type == "ERROR":
             raise error_from_status(obj, operation=operation)
         meta = obj.get("metadata")

@@ -32,6 +32,8 @@ from tests.deploy.rendering import DEPLOY
 from tests.extender.conftest import bind_body, cache_args, node_annotations, recorded, topo
 from tests.fakes.gpunode import GpuNode, gpu_node, terminate
 from tests.fakes.kubeapi import FakeKubeApi, RecordedRequest
+from tests.fakes.kubeapi_groups import RESOURCES as GROUP_RESOURCES
+from tests.fakes.kubeapi_groups import FakeGroupsKubeApi
 
 CALLS_FILE = DEPLOY / "rbac-calls.yaml"
 DGX1 = SHARED / "topologies" / "dgx1-v100-ucxpy.txt"
@@ -222,7 +224,7 @@ def test_plugin_calls_exactly_its_declared_api(plugin_node: GpuNode) -> None:
 def extender_cluster() -> Iterator[dict[str, Any]]:
     """`gpu-extender serve --api-server <fake>` on a free loopback port, with one DGX-1 node published."""
     root = Path(tempfile.mkdtemp(prefix="rbac-ext-", dir="/tmp"))
-    with FakeKubeApi() as fake:
+    with FakeGroupsKubeApi() as fake:  # the gang schedulers' group kinds installed: the extender watches them
         fake.add_node({"metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "n1"},
                                     "annotations": node_annotations(topo(DGX1))},
                        "status": {"allocatable": {RESOURCE: "8"}, "capacity": {RESOURCE: "8"}}})
@@ -275,6 +277,8 @@ def test_extender_calls_exactly_its_declared_api(extender_cluster: dict[str, Any
 
         _relist(fake, ("nodes", "pods"))
         assert client.get("/readyz").status_code == 200
+        for group, version, plural in GROUP_RESOURCES:  # job sizes: list, then watch, each group kind
+            assert fake.wait_for_watches(1, timeout=WAIT, resource=f"{plural}.{version}.{group}"), plural
     except AssertionError as e:
         raise AssertionError(f"{e}\n{extender_cluster['log'].read_text()[-4000:]}") from None
     terminate(extender_cluster["process"])

@@ -95,6 +95,9 @@ imagePullSecrets:
 - --reservation-timeout={{ .Values.extender.reservationTimeout }}
 - --island-penalty={{ .Values.extender.islandPenalty }}
 - --island-spare={{ .Values.extender.islandSpare }}
+{{- with .Values.extender.locality }}
+- --locality={{ . }}
+{{- end }}
 {{- range .Values.extender.extraArgs }}
 - {{ . }}
 {{- end }}

@@ -1,0 +1,468 @@
+"""Job plans in the running extender: the first pod of a job plans the whole job and reserves it, later pods take
+their slots, and nothing stays reserved once the plan cannot be followed.
+
+Filter of a job's pod (membership read from the pod in the request, its size from annotations or the group objects
+the cache watches): a pod whose job cannot be read, or whose GPU count differs from its job's, is refused by every
+node with the reason (FailedAndUnresolvable: nothing else can fix it). Otherwise the job's open slots decide: nodes
+holding one this pod may take pass, every other node fails with one sentence naming the job and its plan. There is
+nothing to take when the job has no plan yet, when a slot was lost (its reservation timed out, its node went away or
+changed topology, the node's state shows its GPUs used by someone else), when a member was placed outside the plan,
+or when all slots are claimed and the pod is one more: the job is then planned again (extender.jobs.planner) on a
+snapshot of every node (free = topology - used - unhealthy - reserved) with the pods already placed as members, and
+every new slot is reserved at once under the job, each checked free under its node's lock (the lock bind chooses
+under), so no slot and no single pod's plan ever share a GPU. If none of the planned nodes is among the nodes the
+scheduler sent (its own filters removed them), the job is planned again on those nodes only. A job whose size is
+unknown gets one slot per pod, planned near the members and the other pods' slots. A job that fits nowhere fails
+every node with the planner's reason, reserving nothing.
+
+Prioritize: the nodes holding this pod's slots score 10 (9 where fewer of its slots are), the rest 0. Bind
+(extender.binder, under the node's lock): a slot of the pod's job on the node becomes the pod's plan, and the job's
+reservation of it the pod's own; without one the pod is placed on its own merits, counts as a member placed outside
+the plan, and the rest of the job is planned again at its next pod.
+
+Slots end: claimed by a pod; by the reservation timeout like every reservation (nothing is reserved forever); when
+the job's last pod leaves the cache (deleted or finished); when their node is deleted; when the job is planned again.
+Jobs are kept in a bounded table and forgotten once they hold nothing and the timeout passed.
+
+Locks, always in this order: the planning lock (one job pod's filter at a time), a node's lock, the reservations'
+lock; the job table's own lock is a leaf, held only for a few assignments. Bind holds a node's lock and touches only
+leaf locks, so it never waits on a planning filter.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from extender.cache import NodeCache
+from extender.jobs import reasons
+from extender.jobs.membership import (
+    JobRef,
+    Membership,
+    MembershipError,
+    MixedGpuCounts,
+    common_gpu_count,
+    job_membership,
+)
+from extender.jobs.planner import JobPlan, JobPlanError, JobRequest, JobUnplaceable, Member, NodeSnapshot, plan_job
+from extender.metrics import ExtenderMetrics
+from extender.placement import FilterOutcome
+from extender.placement_reasons import Failed, Unresolvable
+from extender.pods import PodNeeds
+from extender.reservations import JOB, Reservation
+from gputopo.core import Allocation, best_subset
+from gputopo.core.bitset import mask_of
+
+log = structlog.get_logger(__name__)
+
+MAX_JOBS = 10_000
+RECENT_PODS = 50_000
+_RESERVE_ATTEMPTS = 3
+ROLE = "worker"
+
+
+@dataclass(frozen=True, slots=True)
+class JobPod:
+    """A pod of a job as filter and prioritize see it in the request."""
+
+    uid: str
+    name: str  # namespace/name
+    gpus: int
+    membership: Membership | None
+    problem: str | None = None  # its job cannot be read: every node refuses it with this
+
+
+@dataclass(frozen=True, slots=True)
+class OpenSlot:
+    """A reserved slot of a job's plan: `res` is its reservation (gone or replaced: the slot is lost)."""
+
+    holder: str
+    node: str
+    gpus: tuple[int, ...]
+    res: Reservation
+    pod_uid: str | None  # jobs of unknown size: the pod it was planned for; else any member may take it
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A slot a binding pod takes: its GPUs as the allocation bind commits to."""
+
+    key: str
+    slot: OpenSlot
+    alloc: Allocation
+
+
+@dataclass
+class JobState:
+    ref: JobRef
+    gpus_per_pod: int
+    size: int | None
+    plan: JobPlan | None = None
+    slots: tuple[OpenSlot, ...] = ()
+    members: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # bound by us: uid -> node, GPUs
+    touched: float = 0.0
+
+
+class JobPlans:
+    def __init__(self, cache: NodeCache, metrics: ExtenderMetrics, *, clock: Callable[[], float] | None = None,
+                 max_jobs: int = MAX_JOBS) -> None:
+        self.cache = cache
+        self.reservations = cache.reservations
+        self.locality = cache.locality
+        self.metrics = metrics
+        self.keys = cache.config.keys
+        self.clock = clock or cache.reservations.clock
+        self.max_jobs = max_jobs
+        self._no_place = (None,) * len(self.locality.levels)
+        self._states: dict[str, JobState] = {}
+        self._plan_lock = threading.RLock()
+        self._state_lock = threading.Lock()
+        self._recent: OrderedDict[str, str] = OrderedDict()  # pod uid -> job key, from requests (bind reads it)
+        self._serial = itertools.count(1)
+        cache.on_node_removed = self.node_gone
+        cache.on_job_gone = self.job_gone
+        metrics.job_slots.set_function(lambda: float(self.open_slots()))
+
+    # -- reading a pod -----------------------------------------------------------------------------------------
+
+    def pod_of(self, pod: dict[str, Any], needs: PodNeeds) -> JobPod | None:
+        """The pod as a member of a job, or None for a pod of no job (and for a job's pods that ask no GPUs: an
+        MPIJob's launcher is placed on its own)."""
+        if needs.size == 0:
+            return None
+        try:
+            membership = job_membership(pod, self.keys, self.cache.groups.sizes)
+        except MembershipError as e:
+            return JobPod(needs.uid, needs.key, needs.size, None, reasons.pod_problem(needs.key, str(e)))
+        if membership is None:
+            return None
+        if needs.uid:
+            with self._state_lock:
+                self._recent[needs.uid] = membership.job.key
+                self._recent.move_to_end(needs.uid)
+                while len(self._recent) > RECENT_PODS:
+                    self._recent.popitem(last=False)
+        return JobPod(needs.uid, needs.key, needs.size, membership)
+
+    # -- filter and prioritize ---------------------------------------------------------------------------------
+
+    def filter(self, jp: JobPod, names: list[str]) -> FilterOutcome:
+        if jp.problem is not None:
+            return _refuse_all(names, Unresolvable(jp.problem))
+        with self._plan_lock:
+            try:
+                state = self._state_for(jp)
+            except MembershipError as e:
+                return _refuse_all(names, Unresolvable(reasons.pod_problem(jp.name, str(e))))
+            except JobUnplaceable as e:
+                return _refuse_all(names, Failed(reasons.bounded(e.reason)))
+            usable = self._usable(state, jp.uid)
+            if usable and not set(names).intersection(s.node for s in usable):
+                usable = []  # the scheduler's own filters removed every planned node: plan on what it sent
+                restrict: list[str] | None = names
+            else:
+                restrict = None
+            if not usable:
+                try:
+                    self._plan(state, jp, restrict)
+                    usable = self._usable(state, jp.uid) or []
+                    if restrict is None and not set(names).intersection(s.node for s in usable):
+                        self._plan(state, jp, names)
+                        usable = self._usable(state, jp.uid) or []
+                except JobUnplaceable as e:
+                    self.metrics.job_plans.labels("unplaceable").inc()
+                    log.info("extender.job.unplaceable", job=str(state.ref), pod=jp.name, reason=e.reason)
+                    return _refuse_all(names, Failed(reasons.bounded(e.reason)))
+                except JobPlanError as e:
+                    self.metrics.job_plans.labels("bad_job").inc()
+                    return _refuse_all(names, Unresolvable(reasons.bounded(str(e))))
+            return self._answer(state, usable, names)
+
+    def score(self, jp: JobPod, names: list[str]) -> list[int] | None:
+        """10 for the nodes holding the most of this pod's open slots, 9 for others holding one, 0 elsewhere; None
+        when the pod has no slot (prioritize then scores it as a pod of its own)."""
+        if jp.membership is None:
+            return [0] * len(names)
+        state = self._states.get(jp.membership.job.key)
+        if state is None:
+            return None
+        counts = Counter(s.node for s in state.slots if s.pod_uid in (None, jp.uid) and self._open(s))
+        if not counts:
+            return None
+        top = max(counts.values())
+        return [0 if not (c := counts.get(n, 0)) else 10 if c == top else 9 for n in names]
+
+    # -- bind (extender.binder, under the node's lock) ---------------------------------------------------------
+
+    def slot_for(self, uid: str, node: str, gpus: int) -> Claim | None:
+        """An open slot of the pod's job on `node` that the pod may take, or None."""
+        key = self._job_of(uid)
+        state = self._states.get(key) if key is not None else None
+        entry = self.cache.nodes.get(node)
+        if state is None or state.gpus_per_pod != gpus or entry is None or entry.topo is None:
+            return None
+        for s in state.slots:
+            if s.node == node and s.pod_uid in (None, uid) and self._open(s):
+                return Claim(state.ref.key, s, best_subset(entry.topo, s.gpus, gpus))
+        return None
+
+    def bound(self, uid: str, node: str, gpus: tuple[int, ...], claim: Claim | None) -> None:
+        """The pod now holds `gpus` on `node` (its own reservation, or committed): the slot it took ends; a job pod
+        placed without a slot leaves its job's plan behind, so the rest is planned again at the next pod."""
+        key = claim.key if claim is not None else self._job_of(uid)
+        if key is None:
+            return
+        ended: list[OpenSlot] = []
+        with self._state_lock:
+            state = self._states.get(key)
+            if state is None:
+                return
+            state.members[uid] = (node, tuple(gpus))
+            state.touched = self.clock()
+            if claim is not None:
+                state.slots = tuple(s for s in state.slots if s is not claim.slot)
+                ended.append(claim.slot)
+            elif state.size is not None and state.slots:
+                ended, state.slots, state.plan = list(state.slots), (), None
+        if claim is not None:
+            self._end([claim.slot], "claimed")
+        elif ended:
+            log.info("extender.job.left_plan", job=str(state.ref), pod_uid=uid, node=node,
+                     released=len(ended))
+            self._end(ended, "replanned")
+
+    # -- the cache's events ------------------------------------------------------------------------------------
+
+    def job_gone(self, key: str) -> None:
+        """The job's last pod left the cache: its slots end."""
+        with self._state_lock:
+            state = self._states.pop(key, None)
+        if state is not None and state.slots:
+            log.info("extender.job.gone", job=str(state.ref), released=len(state.slots))
+            self._end(list(state.slots), "job_gone")
+
+    def node_gone(self, name: str) -> None:
+        """A node was deleted: the slots on it end, and a job of known size is planned again at its next pod."""
+        ended: list[OpenSlot] = []
+        with self._state_lock:
+            for state in self._states.values():
+                if not any(s.node == name for s in state.slots):
+                    continue
+                if state.size is not None:
+                    ended.extend(state.slots)
+                    state.slots, state.plan = (), None
+                else:
+                    ended.extend(s for s in state.slots if s.node == name)
+                    state.slots = tuple(s for s in state.slots if s.node != name)
+        if ended:
+            log.info("extender.job.node_gone", node=name, released=len(ended))
+            self._end(ended, "node_gone")
+
+    def sweep(self) -> None:
+        """Forget jobs holding nothing (no open slot, no pod still placed by us) untouched for the reservation
+        timeout; their pods, should they come back, plan afresh."""
+        cutoff = self.clock() - self.reservations.timeout_s
+        with self._state_lock:
+            idle = [k for k, s in self._states.items() if s.touched <= cutoff and not any(map(self._open, s.slots))]
+            for key in idle:
+                del self._states[key]
+
+    def open_slots(self) -> int:
+        return sum(len(s.slots) for s in list(self._states.values()))
+
+    def state(self, key: str) -> JobState | None:
+        """The job's state (for the inventory view and tests)."""
+        return self._states.get(key)
+
+    # -- internals -------------------------------------------------------------------------------------------
+
+    def _job_of(self, uid: str) -> str | None:
+        rec = self.cache.pods.get(uid)
+        if rec is not None and rec.membership is not None:
+            return rec.job_key
+        return self._recent.get(uid)
+
+    def _open(self, slot: OpenSlot) -> bool:
+        return self.reservations.get(slot.holder, slot.node) is slot.res
+
+    def _state_for(self, jp: JobPod) -> JobState:
+        """The job's state, created on its first pod; raises MixedGpuCounts when pods of the job ask different GPU
+        counts (those the cache holds, this one, the plan's)."""
+        m = jp.membership
+        assert m is not None
+        known = [(rec.key, rec.needs.size) for uid in self.cache.jobs.uids(m.job.key)
+                 if (rec := self.cache.pods.get(uid)) is not None and rec.needs is not None and uid != jp.uid]
+        k = common_gpu_count(m.job, [(jp.name, jp.gpus), *known])
+        assert k is not None
+        now = self.clock()
+        stale: list[OpenSlot] = []
+        with self._state_lock:
+            state = self._states.get(m.job.key)
+            if state is None:
+                if len(self._states) >= self.max_jobs:
+                    raise JobUnplaceable(f"job {m.job}: the extender already follows {self.max_jobs} jobs; "
+                                         "retried once some end")
+                state = self._states[m.job.key] = JobState(m.job, k, m.size, touched=now)
+            if state.gpus_per_pod != k:
+                if state.slots or state.members:
+                    raise MixedGpuCounts(f"job {m.job}: pod {jp.name} asks {jp.gpus} GPUs, the job's plan is for "
+                                         f"pods of {state.gpus_per_pod}; a job plan gives each member the same "
+                                         "number of GPUs")
+                state.gpus_per_pod = k
+            if m.size is not None and m.size != state.size:  # known now (its PodGroup arrived), or changed
+                stale, state.slots, state.plan, state.size = list(state.slots), (), None, m.size
+            state.touched = now
+        self._end(stale, "replanned")
+        return state
+
+    def _members(self, state: JobState) -> dict[str, Member]:
+        """Pods of the job placed now: bound ones the cache shows with their plans, and those bound by us that it
+        does not show yet (their reservation stands). Pods whose GPU count is not the job's are left out."""
+        out: dict[str, Member] = {}
+        k = state.gpus_per_pod
+        for uid in self.cache.jobs.uids(state.ref.key):
+            rec = self.cache.pods.get(uid)
+            if rec is None or rec.node is None or rec.plan is None or rec.plan.node != rec.node:
+                continue
+            entry = self.cache.nodes.get(rec.node)
+            if entry is None or entry.topo is None:
+                continue
+            idx = [entry.index.get(i) for i in rec.plan.ids]
+            if len(idx) == k and None not in idx:
+                out[uid] = Member(rec.node, tuple(sorted(idx)))  # type: ignore[arg-type]
+        with self._state_lock:
+            ours = list(state.members.items())
+        for uid, (node, gpus) in ours:
+            if uid in out:
+                continue
+            rec = self.cache.pods.get(uid)
+            if self.reservations.get(uid, node) is not None or (rec is not None and rec.node == node):
+                if len(gpus) == k:
+                    out[uid] = Member(node, gpus)
+            else:  # its bind failed, or it ended
+                with self._state_lock:
+                    state.members.pop(uid, None)
+        return out
+
+    def _usable(self, state: JobState, uid: str) -> list[OpenSlot] | None:
+        """The open slots this pod may take; None when the plan can no longer be followed (a slot was lost, or a
+        member was placed outside it) and must be made again."""
+        slots = state.slots
+        live = [s for s in slots if self._open(s)]
+        if len(live) < len(slots):
+            if state.size is not None:
+                return None
+            lost = [s for s in slots if s not in live]
+            with self._state_lock:
+                state.slots = tuple(s for s in state.slots if s not in lost)
+            self._end(lost, "replanned")
+        if state.size is not None and live and len(self._members(state)) + len(live) > state.size:
+            return None
+        return [s for s in live if s.pod_uid in (None, uid)]
+
+    def _plan(self, state: JobState, jp: JobPod, names: list[str] | None) -> JobPlan:
+        """Plan the job's remaining pods (all of them for a known size, this pod's alone otherwise) and reserve
+        every slot. Raises JobUnplaceable, JobPlanError."""
+        for _ in range(_RESERVE_ATTEMPTS):
+            self._drop(state, None if state.size is not None else jp.uid)
+            members = self._members(state)
+            size = state.size
+            if size is not None and len(members) >= size:
+                size = None  # one pod more than the job's size (a replacement): placed near the others
+            placed = list(members.values())
+            if size is None:  # the other pods' slots count as placed: this one goes near them too
+                placed += [Member(s.node, s.gpus) for s in state.slots]
+            request = JobRequest(str(state.ref), state.gpus_per_pod, size, tuple(placed), ROLE)
+            started = time.perf_counter()
+            plan = plan_job(request, self._snapshot(state.gpus_per_pod, names, {m.node for m in placed}),
+                            self.locality)
+            self.metrics.job_plan_seconds.observe(time.perf_counter() - started)
+            if self._reserve(state, plan, None if size is not None else jp.uid):
+                self.metrics.job_plans.labels("planned").inc()
+                log.info("extender.job.planned", job=str(state.ref), pod=jp.name,
+                         summary=reasons.bounded(plan.summary), slots=len(plan.slots),
+                         nodes=len({s.node for s in plan.slots}), among=len(names) if names else "all",
+                         ms=round((time.perf_counter() - started) * 1000, 2))
+                return plan
+        raise JobUnplaceable(f"job {state.ref}: the GPUs planned for it were taken while they were being reserved, "
+                             f"{_RESERVE_ATTEMPTS} times in a row; it is planned again at its next attempt")
+
+    def _snapshot(self, k: int, names: list[str] | None, member_nodes: set[str]) -> list[NodeSnapshot]:
+        nodes = self.cache.nodes
+        masks = self.reservations.masks
+        if names is None:
+            entries: Iterable[Any] = list(nodes.values())
+        else:
+            entries = [nodes.get(n) for n in dict.fromkeys([*names, *member_nodes])]
+        out = []
+        for e in entries:
+            if e is None or e.topo is None:
+                continue
+            free = 0 if e.unschedulable else e.base_free & ~masks.get(e.name, 0)
+            if free.bit_count() < k and e.name not in member_nodes:
+                continue
+            out.append(NodeSnapshot(e.name, e.topo, free, e.place or self._no_place))
+        return out
+
+    def _reserve(self, state: JobState, plan: JobPlan, pod_uid: str | None) -> bool:
+        """Reserve every slot, each checked free under its node's lock; on a GPU taken meanwhile, undo and say so."""
+        made: list[OpenSlot] = []
+        ref = state.ref
+        for slot in plan.slots:
+            mask = mask_of(slot.gpus)
+            with self.cache.lock_for(slot.node):
+                entry = self.cache.nodes.get(slot.node)
+                if entry is None or entry.topo is None or self.cache.free_mask(entry) & mask != mask:
+                    log.info("extender.job.reserve_raced", job=str(ref), node=slot.node)
+                    self._end(made, "replanned")
+                    return False
+                holder = f"job:{ref.key}#{next(self._serial)}"
+                res = self.reservations.add(holder, ref.namespace, f"{ref.name} (job slot)", slot.node,
+                                            [entry.topo.gpus[i].id for i in slot.gpus], mask, JOB)
+            made.append(OpenSlot(holder, slot.node, slot.gpus, res, pod_uid))
+        with self._state_lock:
+            state.slots = (*state.slots, *made)
+            state.plan = plan
+            state.touched = self.clock()
+        return True
+
+    def _drop(self, state: JobState, pod_uid: str | None) -> None:
+        """End the job's open slots before planning again (a job of unknown size: only this pod's)."""
+        with self._state_lock:
+            if pod_uid is None:
+                gone, state.slots, state.plan = list(state.slots), (), None
+            else:
+                gone = [s for s in state.slots if s.pod_uid == pod_uid]
+                state.slots = tuple(s for s in state.slots if s.pod_uid != pod_uid)
+        self._end(gone, "replanned")
+
+    def _end(self, slots: Iterable[OpenSlot], why: str) -> None:
+        ended = sum(1 for s in slots if self.reservations.release_if(s.holder, s.node, s.res))
+        if ended:
+            self.cache.on_reservation_end(why, ended)
+
+    def _answer(self, state: JobState, usable: list[OpenSlot], names: list[str]) -> FilterOutcome:
+        counts = Counter(s.node for s in usable)
+        passed = [n for n in names if n in counts]
+        if len(passed) == len(names):
+            return FilterOutcome(passed, {}, {})
+        plan = state.plan
+        placed = len(self._members(state))
+        where = plan.where if plan is not None else "the cluster"
+        gbps = plan.estimate.gbps if plan is not None else 0.0
+        reason = Failed(reasons.not_in_plan(str(state.ref), placed, state.size, ROLE, len(usable), where,
+                                            sorted(counts), gbps))
+        return FilterOutcome(passed, {n: reason for n in names if n not in counts}, {})
+
+
+def _refuse_all(names: list[str], reason: Failed | Unresolvable) -> FilterOutcome:
+    if isinstance(reason, Unresolvable):
+        return FilterOutcome([], {}, dict.fromkeys(names, reason))
+    return FilterOutcome([], dict.fromkeys(names, reason), {})
