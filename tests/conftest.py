@@ -1,6 +1,9 @@
 """Shared test setup. `SHARED` is the read-only fixture tree (../shared next to the repository); `fake` is an
-in-process kube-apiserver and `api` the official client pointed at it."""
+in-process kube-apiserver and `api` the official client pointed at it; `kubelet` is the kubelet simulator serving
+on `plugin_dir` (a directory short enough for unix socket paths)."""
 
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,6 +12,7 @@ import kubernetes.client
 import pytest
 
 from gputopo.kube import make_api_client
+from sim.kubelet import KubeletSimulator
 from tests.fakes.kubeapi import FakeKubeApi
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -31,6 +35,21 @@ def api(fake: FakeKubeApi) -> Iterator[kubernetes.client.ApiClient]:
     client = make_api_client(host=fake.url, timeout_s=5.0)
     yield client
     client.close()
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[Path]:
+    """A device plugin directory short enough for unix socket paths."""
+    path = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet(plugin_dir: Path) -> Iterator[KubeletSimulator]:
+    sim = KubeletSimulator(plugin_dir).start()
+    yield sim
+    sim.stop()
 
 
 def process_wide(thread: threading.Thread) -> bool:

@@ -19,7 +19,7 @@ import yaml
 
 from sim.kubelet import KubeletSimulator
 from tests.fakes.kubeapi import FakeKubeApi
-from tests.publisher.kubelet_podresources import PodResourcesServer
+from tests.fakes.kubelet_podresources import PodResourcesServer
 
 RESOURCE = "nvidia.com/gpu"
 

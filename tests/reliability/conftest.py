@@ -26,7 +26,7 @@ from gpuplugin.proto import deviceplugin_pb2 as pb
 from gpuplugin.proto import deviceplugin_pb2_grpc as pb_grpc
 from gpuplugin.proto import podresources_pb2_grpc
 from tests.conftest import process_wide
-from tests.publisher.kubelet_podresources import FakePodResources
+from tests.fakes.kubelet_podresources import FakePodResources
 
 # Liveness bound for every wait (never a performance assertion): generous for a loaded 2-core machine.
 WAIT = 15.0
@@ -169,8 +169,8 @@ def eventually(predicate: Callable[[], bool], timeout: float = WAIT, interval: f
 
 @contextmanager
 def podresources_server(socket_path: Path) -> Iterator[FakePodResources]:
-    """The kubelet's PodResources service (tests/publisher's fake servicer) on `socket_path`, with a thread pool
-    that is shut down on exit, so the thread check sees only what the product leaves behind."""
+    """The kubelet's PodResources service (tests/fakes/kubelet_podresources.py's servicer) on `socket_path`, with a
+    thread pool that is shut down on exit, so the thread check sees only what the product leaves behind."""
     service = FakePodResources()
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="podresources-fake")
     server = grpc.server(pool)

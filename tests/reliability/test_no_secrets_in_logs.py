@@ -29,7 +29,7 @@ from sim.scheduler import gpu_pod
 from tests.extender.conftest import DGX1, bind_body, cache_args, node_annotations, topo
 from tests.fakes.gpunode import terminate, write_kubeconfig
 from tests.fakes.kubeapi import FakeKubeApi
-from tests.publisher.kubelet_podresources import PodResourcesServer
+from tests.fakes.kubelet_podresources import PodResourcesServer
 
 NODE = "gpu-node-1"
 RESOURCE = "nvidia.com/gpu"

@@ -1,8 +1,8 @@
 """Fault scenarios around the device plugin's life, each ending with the state checked: what the kubelet lists,
 health, registration counts, which sockets exist, and that no thread is left behind.
 
-tests/plugin covers the happy path of each recovery (re-registration after a restart, registering late, serving a
-deleted socket again); these add what happens to an open stream, repeated and stacked faults, refusals, health
+tests/gpuplugin/deviceplugin covers the happy path of each recovery (re-registration after a restart, registering late,
+serving a deleted socket again); these add what happens to an open stream, repeated and stacked faults, refusals, health
 changes while the kubelet is away, and a plugin restart while pods hold GPUs (state rebuilt from PodResources).
 
 A kubelet restart can be answered with one registration or, rarely, two (a safety poll can register with the new
@@ -32,10 +32,10 @@ from gputopo.kube import make_api_client
 from sim import kubelet as kubelet_sim
 from sim.kubelet import KubeletSimulator
 from tests.fakes.kubeapi import FakeKubeApi
+from tests.fakes.kubelet_podresources import FakePodResources
 from tests.fixtures.nvml import HGX
-from tests.plugin.conftest import DGX1, RESOURCE, sample
-from tests.publisher.conftest import NODE, node_object
-from tests.publisher.kubelet_podresources import FakePodResources
+from tests.gpuplugin.deviceplugin.conftest import DGX1, RESOURCE, sample
+from tests.gpuplugin.publisher.conftest import NODE, node_object
 from tests.reliability.conftest import (
     SOCKET_NAME,
     WAIT,
