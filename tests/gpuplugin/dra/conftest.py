@@ -30,7 +30,7 @@ from gputopo.kube.dra import get_claim
 from sim.dra_allocator import Alternative, DeviceRef, Request, Selector, allocate, by_size, one_gpu
 from sim.dra_kubelet import DraKubeletSim
 from tests.conftest import SHARED
-from tests.fakes.kubeapi_dra import FakeDraKubeApi
+from tests.fakes.kubeapi import FakeDraKubeApi
 
 DRIVER = "gpu-topology.io"
 NODE = "gpu-node-1"

@@ -19,7 +19,7 @@ from sim.dra_kubelet import DraKubeletSim
 from sim.ports import free_port
 from tests.deploy.test_rbac_calls import assert_equals_table
 from tests.fakes.gpunode import write_kubeconfig
-from tests.fakes.kubeapi_dra import FakeDraKubeApi
+from tests.fakes.kubeapi import FakeDraKubeApi
 from tests.gpuplugin.dra.conftest import DGX1, DRIVER, NODE, RECORDED_CLAIM
 
 WAIT = 30.0  # liveness bound on a loaded machine, never a performance figure
