@@ -1,9 +1,8 @@
-"""Shared test setup. `SHARED` is the read-only fixture tree (../shared next to the repository); `fake` is an
-in-process kube-apiserver and `api` the official client pointed at it; `kubelet` is the kubelet simulator serving
-on `plugin_dir` (a directory short enough for unix socket paths)."""
+"""Fixtures the whole suite shares (helpers to import are in tests/helpers/): `shared_dir` is the read-only fixture
+tree (../shared next to the repository); `fake` is an in-process kube-apiserver and `api` the official client
+pointed at it; `kubelet` is the kubelet simulator serving on `plugin_dir` (a directory short enough for unix socket
+paths)."""
 
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +13,7 @@ import pytest
 from gputopo.kube import make_api_client
 from sim.kubelet import KubeletSimulator
 from tests.fakes.kubeapi import FakeKubeApi
-
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+from tests.helpers.paths import SHARED, short_dir
 
 
 @pytest.fixture(scope="session")
@@ -40,9 +38,8 @@ def api(fake: FakeKubeApi) -> Iterator[kubernetes.client.ApiClient]:
 @pytest.fixture
 def plugin_dir() -> Iterator[Path]:
     """A device plugin directory short enough for unix socket paths."""
-    path = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with short_dir("dp-") as path:
+        yield path
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import json
 
 import urllib3
 
-from tests.gputopo.kube.conftest import node, pod
+from tests.helpers.kube import k8s_node, k8s_pod
 
 JSON_PATCH = {"Content-Type": "application/json-patch+json"}
 
@@ -18,7 +18,7 @@ def call(fake, method: str, path: str, body=None, headers=None) -> tuple[int, di
 
 
 def test_json_patch_add_replace_remove_test(fake):
-    fake.add_node(node("n", annotations={"a": "1"}))
+    fake.add_node(k8s_node("n", annotations={"a": "1"}))
     ops = [{"op": "test", "path": "/metadata/annotations/a", "value": "1"},
            {"op": "replace", "path": "/metadata/annotations/a", "value": "2"},
            {"op": "add", "path": "/metadata/annotations/gpu-topology.io~1state", "value": "{}"},
@@ -30,7 +30,7 @@ def test_json_patch_add_replace_remove_test(fake):
 
 
 def test_json_patch_errors(fake):
-    fake.add_node(node("n"))
+    fake.add_node(k8s_node("n"))
     rv = fake.resource_version
     status, body = call(fake, "PATCH", "/api/v1/nodes/n",
                         [{"op": "remove", "path": "/metadata/annotations/missing"}], JSON_PATCH)
@@ -45,14 +45,14 @@ def test_json_patch_errors(fake):
 
 
 def test_merge_patch_of_wrong_shape_is_422(fake):
-    fake.add_node(node("n"))
+    fake.add_node(k8s_node("n"))
     status, body = call(fake, "PATCH", "/api/v1/nodes/n", {"metadata": {"labels": ["x"]}},
                         {"Content-Type": "application/merge-patch+json"})
     assert status == 422 and body["details"]["causes"][0]["field"] == "patch"
 
 
 def test_main_resource_patch_ignores_status_but_status_subresource_applies_it(fake):
-    fake.add_node(node("n"))
+    fake.add_node(k8s_node("n"))
     merge = {"Content-Type": "application/merge-patch+json"}
     patch = {"status": {"allocatable": {"nvidia.com/gpu": "7"}}}
     assert call(fake, "PATCH", "/api/v1/nodes/n", patch, merge)[1]["status"]["allocatable"]["nvidia.com/gpu"] == "8"
@@ -61,16 +61,16 @@ def test_main_resource_patch_ignores_status_but_status_subresource_applies_it(fa
 
 
 def test_annotations_over_256k_are_invalid(fake):
-    fake.add_node(node("n"))
+    fake.add_node(k8s_node("n"))
     status, body = call(fake, "PATCH", "/api/v1/nodes/n", {"metadata": {"annotations": {"big": "x" * 262200}}},
                         {"Content-Type": "application/merge-patch+json"})
     assert status == 422 and body["details"]["causes"][0]["reason"] == "FieldValueTooLong"
 
 
 def test_create_and_delete_pods_over_http(fake):
-    status, created = call(fake, "POST", "/api/v1/namespaces/ns/pods", pod("p", namespace="ns"))
+    status, created = call(fake, "POST", "/api/v1/namespaces/ns/pods", k8s_pod("p", namespace="ns"))
     assert status == 201 and created["metadata"]["namespace"] == "ns" and created["metadata"]["uid"]
-    status, body = call(fake, "POST", "/api/v1/namespaces/ns/pods", pod("p", namespace="ns"))
+    status, body = call(fake, "POST", "/api/v1/namespaces/ns/pods", k8s_pod("p", namespace="ns"))
     assert status == 409 and body["reason"] == "AlreadyExists"
     status, gone = call(fake, "DELETE", "/api/v1/namespaces/ns/pods/p")
     assert status == 200 and gone["metadata"]["uid"] == created["metadata"]["uid"]
@@ -87,7 +87,7 @@ def test_unknown_paths_and_methods(fake):
 
 
 def test_fail_next_counts_and_filters(fake):
-    fake.add_node(node("n"))
+    fake.add_node(k8s_node("n"))
     fake.fail_next(2, status=503, path_regex="^/api/v1/nodes/n$", method="GET")
     assert call(fake, "GET", "/api/v1/nodes")[0] == 200  # other path: untouched
     assert call(fake, "GET", "/api/v1/nodes/n")[0] == 503
@@ -100,7 +100,7 @@ def test_history_limit_expires_old_watch_positions():
     from tests.fakes.kubeapi import FakeKubeApi
 
     with FakeKubeApi(history_limit=3) as fake:
-        fake.add_node(node("a"))
+        fake.add_node(k8s_node("a"))
         start = fake.resource_version
         for i in range(5):
             fake.update_node("a", {"metadata": {"annotations": {"i": str(i)}}})

@@ -13,17 +13,17 @@ import pytest
 import urllib3
 
 from tests.fakes.kubeapi import FakeKubeApi
-from tests.gputopo.kube.conftest import RECORDINGS
+from tests.helpers.paths import APISERVER_RECORDINGS
 
-pytestmark = pytest.mark.skipif(not RECORDINGS.is_dir(), reason="recordings not available")
+pytestmark = pytest.mark.skipif(not APISERVER_RECORDINGS.is_dir(), reason="recordings not available")
 
 
 def load(name: str) -> dict[str, Any]:
-    return json.loads((RECORDINGS / name).read_text())
+    return json.loads((APISERVER_RECORDINGS / name).read_text())
 
 
 def stream_events(name: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (RECORDINGS / name).read_text().splitlines() if line]
+    return [json.loads(line) for line in (APISERVER_RECORDINGS / name).read_text().splitlines() if line]
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ from gpuplugin.metrics import PluginMetrics
 from gpuplugin.plan_watch import PlanWatch
 from gputopo.contract import Plan, PlanFormatError, encode_plan, parse_plan
 from tests.fakes.kubeapi import FakeKubeApi
+from tests.helpers.kube import k8s_pod
+from tests.helpers.polling import eventually
 
 PLAN = "gpu-topology.io/plan"
 METRICS = PluginMetrics()  # the plan watches of this module count here
@@ -27,14 +29,8 @@ def plan_text(node: str, containers: dict[str, list[str]], resource: str = "nvid
 
 
 def pod(name: str, node: str | None, plan: str | None = None, phase: str | None = None) -> dict[str, Any]:
-    obj: dict[str, Any] = {"metadata": {"name": name, "namespace": "default",
-                                        "annotations": {PLAN: plan} if plan else {}},
-                           "spec": {"containers": [{"name": "main", "image": "x"}]}}
-    if node:
-        obj["spec"]["nodeName"] = node
-    if phase:
-        obj["status"] = {"phase": phase}
-    return obj
+    """A pod asking for no GPU, with the extender's plan annotation when given."""
+    return k8s_pod(name, 0, node, {PLAN: plan} if plan else None, phase=phase)
 
 
 def lookups(result: str, reason: str) -> float:
@@ -60,14 +56,9 @@ def wait_pending(fake: FakeKubeApi, watch: PlanWatch, n: int) -> None:
     assert len(watch.pending()) == n, watch.pending()
 
 
-def _wait(pred: Callable[[], bool], timeout: float = 10.0) -> bool:
+def _wait(pred: Callable[[], bool]) -> bool:
     """Wait for the watch thread to catch up; the timeout only bounds a failure."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
+    return eventually(pred, timeout=10.0, interval=0.01)
 
 
 def test_it_is_a_plan_source(watch: PlanWatch) -> None:
@@ -161,20 +152,15 @@ def test_a_gpu_pod_that_ends_refreshes_the_node_state_at_once(fake: FakeKubeApi,
     are read by the shared parser: "1e0" is one GPU here as in the extender."""
     ended: list[float] = []
 
-    def gpu_pod(name: str, node: str, quantity: str) -> dict[str, Any]:
-        obj = pod(name, node)
-        obj["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": quantity}}
-        return obj
-
-    fake.add_pod(gpu_pod("before", "node-a", "2"))
+    fake.add_pod(k8s_pod("before", "2", "node-a"))
     pw = PlanWatch(api, "node-a", backoff_initial_s=0.02, backoff_max_s=0.1, metrics=METRICS,
                    on_device_pod_ended=lambda: ended.append(time.monotonic()))
     with pw:
         assert pw.wait_synced(10)
-        fake.add_pod(gpu_pod("g", "node-a", "1e0"))
+        fake.add_pod(k8s_pod("g", "1e0", "node-a"))
         fake.add_pod(pod("cpu", "node-a"))
-        fake.add_pod(gpu_pod("elsewhere", "node-b", "1"))
-        fake.add_pod(gpu_pod("job", "node-a", "1"))
+        fake.add_pod(k8s_pod("elsewhere", "1", "node-b"))
+        fake.add_pod(k8s_pod("job", "1", "node-a"))
         for name in ("cpu", "elsewhere"):
             fake.delete_pod("default", name)
         wait_pending(fake, pw, 0)

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import SHARED
+from tests.helpers.paths import SHARED
 
 DGX1 = str(SHARED / "topologies" / "dgx1-v100-ucxpy.txt")
 

@@ -12,7 +12,7 @@ from gpuplugin.deviceplugin.lifecycle import PluginRunner
 from gpuplugin.deviceplugin.resource import ResourceManager
 from gputopo.core.topology import Topology
 from gputopo.discovery.loader import load_topology_file
-from tests.conftest import SHARED
+from tests.helpers.paths import SHARED
 
 RESOURCE = "nvidia.com/gpu"
 DGX1 = SHARED / "topologies" / "dgx1-v100-ucxpy.txt"

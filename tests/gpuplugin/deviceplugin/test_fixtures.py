@@ -12,8 +12,8 @@ from gpuplugin.deviceplugin.resource import ResourceManager
 from gputopo.core.allocator import best_subset
 from gputopo.discovery.loader import load_topology_file
 from sim.kubelet import KubeletSimulator
-from tests.conftest import SHARED
 from tests.gpuplugin.deviceplugin.conftest import H200_RECORDING, RESOURCE, RunnerFactory
+from tests.helpers.paths import SHARED
 
 WAIT = 10.0
 TOPOLOGIES = sorted((SHARED / "topologies").glob("*.txt"))

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-import httpx
 
 from sim.kubelet import KubeletSimulator
 from sim.ports import free_port
 from tests.gpuplugin.deviceplugin.conftest import DGX_A100, RESOURCE
+from tests.helpers.processes import http_ok, stop_process, wait_serving
 
 WAIT = 20.0
 
@@ -45,12 +42,8 @@ def test_run_registers_serves_and_exits_cleanly_on_sigterm(plugin_dir: Path) -> 
             assert sim.registrations(RESOURCE) == 1
             assert len(sim.preferred_raw(RESOURCE, [d.id for d in devices], [], 4)) == 4
             assert (plugin_dir / "gpu-topology.sock").exists()
-            proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=WAIT)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+            _, err = stop_process(proc, WAIT)
         assert proc.returncode == 0, err
         assert not (plugin_dir / "gpu-topology.sock").exists()
         # The stream ended with the process: the kubelet marks the devices unhealthy.
@@ -82,19 +75,9 @@ def test_without_nvml_and_no_fail_on_init_error_it_waits_healthy_advertising_not
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         try:
-            healthy = False
-            for _ in range(200):
-                try:
-                    healthy = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
-                except httpx.HTTPError:
-                    healthy = False
-                if healthy or proc.poll() is not None:
-                    break
-                time.sleep(0.1)
-            assert healthy and proc.poll() is None
+            wait_serving(proc, lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), WAIT)
             assert sim.registrations(RESOURCE) == 0 and not (plugin_dir / "gpu-topology.sock").exists()
         finally:
-            proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=WAIT)
+            _, err = stop_process(proc, WAIT)
     assert proc.returncode == 0, err
     assert '"event": "plugin.nvml.unavailable"' in err

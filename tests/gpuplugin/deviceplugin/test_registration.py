@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-import time
 from pathlib import Path
 
 import grpc
@@ -19,6 +16,8 @@ from gpuplugin.proto import deviceplugin_pb2_grpc as pb_grpc
 from gputopo.core.topology import Topology
 from sim.kubelet import KubeletSimulator
 from tests.gpuplugin.deviceplugin.conftest import RESOURCE, RunnerFactory, sample
+from tests.helpers.paths import short_dir
+from tests.helpers.polling import eventually
 
 WAIT = 10.0
 
@@ -136,14 +135,13 @@ def test_without_a_kubelet_it_says_it_waits_and_where(tmp_path: Path, dgx1: Topo
 
     from gpuplugin.deviceplugin.lifecycle import PluginRunner
 
-    plugin_dir = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp")) / "device-plugins"
-    try:
+    with short_dir("dp-") as root:
+        plugin_dir = root / "device-plugins"
         with structlog.testing.capture_logs() as logs:
             runner = PluginRunner(ResourceManager(dgx1), plugin_dir, poll_interval=0.05).start()
             try:
-                deadline = time.monotonic() + WAIT
-                while not any(e["event"] == "plugin.kubelet.waiting" for e in logs) and time.monotonic() < deadline:
-                    time.sleep(0.02)
+                # what it says while it waits is checked below
+                eventually(lambda: any(e["event"] == "plugin.kubelet.waiting" for e in logs), WAIT, interval=0.02)
                 with KubeletSimulator(plugin_dir) as sim:
                     sim.wait_for_registrations(RESOURCE, 1, WAIT)
                     runner.stop()
@@ -153,5 +151,3 @@ def test_without_a_kubelet_it_says_it_waits_and_where(tmp_path: Path, dgx1: Topo
         waiting = [e for e in logs if e["event"] == "plugin.kubelet.waiting"]
         assert created and created[0]["path"] == str(plugin_dir) and "kubelet" in created[0]["hint"]
         assert len(waiting) == 1 and waiting[0]["socket"] == str(plugin_dir / "kubelet.sock")
-    finally:
-        shutil.rmtree(plugin_dir.parent, ignore_errors=True)

@@ -4,8 +4,7 @@ bound are refused with RESOURCE_EXHAUSTED, and a restarted kubelet can still reg
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from gpuplugin.proto import deviceplugin_pb2_grpc as pb_grpc
 from gputopo.core.topology import Topology
 from sim.kubelet import KubeletSimulator
 from tests.gpuplugin.deviceplugin.conftest import RESOURCE, RunnerFactory, sample
+from tests.helpers.polling import eventually
 
 WAIT = 10.0
 SOCKET = "gpu-topology.sock"
@@ -35,15 +35,6 @@ def streams(plugin_dir: Path, count: int) -> Iterator[list[grpc.Future]]:
         for call in calls:
             call.cancel()
         channel.close()
-
-
-def eventually(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def admission_calls(plugin_dir: Path, ids: list[str]) -> tuple[pb.DevicePluginOptions, list[str], int]:
@@ -89,7 +80,7 @@ def test_streams_past_the_bound_are_refused(
         assert sample(manager, "gpuplugin_listandwatch_streams_refused_total") == 1
         assert admission_calls(plugin_dir, ids)[2] == 1
         held[0].cancel()
-        assert eventually(lambda: sample(manager, "gpuplugin_listandwatch_streams") == 3)
+        assert eventually(lambda: sample(manager, "gpuplugin_listandwatch_streams") == 3, WAIT, interval=0.02)
         with streams(plugin_dir, 1) as again:  # a freed place is served again
             assert len(next(again[0]).devices) == 8
     # The kubelet's stream was never disturbed.
@@ -109,14 +100,16 @@ def test_restarted_kubelet_registers_while_streams_are_held(
         kubelet.stop()
         old = runner._server.identity if runner._server else None
         (plugin_dir / SOCKET).unlink()
-        assert eventually(lambda: runner.serving and runner._server is not None and runner._server.identity != old)
+        assert eventually(lambda: runner.serving and runner._server is not None and runner._server.identity != old,
+                          WAIT, interval=0.02)
         with streams(plugin_dir, 15):
             server = runner._server
-            assert eventually(lambda: server.servicer.stream_count >= 8)  # as many as a thread pool used to have
+            # as many as a thread pool used to have
+            assert eventually(lambda: server.servicer.stream_count >= 8, WAIT, interval=0.02)
             kubelet.start()
             kubelet.wait_for_registrations(RESOURCE, 2, 2 * WAIT)
             assert kubelet.rejections == []
             assert len(kubelet.wait_for_devices(RESOURCE, 8, WAIT)) == 8
-            assert eventually(lambda: sample(manager, "gpuplugin_listandwatch_streams") == 16)
+            assert eventually(lambda: sample(manager, "gpuplugin_listandwatch_streams") == 16, WAIT, interval=0.02)
     finally:
         kubelet.stop()

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-import shutil
-import tempfile
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass as _dataclass
 from pathlib import Path
@@ -29,8 +26,9 @@ from gputopo.kube import make_api_client
 from gputopo.kube.dra import get_claim
 from sim.dra_allocator import Alternative, DeviceRef, Request, Selector, allocate, by_size, one_gpu
 from sim.dra_kubelet import DraKubeletSim
-from tests.conftest import SHARED
 from tests.fakes.kubeapi import FakeDraKubeApi
+from tests.helpers.paths import SHARED, short_dir
+from tests.helpers.polling import eventually
 
 DRIVER = "gpu-topology.io"
 NODE = "gpu-node-1"
@@ -136,12 +134,7 @@ class DraNode:
             s = self.slices()
             gens = {x["spec"]["pool"]["generation"] for x in s}
             return bool(s) and len(gens) == 1 and len(s) == s[0]["spec"]["pool"]["resourceSliceCount"]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if ok() and not self.publisher.sync():
-                return True
-            time.sleep(0.05)
-        return False
+        return eventually(lambda: ok() and not self.publisher.sync(), timeout)
 
 
 def make_driver(api: Any, root: Path, **kwargs: Any) -> tuple[Driver, SlicePublisher]:
@@ -159,22 +152,18 @@ def make_driver(api: Any, root: Path, **kwargs: Any) -> tuple[Driver, SlicePubli
 
 @pytest.fixture
 def dra_node() -> Iterator[DraNode]:
-    root = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-    try:
-        with FakeDraKubeApi() as fake:
-            fake.add_node({"metadata": {"name": NODE}})
-            api = make_api_client(host=fake.url, timeout_s=5.0)
-            driver, publisher = make_driver(api, root)
-            publisher.start()
-            server = DraServer(driver, root / "registry", root / "plugin", poll_interval_s=0.1).start()
-            kubelet = DraKubeletSim(root / "registry", NODE, api, slice_grace_s=0.5).start()
-            try:
-                kubelet.wait_registered(DRIVER)
-                yield DraNode(fake, api, root, driver, publisher, server, kubelet)
-            finally:
-                kubelet.stop()
-                server.stop()
-                publisher.stop()
-                api.close()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with short_dir("dra-") as root, FakeDraKubeApi() as fake:
+        fake.add_node({"metadata": {"name": NODE}})
+        api = make_api_client(host=fake.url, timeout_s=5.0)
+        driver, publisher = make_driver(api, root)
+        publisher.start()
+        server = DraServer(driver, root / "registry", root / "plugin", poll_interval_s=0.1).start()
+        kubelet = DraKubeletSim(root / "registry", NODE, api, slice_grace_s=0.5).start()
+        try:
+            kubelet.wait_registered(DRIVER)
+            yield DraNode(fake, api, root, driver, publisher, server, kubelet)
+        finally:
+            kubelet.stop()
+            server.stop()
+            publisher.stop()
+            api.close()

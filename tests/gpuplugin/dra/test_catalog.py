@@ -25,8 +25,8 @@ from gpuplugin.dra.ordering import publication_order
 from gpuplugin.dra.pool import PoolPlanner
 from gpuplugin.dra.slices import MAX_DEVICES_PER_SLICE, slice_object
 from sim.machines import nvswitch_node, pcie_bridge_server
-from tests.conftest import SHARED
 from tests.gpuplugin.dra.conftest import DGX1, DRIVER, NODE, TAINT, catalog, topology
+from tests.helpers.paths import SHARED
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 RECORDED = SHARED / "recordings" / "kube-apiserver-dra"

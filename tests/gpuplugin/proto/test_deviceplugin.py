@@ -8,25 +8,17 @@ import re
 from pathlib import Path
 
 import pytest
-from google.protobuf.descriptor import Descriptor, FieldDescriptor, FileDescriptor
+from google.protobuf.descriptor import Descriptor, FileDescriptor
 
 from gpuplugin.proto import deviceplugin_pb2, podresources_pb2
-from tests.conftest import SHARED
+from tests.gpuplugin.proto.descriptors import field_type, label
+from tests.helpers.paths import REPO, SHARED
 
-ROOT = Path(__file__).resolve().parents[3]
 REFERENCE = SHARED / "reference" / "kubelet-device-plugin-api.md"
-
-_SCALARS = {
-    FieldDescriptor.TYPE_STRING: "string",
-    FieldDescriptor.TYPE_BOOL: "bool",
-    FieldDescriptor.TYPE_INT32: "int32",
-    FieldDescriptor.TYPE_INT64: "int64",
-    FieldDescriptor.TYPE_UINT64: "uint64",
-}
 
 
 def _load_generator():
-    spec = importlib.util.spec_from_file_location("gen_proto", ROOT / "scripts" / "gen_proto.py")
+    spec = importlib.util.spec_from_file_location("gen_proto", REPO / "scripts" / "gen_proto.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -37,7 +29,7 @@ def test_generated_code_is_current(tmp_path: Path) -> None:
     gen = _load_generator()
     gen.generate(tmp_path)
     fresh = {p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "gpuplugin" / "proto").rglob("*.py")}
-    committed = {p.relative_to(ROOT): p.read_bytes() for p in (ROOT / "gpuplugin" / "proto").rglob("*.py")}
+    committed = {p.relative_to(REPO): p.read_bytes() for p in (REPO / "gpuplugin" / "proto").rglob("*.py")}
     assert sorted(fresh) == sorted(committed), "generated file set differs: run scripts/gen_proto.py"
     stale = [str(p) for p in fresh if fresh[p] != committed[p]]
     assert not stale, f"stale generated files (run scripts/gen_proto.py): {stale}"
@@ -64,23 +56,6 @@ def _reference() -> dict[str, dict]:
     return out
 
 
-def _field_type(f: FieldDescriptor) -> str:
-    if f.message_type is not None and f.message_type.GetOptions().map_entry:
-        key, value = f.message_type.fields_by_name["key"], f.message_type.fields_by_name["value"]
-        return f"map<{_field_type(key)},{_field_type(value)}>"
-    if f.message_type is not None:
-        return f.message_type.name
-    return _SCALARS[f.type]
-
-
-def _label(f: FieldDescriptor) -> str:
-    if f.message_type is not None and f.message_type.GetOptions().map_entry:
-        return ""
-    if f.is_repeated:
-        return "repeated"
-    return "optional" if f.has_presence and f.containing_oneof is not None else ""
-
-
 def _messages(fd: FileDescriptor) -> dict[str, Descriptor]:
     return dict(fd.message_types_by_name)
 
@@ -105,7 +80,7 @@ def test_descriptors_match_reference(package: str, module: object) -> None:
     messages = _messages(fd)
     assert sorted(messages) == sorted(ref["messages"])
     for name, expected in ref["messages"].items():
-        got = {f.name: (f.number, _label(f), _field_type(f)) for f in messages[name].fields}
+        got = {f.name: (f.number, label(f), field_type(f)) for f in messages[name].fields}
         assert got == expected, name
 
 

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import re
 
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import Descriptor
 
 from gpuplugin.proto.dra.v1 import api_pb2 as dra_pb2
 from gpuplugin.proto.drahealth.v1alpha1 import api_pb2 as health_pb2
 from gpuplugin.proto.pluginregistration.v1 import api_pb2 as reg_pb2
-from tests.conftest import SHARED
+from tests.gpuplugin.proto.descriptors import field_type, label
+from tests.helpers.paths import SHARED
 
 REFERENCE = SHARED / "reference" / "dra-api.md"
 MODULES = (reg_pb2, dra_pb2, health_pb2)
-_SCALARS = {FieldDescriptor.TYPE_STRING: "string", FieldDescriptor.TYPE_BOOL: "bool",
-            FieldDescriptor.TYPE_INT64: "int64", FieldDescriptor.TYPE_INT32: "int32"}
 
 
 def _split_top(text: str, sep: str) -> list[str]:
@@ -66,25 +65,6 @@ def reference() -> tuple[dict[str, tuple[str, str, bool]], dict[str, dict], dict
     return rpcs, messages, enums
 
 
-def _field_type(f: FieldDescriptor) -> str:
-    if f.message_type is not None and f.message_type.GetOptions().map_entry:
-        key, value = f.message_type.fields_by_name["key"], f.message_type.fields_by_name["value"]
-        return f"map<{_field_type(key)},{_field_type(value)}>"
-    if f.message_type is not None:
-        return f.message_type.name
-    if f.enum_type is not None:
-        return f"enum {f.enum_type.name}"
-    return _SCALARS[f.type]
-
-
-def _label(f: FieldDescriptor) -> str:
-    if f.message_type is not None and f.message_type.GetOptions().map_entry:
-        return ""
-    if f.is_repeated:
-        return "repeated"
-    return "optional" if f.has_presence and f.containing_oneof is not None else ""
-
-
 def test_descriptors_match_the_reference() -> None:
     ref_rpcs, ref_messages, ref_enums = reference()
     rpcs: dict[str, tuple[str, str, bool]] = {}
@@ -102,7 +82,7 @@ def test_descriptors_match_the_reference() -> None:
     assert rpcs == ref_rpcs
     assert sorted(messages) == sorted(ref_messages)
     for name, expected in ref_messages.items():
-        got = {f.name: (f.number, _label(f), _field_type(f)) for f in messages[name].fields}
+        got = {f.name: (f.number, label(f), field_type(f)) for f in messages[name].fields}
         assert got == expected, name
     assert enums == ref_enums
 

@@ -1,24 +1,24 @@
-"""Fixtures: a fake kubelet PodResources socket, a FakeKubeApi with one GPU node, the official client against it."""
+"""Fixtures: the kubelet's PodResources service on a short socket path (as `kubelet` here, in place of the
+simulator of tests/conftest.py), and the GPU Node the publisher writes to."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.fakes.kubelet_podresources import PodResourcesServer
+from tests.helpers.kube import k8s_node
+from tests.helpers.paths import short_dir
 
 NODE = "gpu-node-1"
 
 
 @pytest.fixture
 def sock_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="podres-", dir="/tmp"))  # unix socket paths must stay short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with short_dir("podres-") as path:
+        yield path
 
 
 @pytest.fixture
@@ -28,9 +28,5 @@ def kubelet(sock_dir: Path) -> Iterator[PodResourcesServer]:
 
 
 def node_object(name: str = NODE) -> dict:
-    return {
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "team": "ml"},
-                     "annotations": {"example.com/keep": "me"}},
-        "status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}},
-    }
-
+    """The Node with a label and an annotation of someone else's, which the publisher must keep."""
+    return k8s_node(name, labels={"team": "ml"}, annotations={"example.com/keep": "me"})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -24,6 +23,7 @@ from tests.fakes.kubeapi import FakeKubeApi
 from tests.fakes.kubelet_podresources import PodResourcesServer
 from tests.fixtures.nvml import EVENTS, HGX, canonical, load_json
 from tests.gpuplugin.publisher.conftest import NODE, node_object
+from tests.helpers.polling import eventually
 
 GPU = "nvidia.com/gpu"
 PREFIX = "gpu-topology.io"
@@ -298,9 +298,7 @@ def test_a_trigger_with_recheck_publishes_again_soon(
         assert pub.wait_for_state(lambda s: s.used == {topo.ids[0]}, timeout=10)
         calls = kubelet.service.list_calls
         pub.trigger(recheck_s=0.5)
-        deadline = time.monotonic() + 10
-        while kubelet.service.list_calls == calls and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(lambda: kubelet.service.list_calls != calls, 10, interval=0.01)
         assert kubelet.service.list_calls > calls  # the first look: the kubelet still lists the pod...
         kubelet.service.remove_pod("ml", "done")  # ...and lets go of it before the recheck
         assert pub.wait_for_state(lambda s: s.used == set(), timeout=10)

@@ -11,9 +11,9 @@ from gputopo.core.allocator import best_possible_gbps
 from gputopo.core.topology import Gpu, Link, LinkKind, Topology
 from gputopo.discovery.loader import load_topology_file
 from sim.machines import nvlink_domains, nvswitch_node, pcie_bridge_server
-from tests.conftest import SHARED
 from tests.gputopo.core.reference import exhaustive_best
 from tests.gputopo.core.test_allocator_exact import check
+from tests.helpers.paths import SHARED
 
 FIXTURES = sorted(p for p in (SHARED / "topologies").glob("*.txt") if "PARTIAL" not in p.name)
 

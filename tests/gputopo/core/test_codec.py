@@ -17,7 +17,7 @@ from gputopo.core import (
 )
 from gputopo.core.topology import Gpu, Link, LinkKind, Nic, Topology
 from gputopo.discovery.loader import load_topology_file
-from tests.conftest import SHARED
+from tests.helpers.paths import SHARED
 
 
 def _sixteen_with_nics() -> Topology:

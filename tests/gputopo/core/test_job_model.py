@@ -15,7 +15,7 @@ from gputopo.core.jobs import JobModelError, Limit, PodSlot, job_allreduce_gbps
 from gputopo.core.locality import Level, Locality
 from gputopo.core.topology import Gpu, Link, LinkKind, Nic, Topology
 from gputopo.discovery.loader import load_topology_file
-from tests.conftest import SHARED
+from tests.helpers.paths import SHARED
 
 PCIE = [LinkKind.PIX, LinkKind.PXB, LinkKind.PHB, LinkKind.NODE, LinkKind.SYS]
 

@@ -13,9 +13,9 @@ from gputopo.core import AllocationError, best_subset
 from gputopo.core.ranking import SetRanker
 from gputopo.core.topology import Topology
 from gputopo.discovery.loader import load_topology_file
-from tests.conftest import SHARED
 from tests.gputopo.core.reference import COMMON_SIZES, best_ring, exhaustive_best, score
 from tests.gputopo.core.strategies import topologies
+from tests.helpers.paths import SHARED
 
 
 @pytest.fixture(scope="module")

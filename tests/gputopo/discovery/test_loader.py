@@ -17,7 +17,7 @@ from gputopo.discovery.loader import (
     load_topology_text,
 )
 from gputopo.discovery.smi_text import parse_nvidia_smi_topo
-from tests.conftest import SHARED
+from tests.helpers.paths import SHARED
 
 TEXT_FIXTURES = [
     p

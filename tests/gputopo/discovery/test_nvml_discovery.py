@@ -15,8 +15,8 @@ from gputopo.discovery.nvml import DiscoveryError, discover, discover_node, form
 from gputopo.discovery.nvml_backend import LiveNvmlBackend, NvmlError, NvmlUnavailableError, normalize_bus_id
 from gputopo.discovery.nvml_replay import ReplayNvmlBackend
 from gputopo.discovery.smi_text import parse_nvidia_smi_topo
-from tests.conftest import SHARED
 from tests.fixtures.nvml import DGX1, H200_PROBE, H200_RECORDED, HGX, canonical
+from tests.helpers.paths import SHARED
 
 NS = "ERR:NVMLError_NotSupported:Not Supported"
 

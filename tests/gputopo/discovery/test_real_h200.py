@@ -6,14 +6,12 @@ text of the same machine must give the same bandwidths (text cannot tell a switc
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from gputopo.core import best_subset
 from gputopo.core.topology import LinkKind
 from gputopo.discovery.loader import load_topology_file
-from tests.conftest import SHARED
+from tests.fixtures.nvml import FIXTURES
+from tests.helpers.paths import SHARED
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 RECORDING = FIXTURES / "recordings" / "h200x2-nvml-recording.json"
 TEXT = FIXTURES / "topologies" / "h200x2-nvidia-smi-topo-m.txt"
 

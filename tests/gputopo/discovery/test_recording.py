@@ -25,6 +25,7 @@ from gputopo.discovery.recording import (
     replay_backend,
 )
 from tests.fixtures.nvml import ALL_RECORDINGS, DGX1, H200_PROBE, HGX, canonical, load_json
+from tests.helpers.paths import REPO
 
 
 def without_meta(rec: dict[str, Any]) -> dict[str, Any]:
@@ -191,7 +192,7 @@ def test_record_command_rejects_a_bad_replay_file(cli: CliRunner, tmp_path: Path
 
 def test_record_replay_of_nvidia_smi_text_names_the_right_command(cli: CliRunner, tmp_path: Path) -> None:
     """Issue 14, item 7: the text a user most likely has is `nvidia-smi topo -m`, not a recording."""
-    text = Path(__file__).resolve().parents[3] / "gputopo" / "data" / "dgx1-v100-hybrid-cube-mesh.txt"
+    text = REPO / "gputopo" / "data" / "dgx1-v100-hybrid-cube-mesh.txt"
     result = cli.invoke(main, ["record", "--replay", str(text)])
     assert result.exit_code == 1
     assert f"`gpuplugin topo {text}`" in result.stderr and "--topology" in result.stderr

@@ -14,7 +14,7 @@ from gputopo.core.codec import topology_from_json, topology_to_json
 from gputopo.core.errors import TopologyParseError
 from gputopo.core.topology import LinkKind, Topology
 from gputopo.discovery.smi_text import AFFINITY_COLUMNS, infer_nvlink_generation, parse_nvidia_smi_topo
-from tests.conftest import SHARED
+from tests.helpers.paths import SHARED
 
 TOPOLOGIES = SHARED / "topologies"
 H200_TEXT = SHARED / "recordings" / "h200x2-vm-nvidia-smi-topo-m.txt"

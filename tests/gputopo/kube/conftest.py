@@ -1,35 +1,12 @@
-"""Fixtures: a running FakeKubeApi and an official-client ApiClient pointed at it."""
+"""The watcher tests' event recorder, and the thread-leak check for every test here (`fake` and `api` come
+from tests/conftest.py)."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import pytest
-
-from tests.conftest import SHARED
-
-RECORDINGS = SHARED / "recordings" / "kube-apiserver"
-
-
-def node(name: str, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> dict:
-    meta: dict[str, Any] = {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}}
-    if annotations:
-        meta["annotations"] = annotations
-    return {"metadata": meta, "status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}}}
-
-
-def pod(name: str, namespace: str = "default", node_name: str | None = None, labels: dict[str, str] | None = None,
-        gpus: int = 1) -> dict:
-    spec: dict[str, Any] = {
-        "schedulerName": "gpu-share-scheduler",
-        "containers": [{"name": "main", "image": "busybox",
-                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
-    }
-    if node_name:
-        spec["nodeName"] = node_name
-    return {"metadata": {"name": name, "namespace": namespace, "labels": labels or {}}, "spec": spec}
 
 
 class Events:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from gputopo.kube import Conflict, KubeArgumentError, NotFound, ServerError, bind_pod
-from tests.gputopo.kube.conftest import pod
+from tests.helpers.kube import k8s_pod
 
 
 def test_bind_sets_node_and_annotations_atomically(fake, api):
-    created = fake.add_pod(pod("p"))
+    created = fake.add_pod(k8s_pod("p"))
     plan = '{"v":1,"node":"n1","containers":{"main":["GPU-0"]}}'
     bind_pod(api, namespace="default", name="p", uid=created["metadata"]["uid"], node="n1",
              annotations={"gpu-topology.io/plan": plan, "gpu-topology.io/allreduce-gbps": "300.0"})
@@ -25,7 +25,7 @@ def test_bind_sets_node_and_annotations_atomically(fake, api):
 
 
 def test_bind_already_bound_is_conflict(fake, api):
-    fake.add_pod(pod("p", node_name="n2"))
+    fake.add_pod(k8s_pod("p", node="n2"))
     with pytest.raises(Conflict) as exc:
         bind_pod(api, namespace="default", name="p", uid=None, node="n1", annotations={})
     assert exc.value.message == ('Operation cannot be fulfilled on pods/binding "p": pod p is already assigned '
@@ -40,9 +40,9 @@ def test_bind_missing_pod_is_not_found(fake, api):
 
 
 def test_bind_recreated_pod_with_stale_uid_is_conflict(fake, api):
-    old_uid = fake.add_pod(pod("p"))["metadata"]["uid"]
+    old_uid = fake.add_pod(k8s_pod("p"))["metadata"]["uid"]
     fake.delete_pod("default", "p")
-    fake.add_pod(pod("p"))
+    fake.add_pod(k8s_pod("p"))
     with pytest.raises(Conflict) as exc:
         bind_pod(api, namespace="default", name="p", uid=old_uid, node="n1", annotations={"a": "b"})
     assert "Precondition failed: UID in precondition" in exc.value.message
@@ -50,7 +50,7 @@ def test_bind_recreated_pod_with_stale_uid_is_conflict(fake, api):
 
 
 def test_bind_server_error_is_typed_and_changes_nothing(fake, api):
-    fake.add_pod(pod("p"))
+    fake.add_pod(k8s_pod("p"))
     fake.fail_next(1, status=500, path_regex="/binding$")
     with pytest.raises(ServerError):
         bind_pod(api, namespace="default", name="p", uid=None, node="n1", annotations={})

@@ -8,9 +8,8 @@ import pytest
 from kubernetes.config.incluster_config import SERVICE_TOKEN_FILENAME
 
 from gputopo.kube import KubeConfigError, credentials_available, get_node, make_api_client, request_timeout
-from tests.fakes.gpunode import write_kubeconfig
 from tests.fakes.kubeapi import FakeKubeApi
-from tests.gputopo.kube.conftest import node
+from tests.helpers.kube import k8s_node, write_kubeconfig
 
 
 @pytest.fixture
@@ -25,7 +24,7 @@ def no_credentials(monkeypatch, tmp_path):
 
 def test_explicit_host_and_token(tmp_path):
     with FakeKubeApi(token="tok") as fake:
-        fake.add_node(node("n"))
+        fake.add_node(k8s_node("n"))
         client = make_api_client(host=fake.url + "/", token="tok", timeout_s=2.5)
         try:
             assert request_timeout(client) == 2.5
@@ -36,7 +35,7 @@ def test_explicit_host_and_token(tmp_path):
 
 def test_kubeconfig_file(tmp_path):
     with FakeKubeApi(token="from-kubeconfig") as fake:
-        fake.add_node(node("n"))
+        fake.add_node(k8s_node("n"))
         cfg = write_kubeconfig(tmp_path / "config", fake.url, "from-kubeconfig")
         client = make_api_client(kubeconfig=str(cfg))
         try:
@@ -47,7 +46,7 @@ def test_kubeconfig_file(tmp_path):
 
 def test_default_kubeconfig_from_env(no_credentials, monkeypatch):
     with FakeKubeApi(token="env") as fake:
-        fake.add_node(node("n"))
+        fake.add_node(k8s_node("n"))
         cfg = write_kubeconfig(no_credentials / "kc", fake.url, "env")
         assert not credentials_available()
         monkeypatch.setenv("KUBECONFIG", str(cfg))

@@ -21,11 +21,11 @@ from gputopo.kube import (
     error_from_status,
     to_kube_error,
 )
-from tests.gputopo.kube.conftest import RECORDINGS
+from tests.helpers.paths import APISERVER_RECORDINGS
 
 
 def recorded_status(name: str) -> dict:
-    return json.loads((RECORDINGS / name).read_text())["response"]["body"]
+    return json.loads((APISERVER_RECORDINGS / name).read_text())["response"]["body"]
 
 
 @pytest.mark.parametrize(("name", "cls", "reason"), [
@@ -44,7 +44,7 @@ def test_recorded_status_bodies_map_to_types(name, cls, reason):
 
 
 def test_watch_error_event_status_is_gone():
-    event = json.loads((RECORDINGS / "watch-expired-410.json").read_text())["response"]["events"][0]
+    event = json.loads((APISERVER_RECORDINGS / "watch-expired-410.json").read_text())["response"]["events"][0]
     err = error_from_status(event["object"])
     assert isinstance(err, Gone) and err.message.startswith("too old resource version")
 

@@ -22,11 +22,11 @@ from gputopo.kube import (
     make_api_client,
 )
 from tests.fakes.kubeapi import FakeKubeApi
-from tests.gputopo.kube.conftest import node, pod
+from tests.helpers.kube import k8s_node, k8s_pod
 
 
 def test_get_node_returns_plain_dict(fake, api):
-    fake.add_node(node("gpu-node-1", annotations={"a": "b"}))
+    fake.add_node(k8s_node("gpu-node-1", annotations={"a": "b"}))
     got = get_node(api, "gpu-node-1")
     assert type(got) is dict
     assert got["kind"] == "Node"
@@ -47,7 +47,7 @@ def test_get_missing_node_and_pod_raise_not_found(fake, api):
 
 
 def test_get_pod(fake, api):
-    fake.add_pod(pod("p1", namespace="team-a"))
+    fake.add_pod(k8s_pod("p1", namespace="team-a"))
     got = get_pod(api, "team-a", "p1")
     assert got["metadata"]["namespace"] == "team-a"
     assert got["status"]["phase"] == "Pending"
@@ -55,7 +55,7 @@ def test_get_pod(fake, api):
 
 def test_list_nodes_follows_continue_pages(fake, api):
     for i in range(7):
-        fake.add_node(node(f"n{i}"))
+        fake.add_node(k8s_node(f"n{i}"))
     items, rv = list_nodes(api, limit=3)
     assert [i["metadata"]["name"] for i in items] == [f"n{i}" for i in range(7)]
     assert rv == fake.resource_version
@@ -67,7 +67,7 @@ def test_list_nodes_follows_continue_pages(fake, api):
 
 def test_list_pages_are_one_consistent_snapshot(fake):
     for i in range(4):
-        fake.add_node(node(f"n{i}"))
+        fake.add_node(k8s_node(f"n{i}"))
     first = urllib3.request("GET", f"{fake.url}/api/v1/nodes?limit=2").json()
     fake.update_node("n3", {"metadata": {"labels": {"late": "yes"}}})
     token = first["metadata"]["continue"]
@@ -80,7 +80,7 @@ def test_list_pages_are_one_consistent_snapshot(fake):
 
 def test_expired_continue_restarts_with_one_unpaged_list(fake, api):
     for i in range(5):
-        fake.add_node(node(f"n{i}"))
+        fake.add_node(k8s_node(f"n{i}"))
     fake.fail_next(1, status=410, path_regex="continue=")
     items, _ = list_nodes(api, limit=2)
     assert [i["metadata"]["name"] for i in items] == [f"n{i}" for i in range(5)]
@@ -89,9 +89,9 @@ def test_expired_continue_restarts_with_one_unpaged_list(fake, api):
 
 
 def test_list_with_label_selector(fake, api):
-    fake.add_node(node("a", labels={"nvidia.com/gpu.present": "true"}))
-    fake.add_node(node("b"))
-    fake.add_node(node("c", labels={"nvidia.com/gpu.present": "true", "pool": "x"}))
+    fake.add_node(k8s_node("a", labels={"nvidia.com/gpu.present": "true"}))
+    fake.add_node(k8s_node("b"))
+    fake.add_node(k8s_node("c", labels={"nvidia.com/gpu.present": "true", "pool": "x"}))
     names = lambda sel: [i["metadata"]["name"] for i in list_nodes(api, label_selector=sel)[0]]  # noqa: E731
     assert names("nvidia.com/gpu.present=true") == ["a", "c"]
     assert names("!nvidia.com/gpu.present") == ["b"]
@@ -103,10 +103,10 @@ def test_list_with_label_selector(fake, api):
 
 
 def test_list_pods_field_selectors_and_namespace(fake, api):
-    fake.add_pod(pod("bound", node_name="n1"))
-    fake.add_pod(pod("unbound"))
-    fake.add_pod(pod("other-ns", namespace="b", node_name="n1"))
-    fake.add_pod(pod("done", node_name="n1"))
+    fake.add_pod(k8s_pod("bound", node="n1"))
+    fake.add_pod(k8s_pod("unbound"))
+    fake.add_pod(k8s_pod("other-ns", namespace="b", node="n1"))
+    fake.add_pod(k8s_pod("done", node="n1"))
     fake.update_pod("default", "done", {"status": {"phase": "Succeeded"}})
     names = lambda **kw: sorted(i["metadata"]["name"] for i in list_pods(api, **kw)[0])  # noqa: E731
     assert names(field_selector="spec.nodeName=n1") == ["bound", "done", "other-ns"]
@@ -120,13 +120,13 @@ def test_list_pods_field_selectors_and_namespace(fake, api):
 
 
 def test_list_items_have_no_kind_like_the_apiserver(fake, api):
-    fake.add_node(node("n"))
+    fake.add_node(k8s_node("n"))
     items, _ = list_nodes(api)
     assert "kind" not in items[0] and items[0]["metadata"]["name"] == "n"
 
 
 def test_server_errors_are_typed(fake, api):
-    fake.add_node(node("n"))
+    fake.add_node(k8s_node("n"))
     fake.fail_next(1, status=500)
     with pytest.raises(ServerError) as exc:
         get_node(api, "n")
@@ -139,7 +139,7 @@ def test_server_errors_are_typed(fake, api):
 
 def test_bearer_token_is_sent_and_checked():
     with FakeKubeApi(token="s3cret") as fake:
-        fake.add_node(node("n"))
+        fake.add_node(k8s_node("n"))
         good = make_api_client(host=fake.url, token="s3cret")
         bad = make_api_client(host=fake.url, token="wrong")
         try:
@@ -167,7 +167,7 @@ def test_unreachable_server_is_api_unavailable():
 
 
 def test_slow_server_times_out_as_api_unavailable(fake):
-    fake.add_node(node("n"))
+    fake.add_node(k8s_node("n"))
     fake.delay_next(1, 3.0)
     client = make_api_client(host=fake.url, timeout_s=0.3)
     try:

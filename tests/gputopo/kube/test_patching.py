@@ -13,11 +13,11 @@ from gputopo.kube import (
     patch_node_metadata,
     patch_pod_annotations,
 )
-from tests.gputopo.kube.conftest import node, pod
+from tests.helpers.kube import k8s_node, k8s_pod
 
 
 def test_merge_patch_sets_and_removes_keys(fake, api):
-    fake.add_node(node("n", labels={"old": "1"}, annotations={"keep": "k", "drop": "d"}))
+    fake.add_node(k8s_node("n", labels={"old": "1"}, annotations={"keep": "k", "drop": "d"}))
     before = get_node(api, "n")["metadata"]["resourceVersion"]
     got = patch_node_metadata(api, "n", annotations={"gpu-topology.io/state": '{"v":1}', "drop": None},
                               labels={"gpu-topology.io/fabric": "nvswitch", "old": None})
@@ -30,7 +30,7 @@ def test_merge_patch_sets_and_removes_keys(fake, api):
 
 
 def test_patch_uses_merge_patch_content_type(fake, api):
-    fake.add_node(node("n"))
+    fake.add_node(k8s_node("n"))
     # the fake answers 415 for anything but the three patch types; merge patch semantics: null deletes
     patch_node_metadata(api, "n", annotations={"a": "1"})
     patch_node_metadata(api, "n", annotations={"a": None})
@@ -39,14 +39,14 @@ def test_patch_uses_merge_patch_content_type(fake, api):
 
 
 def test_noop_patch_keeps_resource_version(fake, api):
-    fake.add_node(node("n", annotations={"a": "1"}))
+    fake.add_node(k8s_node("n", annotations={"a": "1"}))
     rv = fake.node("n")["metadata"]["resourceVersion"]
     got = patch_node_metadata(api, "n", annotations={"a": "1"})
     assert got["metadata"]["resourceVersion"] == rv
 
 
 def test_stale_resource_version_is_conflict(fake, api):
-    fake.add_node(node("n"))
+    fake.add_node(k8s_node("n"))
     rv = fake.node("n")["metadata"]["resourceVersion"]
     fake.update_node("n", {"metadata": {"annotations": {"other": "writer"}}})
     with pytest.raises(Conflict) as exc:
@@ -58,7 +58,7 @@ def test_stale_resource_version_is_conflict(fake, api):
 
 
 def test_invalid_label_value_is_invalid(fake, api):
-    fake.add_node(node("n"))
+    fake.add_node(k8s_node("n"))
     with pytest.raises(Invalid) as exc:
         patch_node_metadata(api, "n", labels={"example.com/bad": "not a valid value!"})
     assert exc.value.status == 422
@@ -74,7 +74,7 @@ def test_patch_missing_objects_is_not_found(fake, api):
 
 
 def test_patch_pod_annotations(fake, api):
-    fake.add_pod(pod("p", labels={"app": "x"}))
+    fake.add_pod(k8s_pod("p", labels={"app": "x"}))
     got = patch_pod_annotations(api, "default", "p", {"gpu-topology.io/plan": "{}"})
     assert got["metadata"]["annotations"] == {"gpu-topology.io/plan": "{}"}
     got = patch_pod_annotations(api, "default", "p", {"gpu-topology.io/plan": None})

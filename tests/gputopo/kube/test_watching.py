@@ -10,7 +10,8 @@ import pytest
 import urllib3
 
 from gputopo.kube import KubeArgumentError, Watcher, bind_pod, iter_lines
-from tests.gputopo.kube.conftest import Events, node, pod
+from tests.gputopo.kube.conftest import Events
+from tests.helpers.kube import k8s_node, k8s_pod
 
 
 @pytest.fixture
@@ -41,8 +42,8 @@ def _watch_requests(fake, kind: str = "nodes"):
 
 
 def test_initial_sync_then_live_events(fake, events, start_watcher):
-    fake.add_node(node("a"))
-    fake.add_node(node("b"))
+    fake.add_node(k8s_node("a"))
+    fake.add_node(k8s_node("b"))
     w = start_watcher("nodes")
     assert w.wait_synced(10)
     (snap,) = events.snapshots()
@@ -50,7 +51,7 @@ def test_initial_sync_then_live_events(fake, events, start_watcher):
     assert [i["metadata"]["name"] for i in snap["items"]] == ["a", "b"]
     assert snap["metadata"]["resourceVersion"] == fake.resource_version
 
-    fake.add_node(node("c"))
+    fake.add_node(k8s_node("c"))
     fake.update_node("a", {"metadata": {"annotations": {"x": "1"}}})
     fake.delete_node("b")
     assert events.wait_for(events.has("DELETED", "b"))
@@ -65,11 +66,11 @@ def test_initial_sync_then_live_events(fake, events, start_watcher):
 
 
 def test_bookmark_advances_resource_version(fake, events, start_watcher):
-    fake.add_node(node("a"))
+    fake.add_node(k8s_node("a"))
     w = start_watcher("nodes", deliver_bookmarks=True)
     assert w.wait_synced(10)
     assert fake.wait_for_watches(1)
-    fake.add_pod(pod("unrelated"))  # moves the global resourceVersion; the nodes watch sees only a bookmark
+    fake.add_pod(k8s_pod("unrelated"))  # moves the global resourceVersion; the nodes watch sees only a bookmark
     assert fake.send_bookmarks() == 1
     assert events.wait_for(lambda items: any(t == "BOOKMARK" for t, _ in items))
     bookmark = next(o for t, o in events.items if t == "BOOKMARK")
@@ -83,7 +84,7 @@ def test_bookmarks_are_not_delivered_by_default(fake, events, start_watcher):
     assert w.wait_synced(10)
     assert fake.wait_for_watches(1)
     fake.send_bookmarks()
-    fake.add_node(node("after"))  # the bookmark is ahead of this event on the stream
+    fake.add_node(k8s_node("after"))  # the bookmark is ahead of this event on the stream
     assert events.wait_for(events.has("ADDED", "after"))
     assert [t for t, _ in events.items] == ["SYNC", "ADDED"]
     assert w.stats.bookmarks == 1
@@ -91,7 +92,7 @@ def test_bookmarks_are_not_delivered_by_default(fake, events, start_watcher):
 
 def test_initial_list_is_paged_into_one_snapshot(fake, events, start_watcher):
     for i in range(5):
-        fake.add_node(node(f"n{i}"))
+        fake.add_node(k8s_node(f"n{i}"))
     w = start_watcher("nodes", page_limit=2)
     assert w.wait_synced(10)
     assert len(events.snapshots()[0]["items"]) == 5
@@ -99,7 +100,7 @@ def test_initial_list_is_paged_into_one_snapshot(fake, events, start_watcher):
 
 
 def test_http_410_on_watch_request_relists(fake, events, start_watcher):
-    fake.add_node(node("a"))
+    fake.add_node(k8s_node("a"))
     fake.fail_next(1, status=410, path_regex="watch=true")
     w = start_watcher("nodes")
     assert events.wait_for(lambda items: len([t for t, _ in items if t == "SYNC"]) == 2)
@@ -107,8 +108,8 @@ def test_http_410_on_watch_request_relists(fake, events, start_watcher):
 
 
 def test_watch_410_relists_and_delivers_new_snapshot(fake, events, start_watcher):
-    fake.add_node(node("a"))
-    fake.add_node(node("b"))
+    fake.add_node(k8s_node("a"))
+    fake.add_node(k8s_node("b"))
     w = start_watcher("nodes")
     assert w.wait_synced(10)
     assert fake.wait_for_watches(1)
@@ -116,7 +117,7 @@ def test_watch_410_relists_and_delivers_new_snapshot(fake, events, start_watcher
     gate = fake.hold_next(1, path_regex="watch=true")
     fake.drop_watches()
     assert fake.wait_for_requests(lambda r: r.query.get("watch") == "true", n=2)
-    fake.add_node(node("c"))
+    fake.add_node(k8s_node("c"))
     fake.delete_node("a")
     fake.expire_history()
     gate.set()
@@ -125,13 +126,13 @@ def test_watch_410_relists_and_delivers_new_snapshot(fake, events, start_watcher
     assert [i["metadata"]["name"] for i in last["items"]] == ["b", "c"]
     assert w.stats.relists == 1
     assert [t for t, _ in events.items] == ["SYNC", "SYNC"]  # no events from the lost window, a snapshot instead
-    fake.add_node(node("d"))
+    fake.add_node(k8s_node("d"))
     assert events.wait_for(events.has("ADDED", "d"))
     assert w.resource_version == fake.resource_version
 
 
 def test_error_event_410_inside_watch_triggers_relist(fake, events, start_watcher):
-    fake.add_node(node("a"))
+    fake.add_node(k8s_node("a"))
     w = start_watcher("nodes")
     assert w.wait_synced(10)
     assert fake.wait_for_watches(1)
@@ -152,19 +153,19 @@ def test_other_error_event_reconnects_without_relist(fake, events, start_watcher
     fake.send_raw_watch_line(
         b'{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",'
         b'"message":"Internal error occurred: etcd hiccup","reason":"InternalError","code":500}}')
-    fake.add_node(node("later"))
+    fake.add_node(k8s_node("later"))
     assert events.wait_for(events.has("ADDED", "later"))
     assert w.stats.errors == 1 and w.stats.relists == 0 and len(events.snapshots()) == 1
 
 
 def test_server_errors_then_recovery(fake, events, start_watcher):
-    fake.add_node(node("a"))
+    fake.add_node(k8s_node("a"))
     fake.fail_next(2, status=500, path_regex=r"^/api/v1/nodes\?limit")  # the first lists fail
     fake.fail_next(2, status=503, path_regex="watch=true")  # then the first watches
     w = start_watcher("nodes")
     assert w.wait_synced(10)
     assert fake.wait_for_watches(1)
-    fake.add_node(node("b"))
+    fake.add_node(k8s_node("b"))
     assert events.wait_for(events.has("ADDED", "b"))
     assert w.stats.errors == 4
     assert len(events.snapshots()) == 1
@@ -172,15 +173,15 @@ def test_server_errors_then_recovery(fake, events, start_watcher):
 
 
 def test_dropped_watch_reconnects_from_last_resource_version(fake, events, start_watcher):
-    fake.add_node(node("a"))
+    fake.add_node(k8s_node("a"))
     w = start_watcher("nodes")
     assert w.wait_synced(10)
     assert fake.wait_for_watches(1)
-    fake.add_node(node("b"))
+    fake.add_node(k8s_node("b"))
     assert events.wait_for(events.has("ADDED", "b"))
     rv_after_b = fake.resource_version
     assert fake.drop_watches() == 1
-    fake.add_node(node("c"))  # made while (maybe) disconnected: must still arrive, without a relist
+    fake.add_node(k8s_node("c"))  # made while (maybe) disconnected: must still arrive, without a relist
     assert events.wait_for(events.has("ADDED", "c"))
     assert len(events.snapshots()) == 1
     assert w.stats.relists == 0
@@ -190,11 +191,11 @@ def test_dropped_watch_reconnects_from_last_resource_version(fake, events, start
 
 
 def test_watch_timeout_rewatches_from_last_rv(fake, events, start_watcher):
-    fake.add_node(node("a"))
+    fake.add_node(k8s_node("a"))
     w = start_watcher("nodes", timeout_seconds=1)
     assert w.wait_synced(10)
     assert fake.wait_for_requests(lambda r: r.query.get("watch") == "true", n=2, timeout=10)
-    fake.add_node(node("b"))
+    fake.add_node(k8s_node("b"))
     assert events.wait_for(events.has("ADDED", "b"))
     assert len(events.snapshots()) == 1 and w.stats.errors == 0
 
@@ -206,15 +207,15 @@ def test_garbage_lines_are_skipped(fake, events, start_watcher):
     fake.send_raw_watch_line(b"this is not json")
     fake.send_raw_watch_line(b'{"type":"ADDED"}')
     fake.send_raw_watch_line(b"[1,2]")
-    fake.add_node(node("after-garbage"))
+    fake.add_node(k8s_node("after-garbage"))
     assert events.wait_for(events.has("ADDED", "after-garbage"))
     assert w.stats.skipped_lines == 3
     assert w.stats.errors == 0 and len(_watch_requests(fake)) == 1
 
 
 def test_pod_watch_with_field_selector_sees_binding_as_added(fake, api, events, start_watcher):
-    fake.add_pod(pod("mine", node_name="n1"))
-    fake.add_pod(pod("pending"))
+    fake.add_pod(k8s_pod("mine", node="n1"))
+    fake.add_pod(k8s_pod("pending"))
     w = start_watcher("pods", field_selector="spec.nodeName=n1")
     assert w.wait_synced(10)
     assert [i["metadata"]["name"] for i in events.snapshots()[0]["items"]] == ["mine"]
@@ -229,14 +230,14 @@ def test_pod_watch_with_field_selector_sees_binding_as_added(fake, api, events, 
 
 
 def test_namespaced_label_selected_pod_watch(fake, events, start_watcher):
-    fake.add_pod(pod("x", namespace="a", labels={"app": "trainer"}))
-    fake.add_pod(pod("y", namespace="b", labels={"app": "trainer"}))
+    fake.add_pod(k8s_pod("x", namespace="a", labels={"app": "trainer"}))
+    fake.add_pod(k8s_pod("y", namespace="b", labels={"app": "trainer"}))
     w = start_watcher("pods", namespace="a", label_selector="app=trainer")
     assert w.wait_synced(10)
     assert [i["metadata"]["name"] for i in events.snapshots()[0]["items"]] == ["x"]
     fake.update_pod("a", "x", {"metadata": {"labels": {"app": "other"}}})  # stops matching -> DELETED
-    fake.add_pod(pod("z", namespace="b", labels={"app": "trainer"}))  # other namespace: not seen
-    fake.add_pod(pod("w", namespace="a", labels={"app": "trainer"}))
+    fake.add_pod(k8s_pod("z", namespace="b", labels={"app": "trainer"}))  # other namespace: not seen
+    fake.add_pod(k8s_pod("w", namespace="a", labels={"app": "trainer"}))
     assert events.wait_for(events.has("ADDED", "w"))
     assert [(t, o["metadata"]["name"]) for t, o in events.items[1:]] == [("DELETED", "x"), ("ADDED", "w")]
     assert events.items[1][1]["metadata"]["labels"] == {"app": "trainer"}  # last matching state
@@ -257,8 +258,8 @@ def test_callback_errors_do_not_kill_the_watcher(fake, api):
     w = Watcher(api, "nodes", flaky, timeout_seconds=30).start()
     try:
         assert w.wait_synced(10)
-        fake.add_node(node("boom"))
-        fake.add_node(node("fine"))
+        fake.add_node(k8s_node("boom"))
+        fake.add_node(k8s_node("fine"))
         with lock:
             assert lock.wait_for(lambda: seen.count("ADDED") == 2, 10)
         assert w.stats.callback_errors == 1
@@ -297,7 +298,7 @@ def test_bad_watcher_arguments(api, events):
 @pytest.mark.parametrize("count", [1, 60])
 def test_iter_lines_reads_content_length_and_chunked_bodies(fake, count):
     for i in range(count):
-        fake.add_node(node(f"node-{i:03d}"))
+        fake.add_node(k8s_node(f"node-{i:03d}"))
     resp = urllib3.request("GET", f"{fake.url}/api/v1/nodes", preload_content=False)
     assert resp.chunked == (count > 1)  # one small node fits Content-Length, 60 go chunked
     lines = list(iter_lines(resp))
