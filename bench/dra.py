@@ -122,8 +122,8 @@ def publication() -> str:
 def republish_latency(rounds: int) -> str:
     from gpuplugin.dra.driver import ClaimKey
     from gputopo.kube import make_api_client
-    from tests.dra.conftest import DRIVER, NODE, make_driver
-    from tests.fakes.kubeapi_dra import FakeDraKubeApi
+    from tests.fakes.kubeapi import FakeDraKubeApi
+    from tests.gpuplugin.dra.conftest import DRIVER, NODE, make_driver
 
     with FakeDraKubeApi() as fake, tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         fake.add_node({"metadata": {"name": NODE}})

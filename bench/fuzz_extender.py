@@ -50,7 +50,8 @@ from schemathesis import Case, GenerationMode
 from schemathesis.openapi import from_dict
 
 from bench.common import RESULTS, ROOT, machine_line, markdown_table, percentile
-from tests.extender.conftest import A100, DGX1, bind_body, cache_args, pod_json
+from tests.extender.conftest import A100, DGX1
+from tests.helpers.scheduler import bind_body, cache_args, pod_json
 from tests.reliability import test_extender_fuzz as fz
 
 CHECK_EVERY = 250

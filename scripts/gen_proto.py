@@ -1,10 +1,10 @@
 """Regenerate gpuplugin/proto/ from proto/*.proto with grpcio-tools.
 
 The include root maps `gpuplugin/proto` onto `proto/`, so protoc itself writes package-absolute imports
-(`from gpuplugin.proto.deviceplugin.v1beta1 import api_pb2`) and no post-processing is needed. No .pyi stubs:
-the repository's ruff config only exempts the generated .py files. The output is kept in git;
-tests/plugin/test_proto.py regenerates into a temporary directory and compares bytes, so a changed .proto
-without a regeneration fails CI.
+(`from gpuplugin.proto.deviceplugin.v1beta1 import api_pb2`) and no post-processing is needed. No .pyi stubs: the
+repository's ruff config only exempts the generated .py files. The output is kept in git;
+tests/gpuplugin/proto/test_deviceplugin.py regenerates into a temporary directory and compares bytes, so a changed
+.proto without a regeneration fails CI.
 
     python scripts/gen_proto.py            # rewrite the committed files
     python scripts/gen_proto.py --out DIR  # write the tree under DIR instead

@@ -1,5 +1,7 @@
-"""Shared test setup. `SHARED` is the read-only fixture tree (../shared next to the repository); `fake` is an
-in-process kube-apiserver and `api` the official client pointed at it."""
+"""Fixtures the whole suite shares (helpers to import are in tests/helpers/): `shared_dir` is the read-only fixture
+tree (../shared next to the repository); `fake` is an in-process kube-apiserver and `api` the official client
+pointed at it; `kubelet` is the kubelet simulator serving on `plugin_dir` (a directory short enough for unix socket
+paths)."""
 
 import threading
 from collections.abc import Iterator
@@ -9,9 +11,9 @@ import kubernetes.client
 import pytest
 
 from gputopo.kube import make_api_client
+from sim.kubelet import KubeletSimulator
 from tests.fakes.kubeapi import FakeKubeApi
-
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+from tests.helpers.paths import SHARED, short_dir
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +33,20 @@ def api(fake: FakeKubeApi) -> Iterator[kubernetes.client.ApiClient]:
     client = make_api_client(host=fake.url, timeout_s=5.0)
     yield client
     client.close()
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[Path]:
+    """A device plugin directory short enough for unix socket paths."""
+    with short_dir("dp-") as path:
+        yield path
+
+
+@pytest.fixture
+def kubelet(plugin_dir: Path) -> Iterator[KubeletSimulator]:
+    sim = KubeletSimulator(plugin_dir).start()
+    yield sim
+    sim.stop()
 
 
 def process_wide(thread: threading.Thread) -> bool:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO
+
 LINT = Path(sys.executable).with_name("lint-imports")
 PACKAGES = ("gputopo", "gpuplugin", "extender", "sim", "bench", "tests")
 
@@ -25,15 +26,15 @@ def _lint(root: Path) -> subprocess.CompletedProcess[str]:
 def copy_of_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project's Python sources in a scratch directory, to add forbidden imports to."""
     root = tmp_path_factory.mktemp("tree")
-    shutil.copy(ROOT / "pyproject.toml", root)
+    shutil.copy(REPO / "pyproject.toml", root)
     for package in PACKAGES:
-        shutil.copytree(ROOT / package, root / package, ignore=lambda _d, names: [
+        shutil.copytree(REPO / package, root / package, ignore=lambda _d, names: [
             n for n in names if not (n.endswith(".py") or (Path(_d) / n).is_dir()) or n == "__pycache__"])
     return root
 
 
 def test_the_project_keeps_every_contract() -> None:
-    result = _lint(ROOT)
+    result = _lint(REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "0 broken" in result.stdout
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO
+
 PACKAGES = ("gputopo", "gpuplugin", "extender", "sim")
 EVENT = re.compile(r"^(plugin|dra|extender|kube|discovery|worker|sim)\.[a-z0-9_]+\.[a-z0-9_]+$")
 LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "msg"})
@@ -27,7 +27,7 @@ def log_events() -> list[tuple[str, int, str]]:
     (an f-string, a variable) is reported as its source text, so it fails the scheme."""
     found = []
     for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
+        for path in sorted((REPO / package).rglob("*.py")):
             if "proto" in path.parts:
                 continue
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -35,7 +35,7 @@ def log_events() -> list[tuple[str, int, str]]:
                     continue
                 first = node.args[0]
                 literal = isinstance(first, ast.Constant) and isinstance(first.value, str)
-                found.append((str(path.relative_to(ROOT)), node.lineno,
+                found.append((str(path.relative_to(REPO)), node.lineno,
                               first.value if literal else f"<not a literal: {ast.unparse(first)}>"))
     return found
 

@@ -4,7 +4,6 @@ NCCL transport parsing, size planning and the report."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -23,8 +22,9 @@ from bench.train import (
 )
 from gputopo.core import allreduce_gbps
 from gputopo.discovery.loader import load_topology_file
+from tests.helpers.paths import REPO
 
-DATA = Path(__file__).resolve().parents[2] / "gputopo" / "data"
+DATA = REPO / "gputopo" / "data"
 
 
 def test_estimate_is_bracketed_by_no_overlap_and_full_overlap() -> None:

@@ -19,7 +19,8 @@ import helm_python
 import yaml
 from helm_python import _native as helm_native
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO as ROOT  # the deploy tests' name for it
+
 DEPLOY = ROOT / "deploy"
 MANIFESTS = DEPLOY / "manifests"
 SCHEDULER_DIR = DEPLOY / "scheduler"

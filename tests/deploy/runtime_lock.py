@@ -17,7 +17,8 @@ from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO as ROOT  # the deploy tests' name for it
+
 LOCK_FILE = ROOT / "deploy" / "requirements-runtime.txt"
 HEADER = (
     "# Runtime closure of gpu-topology-scheduling, pinned from the tested environment.\n"

@@ -12,8 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -29,8 +27,11 @@ from extender.config import SETTINGS as EXTENDER_SETTINGS
 from gpuplugin.config import SETTINGS as PLUGIN_SETTINGS
 from sim.ports import free_port
 from tests.deploy.rendering import ROOT, Obj, all_renderings, containers, find
+from tests.helpers.paths import short_dir
+from tests.helpers.processes import http_ok, stop_process, wait_serving
 
 BIN = Path(sys.executable).parent
+WAIT = 30.0  # liveness bound for the process to start on a loaded machine, never a performance figure
 
 
 def _container(objects: list[Obj], name: str) -> list[tuple[Obj, dict[str, Any], dict[str, Any]]]:
@@ -181,30 +182,20 @@ def test_no_service_link_sets_a_setting(rendering: str) -> None:
 def standalone_extender() -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
     """A real `gpu-extender serve` in standalone mode, API and metrics listener on free loopback ports; yields the
     metrics port."""
-    tmp = Path(tempfile.mkdtemp(dir="/tmp"))
-    inventory = tmp / "inventory.yaml"
-    topology = ROOT / "gputopo" / "data" / "dgx1-v100-hybrid-cube-mesh.txt"
-    inventory.write_text(yaml.safe_dump({"nodes": [{"name": "gpu-node-1", "topology": str(topology)}]}))
-    port, metrics_port = free_port(), free_port()
-    process = subprocess.Popen([str(BIN / "gpu-extender"), "serve", "--inventory", str(inventory),
-                                "--host", "127.0.0.1", "--port", str(port), "--metrics-host", "127.0.0.1",
-                                "--metrics-port", str(metrics_port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/healthz", timeout=1)
-                break
-            except OSError:
-                if process.poll() is not None:
-                    pytest.fail("gpu-extender exited before serving")
-                time.sleep(0.05)
-        yield metrics_port, process
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        inventory.unlink()
-        tmp.rmdir()
+    with short_dir("flags-") as tmp:
+        inventory = tmp / "inventory.yaml"
+        topology = ROOT / "gputopo" / "data" / "dgx1-v100-hybrid-cube-mesh.txt"
+        inventory.write_text(yaml.safe_dump({"nodes": [{"name": "gpu-node-1", "topology": str(topology)}]}))
+        port, metrics_port = free_port(), free_port()
+        process = subprocess.Popen([str(BIN / "gpu-extender"), "serve", "--inventory", str(inventory),
+                                    "--host", "127.0.0.1", "--port", str(port), "--metrics-host", "127.0.0.1",
+                                    "--metrics-port", str(metrics_port)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_serving(process, lambda: http_ok(f"http://127.0.0.1:{metrics_port}/healthz"), WAIT)
+            yield metrics_port, process
+        finally:
+            stop_process(process, 10)
 
 
 def _probe(probe: dict[str, Any], container: dict[str, Any], port: int) -> int:
@@ -232,7 +223,6 @@ def test_sidecar_http_probes_pass_against_a_live_extender_and_fail_without_one(
     assert [p["httpGet"]["path"] for p in probes] == ["/healthz", "/readyz"]
     for probe in probes:
         assert _probe(probe, container, port) == 200
-    process.terminate()
-    process.wait(timeout=10)
+    stop_process(process, 10)
     for probe in probes:
         assert _probe(probe, container, port) == 0

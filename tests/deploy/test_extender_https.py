@@ -10,8 +10,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,9 +18,12 @@ import pytest
 import yaml
 
 from tests.deploy.rendering import ROOT, SCHEDULER_DIR, containers, find, kustomize_build
+from tests.helpers.paths import short_dir
+from tests.helpers.processes import accepts, stop_process, wait_serving
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 CERT_SCRIPT = SCHEDULER_DIR / "make-extender-certs.sh"
+WAIT = 30.0  # liveness bound for the process to start on a loaded machine, never a performance figure
 
 
 def _certs(directory: Path, namespace: str = "gpu-topology") -> Path:
@@ -39,8 +40,7 @@ def _deployment() -> tuple[dict[str, Any], dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def https_extender() -> Iterator[dict[str, Any]]:
-    tmp = Path(tempfile.mkdtemp(dir="/tmp"))
-    try:
+    with short_dir("https-") as tmp:
         certs = _certs(tmp / "certs")
         pod, container = _deployment()
         (mount,) = [m for m in container["volumeMounts"] if m["name"] == "tls"]
@@ -71,21 +71,10 @@ def https_extender() -> Iterator[dict[str, Any]]:
                                     "--inventory", str(inventory)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
-            for _ in range(200):
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if process.poll() is not None:
-                        pytest.fail(f"gpu-extender exited: {process.stderr.read().decode()[-2000:]}")
-                    time.sleep(0.05)
+            wait_serving(process, lambda: accepts(port), WAIT)
             yield {"port": port, "certs": certs, "tmp": tmp}
         finally:
-            process.terminate()
-            process.wait(timeout=10)
-            process.stderr.close()
-    finally:
-        shutil.rmtree(tmp)
+            stop_process(process, 10)
 
 
 def _get(port: int, context: ssl.SSLContext, server_name: str, path: str = "/healthz") -> str:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,9 +21,12 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from sim.ports import free_port
-from sim.scheduler import gpu_pod
 from tests.deploy.rendering import DEPLOY, ROOT
-from tests.fakes.gpunode import gpu_node, terminate
+from tests.fakes.gpunode import gpu_node
+from tests.helpers.paths import short_dir
+from tests.helpers.polling import eventually
+from tests.helpers.processes import http_ok, stop_process, wait_serving
+from tests.helpers.scheduler import bind_body, cache_args, pod_json
 
 DASHBOARD = DEPLOY / "grafana" / "gpu-topology.json"
 TOPOLOGY = ROOT / "gputopo" / "data" / "dgx1-v100-hybrid-cube-mesh.txt"
@@ -132,14 +133,6 @@ def _exposition(url: str) -> dict[str, set[str] | None]:
     return series
 
 
-def _wait(predicate, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def plugin_metrics() -> Iterator[dict[str, set[str] | None]]:
     """A real `gpuplugin run` after registration, a GetPreferredAllocation and an Allocate from the kubelet."""
@@ -150,7 +143,8 @@ def plugin_metrics() -> Iterator[dict[str, set[str] | None]]:
             chosen = node.kubelet.preferred(RESOURCE, ids, [], 2)
             node.kubelet.allocate(RESOURCE, chosen)
             url = f"http://127.0.0.1:{port}/metrics"
-            _wait(lambda: "gpuplugin_allocations_total" in httpx.get(url, timeout=5).text, "the plugin's metrics")
+            assert eventually(lambda: "gpuplugin_allocations_total" in httpx.get(url, timeout=5).text, WAIT), (
+                "timed out waiting for the plugin's metrics")
             yield _exposition(url)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{node.log_tail()}") from None
@@ -159,39 +153,28 @@ def plugin_metrics() -> Iterator[dict[str, set[str] | None]]:
 @pytest.fixture(scope="module")
 def extender_metrics() -> Iterator[dict[str, set[str] | None]]:
     """A real standalone `gpu-extender serve` after kube-scheduler's filter, prioritize and bind calls."""
-    root = Path(tempfile.mkdtemp(prefix="dash-ext-", dir="/tmp"))
-    (root / "inventory.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "n1", "topology": str(TOPOLOGY)}]}))
-    port, metrics_port = free_port(), free_port()
-    with open(root / "extender.log", "wb") as out:
-        process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "gpu-extender"), "serve", "--inventory", str(root / "inventory.yaml"),
-             "--host", "127.0.0.1", "--port", str(port), "--metrics-host", "127.0.0.1",
-             "--metrics-port", str(metrics_port)], stdout=out, stderr=subprocess.STDOUT)
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            def ready() -> bool:
-                assert process.poll() is None, "gpu-extender exited"
-                try:
-                    return client.get("/readyz").status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            _wait(ready, "the extender's /readyz")
-            pod = gpu_pod("trainer", 4)
-            args = {"Pod": pod, "NodeNames": ["n1"], "Nodes": None}
-            assert client.post("/filter", json=args).json()["NodeNames"] == ["n1"]
-            client.post("/prioritize", json=args).raise_for_status()
-            client.post("/bind", json={"PodName": pod["metadata"]["name"], "PodNamespace": "default",
-                                       "PodUID": pod["metadata"]["uid"], "Node": "n1"}).raise_for_status()
-            assert client.post("/filter", content=b"{not json").status_code == 400
-            yield _exposition(f"http://127.0.0.1:{metrics_port}/metrics")
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n{(root / 'extender.log').read_text(errors='replace')[-4000:]}") from None
-    finally:
-        terminate(process)
-        for path in root.iterdir():
-            path.unlink()
-        root.rmdir()
+    with short_dir("dash-ext-") as root:
+        (root / "inventory.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "n1", "topology": str(TOPOLOGY)}]}))
+        port, metrics_port = free_port(), free_port()
+        with open(root / "extender.log", "wb") as out:
+            process = subprocess.Popen(
+                [str(Path(sys.executable).parent / "gpu-extender"), "serve", "--inventory",
+                 str(root / "inventory.yaml"), "--host", "127.0.0.1", "--port", str(port), "--metrics-host",
+                 "127.0.0.1", "--metrics-port", str(metrics_port)], stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_serving(process, lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), WAIT)
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+                pod = pod_json("trainer", 4)
+                args = cache_args(pod, ["n1"])
+                assert client.post("/filter", json=args).json()["NodeNames"] == ["n1"]
+                client.post("/prioritize", json=args).raise_for_status()
+                client.post("/bind", json=bind_body(pod, "n1")).raise_for_status()
+                assert client.post("/filter", content=b"{not json").status_code == 400
+                yield _exposition(f"http://127.0.0.1:{metrics_port}/metrics")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{(root / 'extender.log').read_text(errors='replace')[-4000:]}") from None
+        finally:
+            stop_process(process)
 
 
 def test_every_metric_the_dashboard_queries_is_exported(plugin_metrics: dict[str, set[str] | None],

@@ -11,11 +11,8 @@ static test, which checks them against the KubeSchedulerConfiguration's leader e
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -26,14 +23,17 @@ import yaml
 
 from gputopo.core import state_from_json
 from sim.ports import free_port
-from sim.scheduler import gpu_pod
-from tests.conftest import SHARED
 from tests.deploy.rendering import DEPLOY
-from tests.extender.conftest import bind_body, cache_args, node_annotations, recorded, topo
-from tests.fakes.gpunode import GpuNode, gpu_node, terminate
+from tests.extender.conftest import topo
+from tests.fakes.gpunode import GpuNode, gpu_node
 from tests.fakes.kubeapi import FakeKubeApi, RecordedRequest
-from tests.fakes.kubeapi_groups import RESOURCES as GROUP_RESOURCES
-from tests.fakes.kubeapi_groups import FakeGroupsKubeApi
+from tests.fakes.kubeapi.groups import RESOURCES as GROUP_RESOURCES
+from tests.fakes.kubeapi.groups import FakeGroupsKubeApi
+from tests.helpers.kube import k8s_node, k8s_pod
+from tests.helpers.paths import SHARED, short_dir
+from tests.helpers.polling import eventually
+from tests.helpers.processes import http_ok, stop_process, wait_serving
+from tests.helpers.scheduler import bind_body, cache_args, recorded
 
 CALLS_FILE = DEPLOY / "rbac-calls.yaml"
 DGX1 = SHARED / "topologies" / "dgx1-v100-ucxpy.txt"
@@ -112,15 +112,6 @@ def assert_equals_table(component: str, requests: list[RecordedRequest]) -> None
     assert table - seen == set(), f"rbac-calls.yaml declares calls {component} never made; observed: {shown}"
 
 
-def _wait(predicate: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    """Poll a fact no one notifies about (the kubelet simulator's answers, the Node's annotations)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def _is_list(resource: str) -> Callable[[RecordedRequest], bool]:
     return lambda r: r.method == "GET" and rbac_call(r) == Call("list", "", resource)
 
@@ -129,9 +120,7 @@ def _relist(fake: FakeKubeApi, resources: tuple[str, ...]) -> None:
     """A change no watcher is shown (a finished pod on another node), then the history compacted and every watch
     cut: each watcher reconnects from a resourceVersion older than the compaction, gets 410 and lists again."""
     lists = {r: sum(1 for q in list(fake.requests) if _is_list(r)(q)) for r in resources}
-    fake.add_pod({"metadata": {"name": f"finished-{len(fake.requests)}", "namespace": "default"},
-                  "spec": {"nodeName": "elsewhere", "containers": [{"name": "c", "image": "x"}]},
-                  "status": {"phase": "Failed"}})
+    fake.add_pod(k8s_pod(f"finished-{len(fake.requests)}", 0, "elsewhere", phase="Failed"))
     fake.expire_history()
     fake.drop_watches()
     for resource, n in lists.items():
@@ -192,22 +181,18 @@ def test_plugin_calls_exactly_its_declared_api(plugin_node: GpuNode) -> None:
         return (fake.node(NODE) or {}).get("metadata", {}).get("annotations", {})
 
     try:
-        _wait(lambda: f"{PREFIX}/topology" in annotations(), "the topology annotation")
+        assert eventually(lambda: f"{PREFIX}/topology" in annotations(), WAIT), "no topology annotation"
         # A state change: the kubelet now holds GPUs 1 and 2 for a pod; the next poll publishes it.
         podres.service.set_pod("default", "holder", {"main": {RESOURCE: ["1", "2"]}})
         # The plan watch: a pod bound here with the extender's plan reaches GetPreferredAllocation.
         assert fake.wait_for_watches(1, timeout=WAIT, resource="pods")
         plan = {"v": 1, "node": NODE, "resource": RESOURCE, "containers": {"main": ["4", "7"]}, "gbps": 40.0}
-        fake.add_pod({
-            "metadata": {"name": "trainer", "namespace": "default",
-                         "annotations": {f"{PREFIX}/plan": json.dumps(plan)}},
-            "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x",
-                                                        "resources": {"limits": {RESOURCE: "2"}}}]},
-        })
-        _wait(lambda: kubelet.preferred_raw(RESOURCE, ids, [], 2) == ["4", "7"], "the plan at the kubelet")
+        fake.add_pod(k8s_pod("trainer", 2, NODE, {f"{PREFIX}/plan": json.dumps(plan)}))
+        assert eventually(lambda: kubelet.preferred_raw(RESOURCE, ids, [], 2) == ["4", "7"], WAIT), (
+            "the plan never reached the kubelet")
         _relist(fake, ("pods",))
-        _wait(lambda: state_from_json(annotations().get(f"{PREFIX}/state", '{"v":1}')).used == {"1", "2"},
-              "the new state on the Node")
+        assert eventually(lambda: state_from_json(annotations().get(f"{PREFIX}/state", '{"v":1}')).used == {"1", "2"},
+                          WAIT), "the new state never reached the Node"
     except AssertionError as e:
         raise AssertionError(f"{e}\n{plugin_node.log_tail()}") from None
     plugin_node.stop()
@@ -223,11 +208,8 @@ def test_plugin_calls_exactly_its_declared_api(plugin_node: GpuNode) -> None:
 @pytest.fixture
 def extender_cluster() -> Iterator[dict[str, Any]]:
     """`gpu-extender serve --api-server <fake>` on a free loopback port, with one DGX-1 node published."""
-    root = Path(tempfile.mkdtemp(prefix="rbac-ext-", dir="/tmp"))
-    with FakeGroupsKubeApi() as fake:  # the gang schedulers' group kinds installed: the extender watches them
-        fake.add_node({"metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "n1"},
-                                    "annotations": node_annotations(topo(DGX1))},
-                       "status": {"allocatable": {RESOURCE: "8"}, "capacity": {RESOURCE: "8"}}})
+    with short_dir("rbac-ext-") as root, FakeGroupsKubeApi() as fake:  # the gang schedulers' group kinds installed
+        fake.add_node(k8s_node("n1", topo(DGX1)))
         port = free_port()
         with open(root / "extender.log", "wb") as out:
             process = subprocess.Popen(
@@ -236,28 +218,19 @@ def extender_cluster() -> Iterator[dict[str, Any]]:
                 stdout=out, stderr=subprocess.STDOUT,
             )
         try:
+            wait_serving(process, lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), WAIT, root / "extender.log")
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-                _wait(lambda: _ready(client, process), "the extender's /readyz")
                 yield {"fake": fake, "client": client, "process": process, "log": root / "extender.log"}
         finally:
-            terminate(process)
-            shutil.rmtree(root, ignore_errors=True)
-
-
-def _ready(client: httpx.Client, process: subprocess.Popen[bytes]) -> bool:
-    assert process.poll() is None, "gpu-extender exited"
-    try:
-        return client.get("/readyz").status_code == 200
-    except httpx.TransportError:
-        return False
+            stop_process(process)
 
 
 def test_extender_calls_exactly_its_declared_api(extender_cluster: dict[str, Any]) -> None:
     fake, client = extender_cluster["fake"], extender_cluster["client"]
     try:
-        p1, p2, p3 = (fake.add_pod(gpu_pod(name, 4)) for name in ("p1", "p2", "p3"))
-        _wait(lambda: client.post("/filter", json=cache_args(p1, ["n1"])).json()["NodeNames"] == ["n1"],
-              "p1 to fit n1")
+        p1, p2, p3 = (fake.add_pod(k8s_pod(name, 4)) for name in ("p1", "p2", "p3"))
+        assert eventually(lambda: client.post("/filter", json=cache_args(p1, ["n1"])).json()["NodeNames"] == ["n1"],
+                          WAIT), "p1 never fit n1"
         scores = client.post("/prioritize", json=cache_args(p1, ["n1"])).json()
         assert scores == [{"Host": "n1", "Score": scores[0]["Score"]}]
         assert client.post("/bind", json=bind_body(p1, "n1")).json() == {"Error": ""}
@@ -281,5 +254,5 @@ def test_extender_calls_exactly_its_declared_api(extender_cluster: dict[str, Any
             assert fake.wait_for_watches(1, timeout=WAIT, resource=f"{plural}.{version}.{group}"), plural
     except AssertionError as e:
         raise AssertionError(f"{e}\n{extender_cluster['log'].read_text()[-4000:]}") from None
-    terminate(extender_cluster["process"])
+    stop_process(extender_cluster["process"])
     assert_equals_table("extender", list(fake.requests))

@@ -37,8 +37,8 @@ from tests.deploy.rendering import (
     render_chart,
     render_chart_files,
 )
-from tests.webhook.recordings import ADMISSION, SCHEDULER
-from tests.webhook.recordings import review as recorded
+from tests.extender.webhook.recordings import ADMISSION, SCHEDULER
+from tests.extender.webhook.recordings import review as recorded
 
 CERT_MANAGER_KINDS = {"Issuer", "Certificate", "ClusterIssuer"}
 WEBHOOK_VARIANTS: dict[str, ChartVariant] = {

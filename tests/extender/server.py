@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
+
+from tests.helpers.polling import eventually
 
 
 @contextmanager
@@ -20,11 +21,9 @@ def serve(app: Any, **config: Any) -> Iterator[str]:
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
+    eventually(lambda: server.started or not thread.is_alive(), 20, interval=0.01)
+    if not server.started:
+        raise RuntimeError("uvicorn did not start")
     port = server.servers[0].sockets[0].getsockname()[1]
     scheme = "https" if config.get("ssl_certfile") else "http"
     try:

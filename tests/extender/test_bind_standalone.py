@@ -8,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gputopo.core import allreduce_gbps
-from tests.extender.conftest import A100, DGX1, H100X4, bind_body, cache_args, pod_json, topo
+from tests.extender.conftest import A100, DGX1, H100X4, topo
+from tests.helpers.scheduler import bind_body, cache_args, pod_json
 
 
 def _plans(client) -> dict[str, dict[str, Any]]:

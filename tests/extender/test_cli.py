@@ -5,7 +5,6 @@ from __future__ import annotations
 import ssl
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -14,9 +13,10 @@ from click.testing import CliRunner
 
 from extender.cli import main
 from sim.ports import free_port
-from tests.extender.conftest import A100, cache_args, pod_json, write_inventory
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.extender.conftest import A100, write_inventory
+from tests.helpers.paths import REPO
+from tests.helpers.processes import http_ok, stop_process, wait_serving
+from tests.helpers.scheduler import cache_args, pod_json
 
 
 def _openssl_cert(directory: Path, name: str) -> tuple[Path, Path]:
@@ -44,24 +44,14 @@ def test_serve_over_mutual_tls(tmp_path: Path) -> None:
     anonymous = ssl.create_default_context(cafile=str(server_cert))
     url = f"https://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
         with httpx.Client(base_url=url, verify=trusted, timeout=5) as client:
-            while True:
-                try:
-                    if client.get("/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-                assert time.monotonic() < deadline, "server did not come up"
-                time.sleep(0.1)
+            wait_serving(proc, lambda: http_ok("/healthz", client), 30)
             out = client.post("/filter", json=cache_args(pod_json(gpus=4), ["a100"])).json()
             assert out["NodeNames"] == ["a100"]
         with httpx.Client(base_url=url, verify=anonymous, timeout=5) as client, pytest.raises(httpx.TransportError):
             client.get("/healthz")
     finally:
-        proc.terminate()
-        output, _ = proc.communicate(timeout=15)
+        output, _ = stop_process(proc, 15)
     # graceful shutdown ran (uvicorn then re-raises SIGTERM, so the status is 0 or -SIGTERM)
     assert "extender.service.stopped" in output.decode() and proc.returncode in (0, -15)
 

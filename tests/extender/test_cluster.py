@@ -15,34 +15,13 @@ import kubernetes.client
 from extender.config import ExtenderConfig
 from extender.service import Extender
 from gputopo.contract import parse_plan
-from gputopo.core import Topology
-from tests.extender.conftest import A100, DGX1, PCIE, PREFIX, bind_body, cache_args, node_annotations, running, topo
+from tests.extender.conftest import A100, DGX1, PCIE, running, topo
 from tests.fakes.kubeapi import FakeKubeApi
+from tests.helpers.kube import PREFIX, k8s_node, k8s_pod, node_annotations, set_state
+from tests.helpers.scheduler import bind_body, cache_args
 
 PLAN = f"{PREFIX}/plan"
 SYNC_OPTIONS = {"watch_timeout_s": 60, "backoff_initial_s": 0.02, "backoff_max_s": 0.1}
-
-
-def k8s_node(name: str, t: Topology, used: list[int] | None = None, unhealthy: list[int] | None = None,
-             annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    ann = node_annotations(t, [t.gpus[i].id for i in used or []], [t.gpus[i].id for i in unhealthy or []])
-    ann.update(annotations or {})
-    return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": ann},
-            "status": {"capacity": {"nvidia.com/gpu": str(t.size)}, "allocatable": {"nvidia.com/gpu": str(t.size)}}}
-
-
-def k8s_pod(name: str, gpus: int, node: str | None = None, annotations: dict[str, str] | None = None
-            ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "registry.invalid/none:0", "resources": {
-        "limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}}}]}
-    if node:
-        spec["nodeName"] = node
-    return {"metadata": {"name": name, "namespace": "default", "annotations": annotations or {}}, "spec": spec}
-
-
-def set_state(fake: FakeKubeApi, name: str, t: Topology, used: list[str], generation: int = 2) -> None:
-    state = json.dumps({"v": 1, "gen": generation, "used": sorted(used), "unhealthy": []})
-    fake.update_node(name, {"metadata": {"annotations": {f"{PREFIX}/state": state}}})
 
 
 @contextmanager
@@ -81,7 +60,7 @@ def test_cache_follows_nodes_and_ignores_garbage(fake: FakeKubeApi, api) -> None
         assert "state annotation gpu-topology.io/state is unreadable" in unres["bad-state"]
         assert "publishes no GPU topology" in unres["cpu-only"]
 
-        set_state(fake, "n1", a, ["GPU0"])
+        set_state(fake, "n1", ["GPU0"])
         assert ext.cache.wait_for(lambda: ext.cache.nodes["n1"].used_ids == {"GPU0"}, 10)
         assert filter_names(client, pod, ["n1"])["NodeNames"] == ["n1"]
 
@@ -109,7 +88,7 @@ def test_bind_posts_the_binding_with_the_plan_and_reserves_until_the_state_shows
         # the node's state still shows nothing used: the reservation keeps the plan's GPUs away from p2
         reason = filter_names(client, p2, ["n1"])["FailedNodes"]["n1"]
         assert reason.startswith("needs 6 GPUs, 4 free:") and "reserved for pods being bound" in reason
-        set_state(fake, "n1", a, sorted(plan.ids))
+        set_state(fake, "n1", sorted(plan.ids))
         assert ext.cache.wait_for(lambda: ext.reservations.count() == 0, 10)
         reason = filter_names(client, p2, ["n1"])["FailedNodes"]["n1"]
         assert "in use" in reason and "reserved" not in reason
@@ -204,7 +183,7 @@ def test_a_bound_pods_plan_outlives_the_reservation_timeout(fake: FakeKubeApi, a
         fake.update_pod("default", "bound", {"metadata": {"labels": {"touched": "yes"}}})
         assert ext.cache.wait_for(lambda: "touched" in str(fake.pod("default", "bound")), 10)
         assert {r.name for r in ext.reservations.all()} == {"bound"}
-        set_state(fake, "n1", a, sorted(plan.ids))  # the kubelet is back: the state accounts for the GPUs
+        set_state(fake, "n1", sorted(plan.ids))  # the kubelet is back: the state accounts for the GPUs
         assert ext.cache.wait_for(lambda: ext.reservations.count() == 0, 10)
         assert 'gpu_extender_reservations_ended_total{why="timeout"} 1.0' in client.get("/metrics").text
         assert 'gpu_extender_reservations_ended_total{why="settled"} 1.0' in client.get("/metrics").text
@@ -265,7 +244,7 @@ def test_restart_rebuilds_reservations_from_plan_annotations(fake: FakeKubeApi, 
             assert client.post("/bind", json=bind_body(p, "n1")).json() == {"Error": ""}
     held = {uid: ids for uid, _, ids in _plans_on(fake)}
     # the plugin published p0's GPUs as used; p1 and p2 are still in flight when the extender comes back
-    set_state(fake, "n1", d, sorted({"GPU0"} | held[pods[0]["metadata"]["uid"]]))
+    set_state(fake, "n1", sorted({"GPU0"} | held[pods[0]["metadata"]["uid"]]))
     with cluster(api) as (ext, client):
         assert {r.uid: r.ids for r in ext.reservations.all()} == {
             p["metadata"]["uid"]: held[p["metadata"]["uid"]] for p in pods[1:3]}

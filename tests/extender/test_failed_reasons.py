@@ -14,9 +14,11 @@ import httpx
 import kubernetes.client
 
 from extender import placement_reasons as reasons
-from tests.extender.conftest import A100, PREFIX, cache_args, topo
-from tests.extender.test_cluster import cluster, k8s_node, k8s_pod
+from tests.extender.conftest import A100, topo
+from tests.extender.test_cluster import cluster
 from tests.fakes.kubeapi import FakeKubeApi
+from tests.helpers.kube import PREFIX, k8s_node, k8s_pod
+from tests.helpers.scheduler import cache_args
 
 PATTERNS = [*combinations(range(8), 3), *combinations(range(8), 4)]
 NOTE_LIMIT = 1024  # k8s.io/api/events validation.NoteLengthLimit

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.extender.conftest import A100, DGX1, H100X4, PCIE, cache_args, pod_json
+from tests.extender.conftest import A100, DGX1, H100X4, PCIE
+from tests.helpers.scheduler import cache_args, pod_json
 
 NVLINK = "gpu-topology.io/require-nvlink"
 MIN_GBPS = "gpu-topology.io/min-allreduce-gbps"

@@ -26,9 +26,11 @@ from extender.cli import main
 from extender.metrics import ExtenderMetrics
 from extender.server import AcceptErrors
 from sim.ports import free_port
-from tests.extender.conftest import A100, cache_args, pod_json, write_inventory
+from tests.extender.conftest import A100, write_inventory
+from tests.helpers.paths import REPO
+from tests.helpers.processes import http_ok, stop_process, wait_serving
+from tests.helpers.scheduler import cache_args, pod_json
 
-REPO = Path(__file__).resolve().parents[2]
 WAIT = 10.0
 
 
@@ -45,20 +47,10 @@ def extender(tmp_path: Path, *flags: str, nofile: int | None = None) -> Iterator
                              str(port), *flags], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             preexec_fn=limit)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.1)
+        wait_serving(proc, lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), 30)
         yield port, proc
     finally:
-        proc.terminate()
-        proc.wait(15)
+        stop_process(proc, 15)
 
 
 def closed_by_server(sock: socket.socket, drip: Callable[[], None] | None = None) -> bool:
@@ -128,8 +120,7 @@ def test_short_of_open_files_normal_clients_are_served(tmp_path: Path) -> None:
         assert filter_ok(port)
         for s in held:
             s.close()
-        proc.terminate()
-        output = proc.communicate(timeout=15)[0].decode()
+        output = stop_process(proc, 15)[0].decode()
     assert "Too many open files" not in output
 
 

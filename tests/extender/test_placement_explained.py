@@ -11,9 +11,12 @@ import kubernetes.client
 
 from extender.explain import MAX_CHARS, Explainer
 from extender.pods import Need
-from tests.extender.conftest import A100, PCIE, PREFIX, SHARED, bind_body, cache_args, topo
-from tests.extender.test_cluster import cluster, k8s_node, k8s_pod
+from tests.extender.conftest import A100, PCIE, topo
+from tests.extender.test_cluster import cluster
 from tests.fakes.kubeapi import FakeKubeApi
+from tests.helpers.kube import PREFIX, k8s_node, k8s_pod
+from tests.helpers.paths import SHARED
+from tests.helpers.scheduler import bind_body, cache_args
 
 A6000 = SHARED / "topologies" / "pcie-8x-rtxa6000-nvlinkbridge-pairs-2socket-unige-baobab.txt"
 PLACEMENT = f"{PREFIX}/placement"

@@ -16,7 +16,8 @@ from extender.pods import (
     split_plan,
 )
 from gputopo.contract import Keys
-from tests.extender.conftest import DGX1, pod_json, topo
+from tests.extender.conftest import DGX1, topo
+from tests.helpers.scheduler import pod_json
 
 RES = "nvidia.com/gpu"
 KEYS = (Keys(),)

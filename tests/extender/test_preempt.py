@@ -6,7 +6,8 @@ import copy
 import json
 from typing import Any
 
-from tests.extender.conftest import A100, DGX1, PCIE, bind_body, cache_args, pod_json, recorded
+from tests.extender.conftest import A100, DGX1, PCIE
+from tests.helpers.scheduler import bind_body, cache_args, pod_json, recorded
 
 NVLINK = "gpu-topology.io/require-nvlink"
 

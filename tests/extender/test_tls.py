@@ -13,12 +13,9 @@ import datetime
 import ipaddress
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,7 +27,10 @@ import yaml
 
 from extender.cli import is_loopback
 from sim.ports import free_port
-from tests.extender.conftest import DGX1, cache_args, pod_json
+from tests.extender.conftest import DGX1
+from tests.helpers.paths import short_dir
+from tests.helpers.processes import accepts, stop_process, wait_serving
+from tests.helpers.scheduler import cache_args, pod_json
 
 GPU_EXTENDER = Path(sys.executable).parent / "gpu-extender"
 WAIT = 30.0  # liveness bound for a starting process on a loaded machine, not a performance figure
@@ -143,12 +143,9 @@ def make_pki(directory: Path) -> Pki:
 
 @pytest.fixture(scope="module")
 def workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="tls-", dir="/tmp"))
-    try:
+    with short_dir("tls-") as path:
         (path / "inventory.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "n1", "topology": str(DGX1)}]}))
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -160,14 +157,6 @@ def pki(workdir: Path) -> Pki:
 # ---------------------------------------------------------------------------------------------------------------
 # the process
 
-
-
-def _accepts(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 @contextmanager
@@ -182,19 +171,10 @@ def serving(workdir: Path, *args: str, env: dict[str, str] | None = None,
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                    env={**os.environ, **(env or {})})
     try:
-        deadline = time.monotonic() + WAIT
-        while not _accepts(ports[wait_port]):
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"gpu-extender did not serve: {(workdir / 'serve.log').read_text()[-3000:]}")
-            time.sleep(0.05)
+        wait_serving(process, lambda: accepts(ports[wait_port]), WAIT, workdir / "serve.log")
         yield ports
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
 
 
 def _refused(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:

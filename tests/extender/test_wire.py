@@ -7,18 +7,9 @@ import json
 import pytest
 
 from extender import models
-from tests.extender.conftest import (
-    A100,
-    PCIE,
-    bind_body,
-    cache_args,
-    list_args,
-    node_annotations,
-    node_item,
-    pod_json,
-    recorded,
-    topo,
-)
+from tests.extender.conftest import A100, PCIE, topo
+from tests.helpers.kube import node_annotations
+from tests.helpers.scheduler import bind_body, cache_args, list_args, node_item, pod_json, recorded
 
 FILTER_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
 NODES = [{"name": "a100", "topology": A100, "replicas": 2}, {"name": "pcie", "topology": PCIE},

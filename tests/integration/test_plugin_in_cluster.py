@@ -5,7 +5,6 @@ topology and state, and hand the kubelet the extender's plan for a pod bound to 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -13,21 +12,15 @@ import pytest
 
 from gputopo.core import state_from_json, topology_from_json
 from sim.ports import free_port
-from tests.conftest import SHARED
 from tests.fakes.gpunode import GpuNode, gpu_node
+from tests.helpers.kube import k8s_pod
+from tests.helpers.paths import SHARED
+from tests.helpers.polling import eventually
 
 NODE = "dgx1-node"
 RESOURCE = "nvidia.com/gpu"
 DGX1 = SHARED / "topologies" / "dgx1-v100-ucxpy.txt"
-
-
-def _wait(pred, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
+WAIT = 20.0  # liveness bound of the waits, never a performance figure
 
 
 @pytest.fixture
@@ -45,7 +38,7 @@ def test_publishes_topology_and_state_and_honours_a_plan(node_env: GpuNode) -> N
     def annotations() -> dict:
         return (fake.node(NODE) or {}).get("metadata", {}).get("annotations", {})
 
-    assert _wait(lambda: "gpu-topology.io/topology" in annotations()), proc.poll()
+    assert eventually(lambda: "gpu-topology.io/topology" in annotations(), WAIT), proc.poll()
     topo = topology_from_json(annotations()["gpu-topology.io/topology"])
     assert topo.ids == tuple(ids) and topo.fabric == "nvlink"
     labels = fake.node(NODE)["metadata"]["labels"]
@@ -53,20 +46,14 @@ def test_publishes_topology_and_state_and_honours_a_plan(node_env: GpuNode) -> N
 
     # The extender bound a pod here with a plan that is not the plugin's own first choice for 2 GPUs (0,3).
     plan = {"v": 1, "node": NODE, "resource": RESOURCE, "containers": {"main": ["4", "7"]}, "gbps": 40.0}
-    fake.add_pod({
-        "metadata": {"name": "trainer", "namespace": "default",
-                     "annotations": {"gpu-topology.io/plan": json.dumps(plan)}},
-        "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x",
-                                                    "resources": {"limits": {RESOURCE: "2"}}}]},
-        "status": {"phase": "Pending"},
-    })
-    assert _wait(lambda: kubelet.preferred_raw(RESOURCE, ids, [], 2) == ["4", "7"])
+    fake.add_pod(k8s_pod("trainer", 2, NODE, {"gpu-topology.io/plan": json.dumps(plan)}, phase="Pending"))
+    assert eventually(lambda: kubelet.preferred_raw(RESOURCE, ids, [], 2) == ["4", "7"], WAIT)
     kubelet.allocate(RESOURCE, ["4", "7"])
 
     # The kubelet now reports them allocated: the state annotation follows PodResources.
     podres.service.set_pod("default", "trainer", {"main": {RESOURCE: ["4", "7"]}})
-    assert _wait(lambda: state_from_json(annotations().get("gpu-topology.io/state", '{"v":1}')).used
-                 == frozenset({"4", "7"}), timeout=30)
+    assert eventually(lambda: state_from_json(annotations().get("gpu-topology.io/state", '{"v":1}')).used
+                      == frozenset({"4", "7"}), timeout=30)
     # A plan that is no longer inside the available set is not handed out: the plugin's own best instead.
     rest = [x for x in ids if x not in ("4", "7")]
     assert kubelet.preferred_raw(RESOURCE, rest, [], 2) == ["0", "3"]
@@ -80,9 +67,8 @@ def test_metrics_show_every_component_of_the_process_on_one_registry() -> None:
         node.kubelet.wait_for_devices(RESOURCE, 8, timeout=30)
         url = f"http://127.0.0.1:{port}/metrics"
         # A pod arriving on the node, once the plan watch listed the node's pods, is an event of its pod watch.
-        assert _wait(lambda: "kube.watch.synced" in node.log_tail()), node.log_tail()
-        node.fake.add_pod({"metadata": {"name": "p", "namespace": "default"},
-                           "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x"}]}})
+        assert eventually(lambda: "kube.watch.synced" in node.log_tail(), WAIT), node.log_tail()
+        node.fake.add_pod(k8s_pod("p", 0, NODE))
 
         def text() -> str:
             try:
@@ -90,7 +76,7 @@ def test_metrics_show_every_component_of_the_process_on_one_registry() -> None:
             except httpx.HTTPError:
                 return ""
 
-        assert _wait(lambda: 'gpuplugin_kube_watch_events_total{kind="pods"' in text()), node.log_tail()
+        assert eventually(lambda: 'gpuplugin_kube_watch_events_total{kind="pods"' in text(), WAIT), node.log_tail()
         body = text()
     names = {line.split("{")[0].split(" ")[0] for line in body.splitlines() if line and not line.startswith("#")}
     for expected in ("gpuplugin_registrations_total", "gpuplugin_pending_plans", "gpuplugin_devices",

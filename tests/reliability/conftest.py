@@ -1,4 +1,4 @@
-"""Helpers of the reliability tests: a short plugin directory, the real plugin in a context manager, a raw
+"""Helpers of the reliability tests: the real plugin in a context manager, a raw
 ListAndWatch consumer that keeps every message, and the checks every fault scenario ends with (sockets, threads).
 
 Everything runs over real unix sockets; the kubelet is `sim.kubelet.KubeletSimulator`.
@@ -7,11 +7,8 @@ Everything runs over real unix sockets; the kubelet is `sim.kubelet.KubeletSimul
 from __future__ import annotations
 
 import os
-import shutil
 import stat
-import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -26,19 +23,12 @@ from gpuplugin.proto import deviceplugin_pb2 as pb
 from gpuplugin.proto import deviceplugin_pb2_grpc as pb_grpc
 from gpuplugin.proto import podresources_pb2_grpc
 from tests.conftest import process_wide
-from tests.publisher.kubelet_podresources import FakePodResources
+from tests.fakes.kubelet_podresources import FakePodResources
+from tests.helpers.polling import eventually
 
 # Liveness bound for every wait (never a performance assertion): generous for a loaded 2-core machine.
 WAIT = 15.0
 SOCKET_NAME = "gpu-topology.sock"
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    """A device plugin directory short enough for unix socket paths."""
-    path = Path(tempfile.mkdtemp(prefix="rel-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -57,9 +47,7 @@ class ThreadBaseline:
 
     def assert_none_leaked(self, timeout: float = WAIT) -> None:
         """Threads started since the baseline must all end (thread pools wind down asynchronously: wait)."""
-        deadline = time.monotonic() + timeout
-        while self.extra() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually(lambda: not self.extra(), timeout)
         assert self.extra() == [], f"threads left running: {self.extra()}"
 
 
@@ -157,20 +145,10 @@ class RawStream:
         self.close()
 
 
-def eventually(predicate: Callable[[], bool], timeout: float = WAIT, interval: float = 0.02) -> bool:
-    """Poll `predicate` until it holds (True) or `timeout` passes (False): for facts no one notifies about."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            return predicate()
-        time.sleep(interval)
-    return True
-
-
 @contextmanager
 def podresources_server(socket_path: Path) -> Iterator[FakePodResources]:
-    """The kubelet's PodResources service (tests/publisher's fake servicer) on `socket_path`, with a thread pool
-    that is shut down on exit, so the thread check sees only what the product leaves behind."""
+    """The kubelet's PodResources service (tests/fakes/kubelet_podresources.py's servicer) on `socket_path`, with a
+    thread pool that is shut down on exit, so the thread check sees only what the product leaves behind."""
     service = FakePodResources()
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="podresources-fake")
     server = grpc.server(pool)

@@ -21,8 +21,6 @@ Promises checked:
 from __future__ import annotations
 
 import random
-import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +37,7 @@ from gpuplugin.deviceplugin.resource import ResourceManager
 from gpuplugin.proto import deviceplugin_pb2 as pb
 from gputopo.core.topology import Topology
 from sim.kubelet import KubeletSimulator
+from tests.helpers.paths import short_dir
 
 MAX_RECEIVE = 4 * 1024 * 1024  # grpc's default server receive limit; the plugin keeps it
 MAX_DETAILS = 4096  # a refusal message must stay readable (and fit any client's metadata limit)
@@ -378,20 +377,19 @@ class FuzzTarget:
 
 @contextmanager
 def fuzz_target(topo: Topology, stats: FuzzStats, *, id_strategy: str = "uuid", sick: int = 5) -> Iterator[FuzzTarget]:
-    plugin_dir = Path(tempfile.mkdtemp(prefix="fuzz-", dir="/tmp"))
     manager = ResourceManager(topo, id_strategy=id_strategy)
     sick_id = manager.devices[sick].id
     manager.set_health([sick_id], healthy=False)
-    sim = KubeletSimulator(plugin_dir).start()
-    runner = PluginRunner(manager, plugin_dir, backoff_initial=0.05, backoff_max=0.5).start()
-    try:
-        sim.wait_for_devices(RESOURCE, topo.size - 1, LIVENESS_S)
-        with PluginFuzzer(plugin_dir / DEFAULT_SOCKET_NAME, manager, stats) as fuzzer:
-            yield FuzzTarget(topo, manager, sim, fuzzer, sick_id, sim.updates(RESOURCE))
-    finally:
-        runner.stop()
-        sim.stop()
-        shutil.rmtree(plugin_dir, ignore_errors=True)
+    with short_dir("fuzz-") as plugin_dir:
+        sim = KubeletSimulator(plugin_dir).start()
+        runner = PluginRunner(manager, plugin_dir, backoff_initial=0.05, backoff_max=0.5).start()
+        try:
+            sim.wait_for_devices(RESOURCE, topo.size - 1, LIVENESS_S)
+            with PluginFuzzer(plugin_dir / DEFAULT_SOCKET_NAME, manager, stats) as fuzzer:
+                yield FuzzTarget(topo, manager, sim, fuzzer, sick_id, sim.updates(RESOURCE))
+        finally:
+            runner.stop()
+            sim.stop()
 
 
 def enormous_cases(fuzzer: PluginFuzzer) -> None:

@@ -24,7 +24,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -38,17 +37,19 @@ import pytest
 from extender.config import ExtenderConfig
 from extender.service import Extender
 from gputopo.contract import parse_plan
-from gputopo.core import Topology
 from gputopo.kube import make_api_client
-from tests.extender.conftest import A100, DGX1, PREFIX, bind_body, cache_args, running, topo
-from tests.extender.test_cluster import k8s_node, k8s_pod, set_state
+from tests.extender.conftest import A100, DGX1, running, topo
 from tests.fakes.kubeapi import FakeKubeApi
+from tests.helpers.kube import PREFIX, k8s_node, k8s_pod, set_state
+from tests.helpers.paths import REPO
+from tests.helpers.polling import eventually
+from tests.helpers.processes import http_ok, stop_process, wait_serving
+from tests.helpers.scheduler import bind_body, cache_args
 from tests.reliability.conftest import WAIT, ThreadBaseline
 
 PLAN = f"{PREFIX}/plan"
 API_TIMEOUT_S = 1.0  # the extender's per-request apiserver timeout in these scenarios
 SYNC_OPTIONS = {"watch_timeout_s": 60, "backoff_initial_s": 0.02, "backoff_max_s": 0.2}
-REPO = Path(__file__).resolve().parents[2]
 
 # scenario -> ((node, GPU id) -> pods whose plan names it), filled by record_plans()
 LEDGER: dict[str, dict[tuple[str, str], list[str]]] = {}
@@ -228,10 +229,10 @@ def record_plans(fake: FakeKubeApi, scenario: str) -> int:
     return len(plans)
 
 
-def state_used(fake: FakeKubeApi, node: str, t: Topology) -> None:
+def state_used(fake: FakeKubeApi, node: str) -> None:
     """The plugin publishes every planned GPU on `node` as used (what the kubelet's Allocate leads to)."""
     used = sorted({g for n, ids in plans_on(fake).values() if n == node for g in ids})
-    set_state(fake, node, t, used, generation=len(used) + 2)
+    set_state(fake, node, used, generation=len(used) + 2)
 
 
 def wait_for(ext: Extender, predicate: Any) -> None:
@@ -329,7 +330,7 @@ def test_a_binding_slower_than_the_api_timeout(fake: FakeKubeApi) -> None:
         assert [(r.uid, r.ids) for r in ext.reservations.all()] == [(uid(slow), ids)]
         # a retry by the scheduler is answered consistently
         assert bind(client, slow, "n1") == ""
-        state_used(fake, "n1", a)
+        state_used(fake, "n1")
         wait_for(ext, lambda: ext.reservations.count() == 0)
         assert "cannot take pod" in bind(client, eager, "n1")
     assert record_plans(fake, "slow-binding") == 1
@@ -439,7 +440,7 @@ def test_the_same_bind_sent_twice_at_once(fake: FakeKubeApi) -> None:
         assert len(posts) == 2
         assert bind(client, pod, "n1") == ""  # and a third, once the cache shows it bound
         assert bind(client, other, "n1") == ""
-        state_used(fake, "n1", d)
+        state_used(fake, "n1")
         wait_for(ext, lambda: ext.reservations.count() == 0)
     assert record_plans(fake, "bind-twice") == 2
 
@@ -484,8 +485,10 @@ class ServeProcess:
              "--log-level", "info"],
             cwd=REPO, stdout=self._file, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
-            self.client = httpx.Client(base_url=self._wait_for_url(), timeout=WAIT)
-            assert self._wait_ready(), f"extender not ready: {self.log.read_text()[-2000:]}"
+            wait_serving(self.proc, lambda: self._port() is not None, 2 * WAIT, self.log)
+            self.client = httpx.Client(base_url=f"http://127.0.0.1:{self._port()}", timeout=WAIT)
+            assert eventually(lambda: http_ok("/readyz", self.http), WAIT), (
+                f"extender not ready: {self.log.read_text()[-2000:]}")
         except BaseException:
             self.stop(signal.SIGKILL)
             raise
@@ -495,24 +498,11 @@ class ServeProcess:
         assert self.client is not None
         return self.client
 
-    def _wait_for_url(self) -> str:
-        deadline = time.monotonic() + 2 * WAIT
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            text = self.log.read_text(errors="replace")
-            m = re.search(r'"port": (\d+),[^\n]*"event": "extender.server.listening"', text)
-            if m:
-                return f"http://127.0.0.1:{m.group(1)}"
-            time.sleep(0.05)
-        raise AssertionError(f"gpu-extender did not start: {self.log.read_text()[-2000:]}")
-
-    def _wait_ready(self) -> bool:
-        deadline = time.monotonic() + WAIT
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if self.http.get("/readyz").status_code == 200:
-                    return True
-            time.sleep(0.05)
-        return False
+    def _port(self) -> str | None:
+        """The port the process says it listens on (it was started on port 0)."""
+        text = self.log.read_text(errors="replace")
+        m = re.search(r'"port": (\d+),[^\n]*"event": "extender.server.listening"', text)
+        return m.group(1) if m else None
 
     def gauge(self, name: str) -> float:
         m = re.search(rf"^{name} (\S+)$", self.http.get("/metrics").text, re.M)
@@ -520,14 +510,15 @@ class ServeProcess:
         return float(m.group(1))
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+        """Stop it with `sig` (SIGKILL plays a crash); its exit status."""
         try:
-            return self.proc.wait(WAIT)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
+            if sig == signal.SIGTERM:
+                stop_process(self.proc, WAIT)
+            elif self.proc.poll() is None:
+                self.proc.send_signal(sig)
                 self.proc.wait(WAIT)
+            return self.proc.returncode
+        finally:
             self._file.close()
             if self.client is not None:
                 self.client.close()

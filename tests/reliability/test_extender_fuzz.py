@@ -42,10 +42,11 @@ from extender.config import ExtenderConfig
 from extender.service import Extender
 from gputopo.contract import PlanFormatError, parse_plan
 from gputopo.core import TopologyError, state_from_json, topology_from_json, topology_to_json
-from tests.extender.conftest import A100, DGX1, H100X4, PCIE, PREFIX, node_annotations, recorded, running, topo
+from tests.extender.conftest import A100, DGX1, H100X4, PCIE, running, topo
 from tests.extender.conftest import write_inventory as _write_inventory
-from tests.extender.test_cluster import k8s_node, k8s_pod
 from tests.fakes.kubeapi import FakeKubeApi
+from tests.helpers.kube import PREFIX, k8s_node, k8s_pod, node_annotations
+from tests.helpers.scheduler import recorded
 from tests.reliability.conftest import WAIT, ThreadBaseline
 from tests.reliability.test_extender_faults import cluster_extender
 

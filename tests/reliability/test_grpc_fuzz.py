@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 
 from gpuplugin.proto import deviceplugin_pb2 as pb
 from gputopo.discovery.loader import load_topology_file
-from tests.plugin.conftest import DGX1
+from tests.gpuplugin.deviceplugin.conftest import DGX1
 from tests.reliability import grpc_fuzz as fz
 from tests.reliability.conftest import ThreadBaseline
 from tests.reliability.strategies import allocate_requests, preferred_requests

@@ -2,10 +2,10 @@
 by `gpuplugin run`'s own `start_health` -> ResourceManager -> ListAndWatch -> what the simulated kubelet lists and
 may allocate.
 
-tests/health checks the monitor's decisions on the virtual clock; this checks their effect on the kubelet's view
-while the plugin serves. The replay's virtual clock is halted at chosen points (SteppedReplay) so the test can look
-at the node mid-fault, then let the stream go on. The monitor itself runs on the real clock, as in `gpuplugin run`,
-with a short probe interval and recovery time.
+tests/gpuplugin/test_health.py checks the monitor's decisions on the virtual clock; this checks their effect on the
+kubelet's view while the plugin serves. The replay's virtual clock is halted at chosen points (SteppedReplay) so the
+test can look at the node mid-fault, then let the stream go on. The monitor itself runs on the real clock, as in
+`gpuplugin run`, with a short probe interval and recovery time.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from gputopo.discovery.nvml_backend import XidEventSet
 from gputopo.discovery.nvml_replay import ReplayNvmlBackend, load_event_stream
 from sim.kubelet import AdmissionError, KubeletSimulator, SimDevice
 from tests.fixtures.nvml import EVENTS, HGX, canonical, load_json
-from tests.plugin.conftest import RESOURCE, sample
+from tests.gpuplugin.deviceplugin.conftest import RESOURCE, sample
 from tests.reliability.conftest import WAIT, RawStream, ThreadBaseline, options_call, running_plugin
 
 PROBE_S = 0.05

@@ -11,11 +11,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,11 +22,14 @@ import pytest
 
 from sim.kubelet import KubeletSimulator
 from sim.ports import free_port
-from sim.scheduler import gpu_pod
-from tests.extender.conftest import DGX1, bind_body, cache_args, node_annotations, topo
-from tests.fakes.gpunode import terminate, write_kubeconfig
+from tests.extender.conftest import DGX1, topo
 from tests.fakes.kubeapi import FakeKubeApi
-from tests.publisher.kubelet_podresources import PodResourcesServer
+from tests.fakes.kubelet_podresources import PodResourcesServer
+from tests.helpers.kube import k8s_node, k8s_pod, write_kubeconfig
+from tests.helpers.paths import short_dir
+from tests.helpers.polling import eventually
+from tests.helpers.processes import http_ok, stop_process, wait_serving
+from tests.helpers.scheduler import bind_body, cache_args
 
 NODE = "gpu-node-1"
 RESOURCE = "nvidia.com/gpu"
@@ -45,9 +45,8 @@ def token() -> str:
 
 @pytest.fixture
 def workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="secret-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with short_dir("secret-") as path:
+        yield path
 
 
 def leaks(text: str, secret: str) -> list[str]:
@@ -61,11 +60,7 @@ def test_leak_check_finds_a_fragment() -> None:
 
 
 def _wait(predicate: Callable[[], bool], what: str, log: Path) -> None:
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; log tail:\n{log.read_text()[-3000:]}")
-        time.sleep(0.05)
+    assert eventually(predicate, WAIT), f"timed out waiting for {what}; log tail:\n{log.read_text()[-3000:]}"
 
 
 def _events(log: Path) -> list[dict[str, Any]]:
@@ -84,9 +79,7 @@ def _events(log: Path) -> list[dict[str, Any]]:
 def _relist(fake: FakeKubeApi) -> None:
     """A change no watcher is shown, the history compacted, every watch cut: watchers get 410 and list again."""
     lists = sum(1 for r in list(fake.requests) if r.method == "GET" and "watch" not in r.query)
-    fake.add_pod({"metadata": {"name": "finished", "namespace": "default"},
-                  "spec": {"nodeName": "elsewhere", "containers": [{"name": "c", "image": "x"}]},
-                  "status": {"phase": "Failed"}})
+    fake.add_pod(k8s_pod("finished", 0, "elsewhere", phase="Failed"))
     fake.expire_history()
     fake.drop_watches()
     assert fake.wait_for_requests(lambda r: r.method == "GET" and "watch" not in r.query, lists + 1, timeout=WAIT)
@@ -96,7 +89,7 @@ def test_plugin_logs_no_token(token: str, workdir: Path) -> None:
     log = workdir / "plugin.log"
     with FakeKubeApi(token=token) as fake, PodResourcesServer(str(workdir / "podres.sock")), \
             KubeletSimulator(workdir / "dp") as kubelet:
-        fake.add_node({"metadata": {"name": NODE}, "status": {"allocatable": {RESOURCE: "8"}}})
+        fake.add_node(k8s_node(NODE))
         # The first list of pods is refused (401, as with a revoked token), the first read of the Node fails (500).
         fake.fail_next(1, 401, path_regex=r"^/api/v1/pods\?", method="GET")
         fake.fail_next(1, 500, path_regex=f"/nodes/{NODE}$", method="GET")
@@ -117,14 +110,12 @@ def test_plugin_logs_no_token(token: str, workdir: Path) -> None:
 
             _wait(lambda: f"{PREFIX}/topology" in published(), "publication", log)
             assert fake.wait_for_watches(1, timeout=WAIT, resource="pods")
-            fake.add_pod({"metadata": {"name": "scribbled", "namespace": "default",
-                                       "annotations": {f"{PREFIX}/plan": "{not json"}},
-                          "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x"}]}})
+            fake.add_pod(k8s_pod("scribbled", 0, NODE, {f"{PREFIX}/plan": "{not json"}))
             _wait(lambda: "plugin.plans.ignored" in log.read_text(), "the scribbled plan to be ignored", log)
             _relist(fake)
             assert fake.wait_for_watches(1, timeout=WAIT, resource="pods")
         finally:
-            terminate(process)
+            stop_process(process)
     text = log.read_text()
     assert leaks(text, token) == [], "the plugin's log holds the token"
     events = {e.get("event") for e in _events(log)}
@@ -141,8 +132,7 @@ def test_extender_logs_and_answers_no_token(token: str, workdir: Path) -> None:
     log = workdir / "extender.log"
     answers: list[str] = []
     with FakeKubeApi(token=token) as fake:
-        fake.add_node({"metadata": {"name": NODE, "annotations": node_annotations(topo(DGX1))},
-                       "status": {"allocatable": {RESOURCE: "8"}, "capacity": {RESOURCE: "8"}}})
+        fake.add_node(k8s_node(NODE, topo(DGX1)))
         fake.fail_next(1, 500, path_regex=r"^/api/v1/nodes\?", method="GET")
         port = free_port()
         with open(log, "wb") as out:
@@ -153,16 +143,12 @@ def test_extender_logs_and_answers_no_token(token: str, workdir: Path) -> None:
                 stdout=out, stderr=subprocess.STDOUT,
             )
         try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-                def ready() -> bool:
-                    assert process.poll() is None, log.read_text()[-3000:]
-                    try:
-                        return client.get("/readyz").status_code == 200
-                    except httpx.TransportError:
-                        return False
+            def ready() -> bool:
+                return http_ok(f"http://127.0.0.1:{port}/readyz")
 
-                _wait(ready, "/readyz", log)
-                p1, p2, p3 = (fake.add_pod(gpu_pod(n, 2)) for n in ("p1", "p2", "p3"))
+            wait_serving(process, ready, WAIT, log)
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+                p1, p2, p3 = (fake.add_pod(k8s_pod(n, 2)) for n in ("p1", "p2", "p3"))
 
                 def post(path: str, body: Any) -> dict[str, Any]:
                     reply = client.post(path, json=body)
@@ -176,10 +162,10 @@ def test_extender_logs_and_answers_no_token(token: str, workdir: Path) -> None:
                 fake.fail_next(1, 409, path_regex=r"/pods/p3/binding$", method="POST")
                 assert "conflict" in post("/bind", bind_body(p3, NODE))["Error"]
                 _relist(fake)
-                _wait(ready, "/readyz after the re-list", log)
+                wait_serving(process, ready, WAIT, log)  # again after the re-list
                 answers.append(client.get("/metrics").text)
         finally:
-            terminate(process)
+            stop_process(process)
     text = log.read_text()
     assert leaks(text, token) == [], "the extender's log holds the token"
     assert leaks("\n".join(answers), token) == [], "the extender's answers hold the token"

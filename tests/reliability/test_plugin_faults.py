@@ -1,8 +1,8 @@
 """Fault scenarios around the device plugin's life, each ending with the state checked: what the kubelet lists,
 health, registration counts, which sockets exist, and that no thread is left behind.
 
-tests/plugin covers the happy path of each recovery (re-registration after a restart, registering late, serving a
-deleted socket again); these add what happens to an open stream, repeated and stacked faults, refusals, health
+tests/gpuplugin/deviceplugin covers the happy path of each recovery (re-registration after a restart, registering late,
+serving a deleted socket again); these add what happens to an open stream, repeated and stacked faults, refusals, health
 changes while the kubelet is away, and a plugin restart while pods hold GPUs (state rebuilt from PodResources).
 
 A kubelet restart can be answered with one registration or, rarely, two (a safety poll can register with the new
@@ -13,8 +13,6 @@ kubelet.sock before inotify's "created" event arrives, and that event forces one
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,16 +30,17 @@ from gputopo.kube import make_api_client
 from sim import kubelet as kubelet_sim
 from sim.kubelet import KubeletSimulator
 from tests.fakes.kubeapi import FakeKubeApi
+from tests.fakes.kubelet_podresources import FakePodResources
 from tests.fixtures.nvml import HGX
-from tests.plugin.conftest import DGX1, RESOURCE, sample
-from tests.publisher.conftest import NODE, node_object
-from tests.publisher.kubelet_podresources import FakePodResources
+from tests.gpuplugin.deviceplugin.conftest import DGX1, RESOURCE, sample
+from tests.gpuplugin.publisher.conftest import NODE, node_object
+from tests.helpers.paths import short_dir
+from tests.helpers.polling import eventually
 from tests.reliability.conftest import (
     SOCKET_NAME,
     WAIT,
     RawStream,
     ThreadBaseline,
-    eventually,
     is_socket,
     options_call,
     podresources_server,
@@ -89,12 +88,13 @@ def assert_settled(
     but died before answering (the plugin rightly counts those as failed and registers again)."""
     devices = sim.wait_for_devices(RESOURCE, topo.size, WAIT)
     assert [d.id for d in devices] == list(topo.ids)
-    assert eventually(runner.ready), "plugin not registered with the current kubelet"
+    assert eventually(runner.ready, interval=0.02), "plugin not registered with the current kubelet"
 
     def extra() -> int:
         return sim.registrations(RESOURCE) - runner.registrations - by_others
 
-    assert eventually(lambda: 0 <= extra() <= unanswered), f"kubelet counted {extra()} more registrations"
+    assert eventually(lambda: 0 <= extra() <= unanswered, interval=0.02), (
+        f"kubelet counted {extra()} more registrations")
     assert sockets_in(plugin_dir) == BOTH_SOCKETS
 
 
@@ -144,7 +144,7 @@ def test_plugin_serves_without_a_kubelet_and_registers_once_one_appears(
             assert 1 <= sim.registrations(RESOURCE) <= 2
             admit(sim, 2)
         # The kubelet went away again: still serving, no longer ready.
-        assert eventually(lambda: not runner.ready())
+        assert eventually(lambda: not runner.ready(), interval=0.02)
         assert runner.serving
         assert options_call(plugin_dir).get_preferred_allocation_available
     assert sockets_in(plugin_dir) == []
@@ -166,7 +166,7 @@ def test_our_socket_removed_under_the_running_plugin_is_served_and_registered_ag
                 if fault == "replaced-by-file":
                     ours.write_text("not a socket")
                 sim.wait_for_registrations(RESOURCE, k + 2, WAIT)
-                assert eventually(lambda: is_socket(ours))
+                assert eventually(lambda: is_socket(ours), interval=0.02)
                 sim.wait_for_devices(RESOURCE, 8, WAIT)
             assert old.ended.wait(WAIT), "a stream of the old server stayed open"
         assert_settled(sim, runner, dgx1, plugin_dir)
@@ -241,7 +241,7 @@ def test_health_changed_while_the_kubelet_was_down_reaches_the_next_kubelet(
             sim.start()
             devices = sim.wait_until(RESOURCE, lambda ds: [d.id for d in ds if not d.healthy] == ["GPU2"], WAIT)
             assert len(devices) == 8
-            assert eventually(runner.ready)
+            assert eventually(runner.ready, interval=0.02)
             assert sim.registrations(RESOURCE) in (2, 3)
             assert sample(manager, "gpuplugin_server_starts_total") == 1  # our socket was never touched
         finally:
@@ -256,9 +256,8 @@ FAST_PUBLISHER = {"poll_interval_s": 0.1, "min_interval_s": 0.0, "backoff_initia
 
 @pytest.fixture
 def podres_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="rel-podres-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with short_dir("rel-podres-") as path:
+        yield path
 
 
 class Pods:

@@ -1,0 +1,8 @@
+"""Helpers the whole suite shares, one place each:
+
+- paths: the repository, the read-only ../shared tree, and short temporary directories for unix sockets;
+- polling: `eventually`, for facts no one notifies about;
+- processes: starting checks and stopping of the binaries the tests run as real processes;
+- kube: Node and Pod objects as the apiserver stores them (GPU requests, topology/state annotations), kubeconfigs;
+- scheduler: the bodies kube-scheduler sends the extender, from the recordings in ../shared.
+"""

@@ -1,0 +1,72 @@
+"""The binaries tests run as real processes: waiting until one serves, and stopping it the way Kubernetes does."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.helpers.polling import eventually
+
+
+def wait_serving(process: subprocess.Popen[Any], ready: Callable[[], bool], timeout: float,
+                 log: Path | None = None) -> None:
+    """Wait until `ready()` (a probe of what the process serves, e.g. `accepts` or `http_ok`) holds. Fails at
+    once, with the process's output (piped, or the tail of `log`), if the process exits first; after `timeout`
+    if it never serves."""
+    if not eventually(lambda: process.poll() is not None or ready(), timeout):
+        raise AssertionError(f"pid {process.pid} not serving after {timeout} s{_log_tail(log)}")
+    if process.poll() is not None:
+        raise AssertionError(f"pid {process.pid} exited with status {process.returncode} before serving: "
+                             f"{_piped_output(process)}{_log_tail(log)}")
+
+
+def stop_process(process: subprocess.Popen[Any], timeout: float = 20.0) -> tuple[Any, Any]:
+    """SIGTERM, as the kubelet sends on pod deletion, then what is left of the process's piped (stdout, stderr);
+    `process.returncode` holds its exit status. A process still running `timeout` seconds later is killed and the
+    call fails: every binary must stop on SIGTERM. Safe to call again."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise AssertionError(f"pid {process.pid} did not exit within {timeout} s of SIGTERM (killed)") from None
+
+
+def accepts(port: int) -> bool:
+    """Something accepts TCP connections on 127.0.0.1:`port`."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def http_ok(url: str, client: httpx.Client | None = None) -> bool:
+    """GET `url` answers 200 (through `client` when given: a base URL, TLS settings). Without one, a plain
+    urllib request: a new httpx client per probe costs more CPU than the process being waited for can spare."""
+    try:
+        if client is not None:
+            return client.get(url).status_code == 200
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return reply.status == 200
+    except (httpx.HTTPError, OSError):  # OSError: refused, reset, timed out, urllib's HTTPError for 4xx/5xx
+        return False
+
+
+def _piped_output(process: subprocess.Popen[Any]) -> str:
+    """What an exited process wrote to its pipes (reading a live process's pipe would block)."""
+    chunks = [stream.read() for stream in (process.stdout, process.stderr) if stream is not None and not stream.closed]
+    return "".join(c.decode(errors="replace") if isinstance(c, bytes) else c for c in chunks)[-3000:]
+
+
+def _log_tail(log: Path | None) -> str:
+    return f"; log tail:\n{log.read_text(errors='replace')[-3000:]}" if log is not None and log.exists() else ""
