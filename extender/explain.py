@@ -21,12 +21,13 @@ or an extender restart in between) is explained without the comparison.
 from __future__ import annotations
 
 import threading
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from extender import placement_policy as policy
-from extender.placement_policy import NO_FIT, Fit
+from extender.placement_policy import Fit
 from extender.placement_reasons import gpu_list
 from extender.pods import Need
 from gputopo.core import Topology
@@ -34,6 +35,7 @@ from gputopo.core.bitset import mask_of
 from gputopo.core.efficiency import VS_EMPTY, efficiency_ratio
 
 MAX_CHARS = 400
+_GBPS = attrgetter("gbps")
 _EPS = 1e-9
 
 
@@ -51,29 +53,27 @@ class Offer:
     kept: tuple[tuple[int, float], ...] = ()
 
 
-def offer(names: Sequence[str], fits: Sequence[Fit], scores: Sequence[int], penalty: float, spare: int
+def offer(names: Sequence[str], fits: Sequence[Fit], ranking: policy.Ranking, penalty: float, spare: int
           ) -> Offer | None:
-    """The Offer of one prioritize answer (fits and scores aligned with names); None when no node fits."""
-    distinct = set(fits)
-    distinct.discard(NO_FIT)
-    if not distinct:
+    """The Offer of one prioritize answer (fits aligned with names, ranked by policy.rank); None when no node
+    fits. Works on the distinct states the ranking already counted: per node, only C-level scans."""
+    by_fit = ranking.by_fit
+    if not ranking.counts:
         return None
-    fastest = max(f.gbps for f in distinct)
+    fastest = max(map(_GBPS, ranking.counts))
     # among equally fast states, the one ranked highest (equal states share one Fit, hashed by identity, and one
-    # score). The first node of each state in one C-level pass: list.index per state was quadratic (90 ms at 5,000
-    # nodes for a one-GPU pod, whose states all tie at 0 GB/s).
-    first = dict(zip(reversed(fits), range(len(fits) - 1, -1, -1), strict=True))
-    ties = [(scores[i], i) for f, i in first.items() if f != NO_FIT and f.gbps >= fastest - _EPS]
-    score, i = max(ties)
-    top = max(scores)
+    # score), and its first node: the first node in any of the best states (each state's index would be quadratic)
+    ties = [f for f in ranking.counts if f.gbps >= fastest - _EPS]
+    score = max(by_fit[f] for f in ties)
+    best_fits = {f for f in ties if by_fit[f] == score}
+    i = next(k for k, f in enumerate(fits) if f in best_fits)
+    top = max(by_fit.values())
     kept: tuple[tuple[int, float], ...] = ()
     best = fits[i]
     if score < top and best.islands and penalty > 0:
-        counts = Counter(fits)
-        counts.pop(NO_FIT, None)
-        kept = tuple((s, before) for s, before, after in policy.scarce_islands(counts, best, spare)
+        kept = tuple((s, before) for s, before, after in policy.scarce_islands(ranking.counts, best, spare)
                      if before - after > _EPS)  # an island it leaves whole was not the reason
-    return Offer(len(names), len(fits) - fits.count(NO_FIT), fastest, names[i], score, top, kept)
+    return Offer(len(names), ranking.counts.total(), fastest, names[i], score, top, kept)
 
 
 class Explainer:

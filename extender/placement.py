@@ -113,10 +113,11 @@ class Placement:
         passed = list(compress(names, map(is_, kinds, repeat(bool))))
         failed_mask = list(map(is_, kinds, repeat(Failed)))
         unres_mask = list(map(is_, kinds, repeat(Unresolvable)))
-        failed = dict(zip(compress(names, failed_mask), compress(verdicts, failed_mask), strict=True))
-        unresolvable = dict(zip(compress(names, unres_mask), compress(verdicts, unres_mask), strict=True))
         # kube-scheduler lists every distinct reason in the pod's event and condition: keep them few
-        return FilterOutcome(passed, *reasons.bounded(failed, unresolvable))  # type: ignore[arg-type]
+        words = reasons.coarsened(verdicts)  # type: ignore[arg-type]
+        failed = dict(zip(compress(names, failed_mask), compress(words, failed_mask), strict=True))
+        unresolvable = dict(zip(compress(names, unres_mask), compress(words, unres_mask), strict=True))
+        return FilterOutcome(passed, failed, unresolvable)  # type: ignore[arg-type]
 
     def _score_fit(self, st: PlacementState | None, need: Need) -> Fit:
         if st is None or st.problem is not None or st.total < need.size or st.free.bit_count() < need.size:
@@ -130,7 +131,7 @@ class Placement:
         if need.size == 0:
             return [0] * len(names)
         config = self.cache.config
-        return policy.rank(self._fits(names, need, extra), config.island_penalty, config.island_spare)
+        return policy.rank(self._fits(names, need, extra), config.island_penalty, config.island_spare).scores
 
     def score_offer(self, names: Iterable[str], need: Need, extra: Mapping[str, NodeEntry] | None = None
                     ) -> tuple[list[int], Offer | None]:
@@ -141,8 +142,8 @@ class Placement:
             return [0] * len(names), None
         config = self.cache.config
         fits = self._fits(names, need, extra)
-        scores = policy.rank(fits, config.island_penalty, config.island_spare)
-        return scores, offer(names, fits, scores, config.island_penalty, config.island_spare)
+        ranking = policy.rank(fits, config.island_penalty, config.island_spare)
+        return ranking.scores, offer(names, fits, ranking, config.island_penalty, config.island_spare)
 
     def _fits(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None) -> list[Fit]:
         states = self._states(names, extra)

@@ -10,7 +10,7 @@ gave it, sorted ("3 needs 4 GPUs, 2 free, 12 node(s) had untolerated taint ...")
 bytes ("..." after); the condition's message is not cut at all. So a reason that names a node's GPUs makes as many
 entries as there are nodes. A reason therefore comes in three grains (`Reason`): the text, which may name the
 node's GPUs; its `summary`, with nothing particular to the node, so nodes in the same state read the same; and its
-`category`, one line per kind of refusal and pod size. `bounded` answers with the finest grain whose distinct
+`category`, one line per kind of refusal and pod size. `coarsened` answers with the finest grain whose distinct
 reasons, each counted once, fit in MAX_REASONS_CHARS.
 """
 
@@ -61,21 +61,21 @@ def node_problem(problem: str) -> Reason:
     return Reason(problem, category=NO_TOPOLOGY.category)
 
 
-def _size(failed: dict[str, str], unresolvable: dict[str, str]) -> int:
-    return sum(map(len, set(failed.values()) | set(unresolvable.values())))
-
-
-def bounded(failed: dict[str, str], unresolvable: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """The two maps of one filter answer, in the finest grain whose distinct reasons fit in MAX_REASONS_CHARS (the
-    categories, whatever they take, past the summaries)."""
-    if _size(failed, unresolvable) <= MAX_REASONS_CHARS:
-        return failed, unresolvable
+def coarsened(verdicts: list[bool | str]) -> list[bool | str]:
+    """The verdicts of one filter answer (True or a Reason per node), in the finest grain whose distinct reasons fit
+    in MAX_REASONS_CHARS (the categories, whatever they take, past the summaries). The grain is chosen on the
+    distinct reasons and the nodes' list translated once by a C-level map: a getattr per node cost 0.7 ms of a
+    5,000-node filter."""
+    distinct = set(verdicts)
+    distinct.discard(True)
+    if sum(map(len, distinct)) <= MAX_REASONS_CHARS:  # type: ignore[arg-type]
+        return verdicts
     for grain in ("summary", "category"):
-        f = {n: getattr(r, grain, r) for n, r in failed.items()}
-        u = {n: getattr(r, grain, r) for n, r in unresolvable.items()}
-        if _size(f, u) <= MAX_REASONS_CHARS:
+        words: dict[bool | str, bool | str] = {r: getattr(r, grain, r) for r in distinct}
+        if sum(map(len, set(words.values()))) <= MAX_REASONS_CHARS:  # type: ignore[arg-type]
             break
-    return f, u
+    words[True] = True
+    return list(map(words.__getitem__, verdicts))
 
 
 def gpu_list(mask: int) -> str:

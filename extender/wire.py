@@ -102,7 +102,9 @@ def extender_args(data: Any) -> ExtenderArgs:
     if node_names is not None:
         if not isinstance(node_names, list) or not set(map(type, node_names)) <= {str}:
             raise BadRequest("NodeNames must be an array of strings or null")
-        names = list(dict.fromkeys(node_names))  # a name sent twice is judged, and answered, once
+        names = node_names
+        if len(set(node_names)) < len(node_names):  # a name sent twice is judged, and answered, once
+            names = list(dict.fromkeys(node_names))
     if nodes is not None:
         nodes = _object(nodes, "Nodes")
         _opt(nodes, "apiVersion", str, "Nodes")

@@ -75,16 +75,16 @@ def test_many_nodes_group_into_a_short_readable_event(fake: FakeKubeApi, api: ku
     assert {r for r in distinct if r.startswith("needs 6 GPUs")} == {"needs 6 GPUs, 4 free", "needs 6 GPUs, 5 free"}
 
 
-def test_bounded_picks_the_finest_grain_that_fits() -> None:
-    detailed = {f"n{i}": reasons.Failed(reasons.shortfall((i + 3) << 1, 0, 0, 0b1, 4)) for i in range(40)}
-    assert reasons.bounded(dict(list(detailed.items())[:2]), {}) == (dict(list(detailed.items())[:2]), {})
-    failed, _ = reasons.bounded(detailed, {})
-    assert set(failed.values()) == {"needs 4 GPUs, 1 free"}
-    problems = {f"b{i}": reasons.Unresolvable(reasons.node_problem(f"annotation {i}: " + "x" * 150))
-                for i in range(10)}
-    failed, unresolvable = reasons.bounded(detailed, problems)
-    assert set(failed.values()) == {"needs 4 GPUs, fewer free"}
-    assert set(unresolvable.values()) == {"publishes no usable GPU topology or state"}
+def test_coarsened_picks_the_finest_grain_that_fits() -> None:
+    detailed = [reasons.Failed(reasons.shortfall((i + 3) << 1, 0, 0, 0b1, 4)) for i in range(40)]
+    few = [True, *detailed[:2], True]
+    assert reasons.coarsened(few) == few
+    assert set(reasons.coarsened([True, *detailed])) == {True, "needs 4 GPUs, 1 free"}
+    problems = [reasons.Unresolvable(reasons.node_problem(f"annotation {i}: " + "x" * 150)) for i in range(10)]
+    words = reasons.coarsened([*detailed, True, *problems])
+    assert words[40] is True
+    assert set(words[:40]) == {"needs 4 GPUs, fewer free"}
+    assert set(words[41:]) == {"publishes no usable GPU topology or state"}
 
 
 def test_a_hostile_reason_is_one_capped_line() -> None:
