@@ -43,6 +43,7 @@ _MAX_EVALUATIONS = 8
 _RACKS_PER_ORDER = 6
 _REL_EPS = 1e-6
 _SPLIT_LIMIT = 2000
+_SPLIT_VISITS = 20_000
 _EXACT_LIMIT = 2_500  # ways to place the remaining pods, below which every way is weighed
 
 
@@ -81,6 +82,19 @@ class JobRequest:
     size: int | None  # pods in all, members included; None when unknown (then one more pod is planned)
     members: tuple[Member, ...] = ()
     role: str = "worker"
+    # the pods' own floors (annotations require-nvlink, min-allreduce-gbps), as the per-pod placement reads them:
+    # every planned pod's ring must meet them; members already placed are weighed as they are
+    require_nvlink: bool = False
+    min_gbps: float = 0.0
+
+    @property
+    def constrained(self) -> bool:
+        return self.gpus_per_pod > 1 and (self.require_nvlink or self.min_gbps > 0)
+
+    def constraint_text(self) -> str:
+        parts = (["require-nvlink"] if self.require_nvlink else []) + (
+            [f"min-allreduce {self.min_gbps:g} GB/s"] if self.min_gbps > 0 else [])
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,23 +144,28 @@ def _limit_text(plan: JobPlan) -> str:
     return f"limited by the {est.limit.value}"
 
 
-def plan_job(request: JobRequest, nodes: Iterable[NodeSnapshot], locality: Locality) -> JobPlan:
-    """The job's plan. Raises JobPlanError on a bad request, JobUnplaceable when it fits nowhere."""
+def plan_job(request: JobRequest, nodes: Iterable[NodeSnapshot], locality: Locality,
+             exact_limit: int = _EXACT_LIMIT) -> JobPlan:
+    """The job's plan. Raises JobPlanError on a bad request, JobUnplaceable when it fits nowhere. `exact_limit`:
+    the most ways to place the job that are all weighed (0: candidate fills only, as for a large cluster)."""
     k = request.gpus_per_pod
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_GPUS_PER_POD:
         raise JobPlanError(f"job {request.job}: {k!r} GPUs per pod is not a pod size")
     if request.size is not None and (isinstance(request.size, bool) or request.size < 1):
         raise JobPlanError(f"job {request.job}: size {request.size!r} is not a number of pods")
+    if request.min_gbps < 0 or request.min_gbps != request.min_gbps:
+        raise JobPlanError(f"job {request.job}: min-allreduce {request.min_gbps!r} GB/s is not a floor")
     snaps = {snap.name: snap for snap in nodes}
     members, dropped = _members(request, snaps)
     remaining = request.size - len(request.members) if request.size is not None else 1
     if remaining <= 0:
         raise JobPlanError(f"job {request.job}: all {request.size} {request.role}s are placed; nothing to plan")
-    buckets, room = _buckets(snaps, k, Counter(m.node for m in members))
+    buckets, room = _buckets(snaps, k, Counter(m.node for m in members), request)
     if room < remaining:
+        floor = f" whose rings meet {request.constraint_text()}" if request.constrained else ""
         raise JobUnplaceable(
-            f"job {request.job}: needs {remaining} more {request.role}s of {k} GPUs, the cluster has room for "
-            f"{room} now" + (f" ({len(members)} placed)" if members else "")
+            f"job {request.job}: needs {remaining} more {request.role}s of {k} GPUs{floor}, the cluster has room "
+            f"for {room} now" + (f" ({len(members)} placed)" if members else "")
         )
     member_slots = [PodSlot(m.node, snaps[m.node].topo, m.gpus, snaps[m.node].place) for m in members]
     member_pods: dict[str, list[_Pod]] = {}
@@ -154,7 +173,7 @@ def plan_job(request: JobRequest, nodes: Iterable[NodeSnapshot], locality: Local
         ring = pod_ring_gbps(slot.topo, slot.gpus) if len(slot.gpus) > 1 else math.inf
         member_pods.setdefault(slot.node, []).append(_Pod(slot.gpus, ring, slot.network_gbps))
     member_places = {s.node: s.place for s in member_slots}
-    exact = _exact(request, snaps, member_slots, remaining, dropped, locality)
+    exact = _exact(request, snaps, member_slots, remaining, dropped, locality, exact_limit)
     if exact is not None:
         return exact
     candidates = _candidates(buckets, remaining, locality, member_pods, member_places)
@@ -168,10 +187,14 @@ def plan_job(request: JobRequest, nodes: Iterable[NodeSnapshot], locality: Local
         if best is not None and (evaluated >= _MAX_EVALUATIONS or cand.upper < best[0][0] * (1 - _REL_EPS)):
             break
         plan = _plan_of(request, cand.fill, member_slots, dropped, locality)
+        if len(plan.slots) != remaining:
+            continue  # a node gave fewer pods meeting the ring floor than its bucket counted (a search budget ran out)
         score = (plan.estimate.gbps, *cand.order[1:])
         if best is None or _better(score, best[0]):
             best = (score, plan)
-    assert best is not None
+    if best is None:
+        raise JobUnplaceable(f"job {request.job}: no candidate placement gives all {remaining} {request.role}s "
+                             f"rings that meet {request.constraint_text()}")
     return best[1]
 
 
@@ -202,26 +225,56 @@ class _Pod:
     rate: float
 
 
-_PODS: dict[tuple[str, int, int, int, bool], tuple[_Pod, ...]] = {}
-_VALUES: dict[tuple[str, int, int, int], float] = {}
+_PODS: dict[tuple[str, int, int, int, bool, float], tuple[_Pod, ...]] = {}
+_VALUES: dict[tuple[str, int, int, int, float], float] = {}
+_NVLINK_FLOORS: dict[str, float] = {}
+_EPS = 1e-9  # as extender.placement_policy: a ring meets a floor unless below it by more than float noise
 
 
-def _pods(topo: Topology, free: int, k: int, c: int, network: bool) -> tuple[_Pod, ...]:
+def ring_floor(topo: Topology, request: JobRequest) -> float:
+    """The slowest ring a new pod of the job may have on this topology: its min-allreduce GB/s and, with
+    require-nvlink, the node's slowest NVLink pair (a ring at or above it runs on NVLink alone, as the per-pod
+    placement reads the annotation); inf on a node without NVLink. 0 for an unconstrained job."""
+    if not request.constrained:
+        return 0.0
+    floor = request.min_gbps
+    if request.require_nvlink:
+        nv = _NVLINK_FLOORS.get(topo.fingerprint)
+        if nv is None:
+            n = topo.size
+            pairs = [topo.gbps(i, j) for i in range(n) for j in range(i + 1, n) if topo.link(i, j).kind.is_nvlink]
+            nv = _NVLINK_FLOORS[topo.fingerprint] = min(pairs) if pairs else math.inf
+        floor = max(floor, nv)
+    return floor
+
+
+def _pods(topo: Topology, free: int, k: int, c: int, network: bool, floor: float = 0.0) -> tuple[_Pod, ...]:
     """The c pods of k GPUs this free set gives the job, chosen together (memoised): one at a time, best first,
     unless that leaves a weak pod below what a balanced split reaches; then the split with the best
     `_pods_value`, weakest ring and ring total, by branch and bound over disjoint subsets (at most `_SPLIT_LIMIT`
-    complete splits looked at)."""
-    key = (topo.fingerprint, free, k, c, network)
+    complete splits looked at). With a ring floor every pod meets it: fewer than c when the free set cannot give
+    c such pods (one at a time first; when that falls short, the most disjoint subsets meeting it a search finds)."""
+    key = (topo.fingerprint, free, k, c, network, floor)
     hit = _PODS.get(key)
     if hit is not None:
         return hit
-    out = _one_by_one(topo, free, k, c, network)
+    out = _one_by_one(topo, free, k, c, network, floor)
     if c > 1 and len(out) == c and _pods_value(list(out), network) < _ceiling(topo, free, c, network):
-        out = _best_split(topo, free, k, c, network, out)
+        out = _best_split(topo, free, k, c, network, out, floor)
+    elif floor > 0 and 0 < len(out) < c:
+        for more in range(c, len(out), -1):
+            split = _best_split(topo, free, k, more, network, None, floor)
+            if split:
+                out = split
+                break
     if len(_PODS) >= _MEMO_LIMIT:
         _PODS.clear()
     _PODS[key] = out
     return out
+
+
+def _meets(ring: float, floor: float) -> bool:
+    return ring + _EPS >= floor
 
 
 def _ceiling(topo: Topology, free: int, c: int, network: bool) -> float:
@@ -237,19 +290,21 @@ def _pod(topo: Topology, gpus: tuple[int, ...]) -> _Pod:
     return _Pod(gpus, ring, max(topo.network_gbps[g] for g in gpus))
 
 
-def _one_by_one(topo: Topology, free: int, k: int, c: int, network: bool) -> tuple[_Pod, ...]:
+def _one_by_one(topo: Topology, free: int, k: int, c: int, network: bool, floor: float) -> tuple[_Pod, ...]:
     pods: list[_Pod] = []
     left = free
     while len(pods) < c and left.bit_count() >= k:
         avail = bits(left)
         choice = best_subset(topo, avail, k).gpus
+        if floor > 0 and not _meets(_pod(topo, choice).ring, floor):
+            break  # the allocator's best ring is the fastest these GPUs form: no other pod meets the floor
         if network:
             best_rate = max(topo.network_gbps[g] for g in avail)
             if max(topo.network_gbps[g] for g in choice) < best_rate:
                 g = next(g for g in avail if topo.network_gbps[g] == best_rate)
                 other = _pod(topo, best_subset(topo, avail, k, must_include=(g,)).gpus)
                 pod = _pod(topo, choice)
-                if _reach(other) > _reach(pod):
+                if _reach(other) > _reach(pod) and _meets(other.ring, floor):
                     choice = other.gpus
         pods.append(_pod(topo, choice))
         left &= ~mask_of(choice)
@@ -264,12 +319,18 @@ def _reach(pod: _Pod) -> tuple[float, float, float]:
 
 
 def _best_split(topo: Topology, free: int, k: int, c: int, network: bool,
-                greedy: tuple[_Pod, ...]) -> tuple[_Pod, ...]:
-    subsets = sorted((_pod(topo, combo) for combo in combinations(bits(free), k)), key=lambda p: (-p.ring, p.gpus))
+                greedy: tuple[_Pod, ...] | None, floor: float) -> tuple[_Pod, ...]:
+    """The best c disjoint pods (greedy: the split to beat, or None to find any); () when the search finds none
+    within its budgets: `_SPLIT_LIMIT` complete splits, `_SPLIT_VISITS` partial ones."""
+    subsets = sorted((p for p in (_pod(topo, combo) for combo in combinations(bits(free), k)) if _meets(p.ring, floor)),
+                     key=lambda p: (-p.ring, p.gpus))
     masks = [mask_of(p.gpus) for p in subsets]
-    rings = [p.ring for p in greedy]
-    best = [(_pods_value(list(greedy), network), min(rings), sum(rings)), greedy]
-    budget = [_SPLIT_LIMIT]
+    if greedy is None:
+        best: list = [(-math.inf, -math.inf, -math.inf), ()]
+    else:
+        rings = [p.ring for p in greedy]
+        best = [(_pods_value(list(greedy), network), min(rings), sum(rings)), greedy]
+    budget = [_SPLIT_LIMIT, _SPLIT_VISITS]
 
     def search(start: int, used: int, chosen: list[_Pod]) -> None:
         if len(chosen) == c:
@@ -279,14 +340,15 @@ def _best_split(topo: Topology, free: int, k: int, c: int, network: bool,
             if score > best[0]:
                 best[0], best[1] = score, tuple(chosen)
             return
+        budget[1] -= 1
         for i in range(start, len(subsets) - (c - len(chosen)) + 1):
-            if budget[0] <= 0 or subsets[i].ring < best[0][0]:
+            if budget[0] <= 0 or budget[1] <= 0 or subsets[i].ring < best[0][0]:
                 return  # rings only fall from here: no completion beats the best value
             if not used & masks[i]:
                 search(i + 1, used | masks[i], [*chosen, subsets[i]])
 
     search(0, 0, [])
-    return best[1]  # type: ignore[return-value]
+    return best[1]  # type: ignore[no-any-return]
 
 
 def _pods_value(pods: list[_Pod], multi: bool) -> float:
@@ -301,12 +363,12 @@ def _pods_value(pods: list[_Pod], multi: bool) -> float:
     return value
 
 
-def _value(topo: Topology, free: int, k: int, c: int, multi: bool) -> float:
+def _value(topo: Topology, free: int, k: int, c: int, multi: bool, floor: float = 0.0) -> float:
     """`_pods_value` of the c pods a free set gives, memoised."""
-    key = (topo.fingerprint, free, k, c * 2 + multi)
+    key = (topo.fingerprint, free, k, c * 2 + multi, floor)
     hit = _VALUES.get(key)
     if hit is None:
-        hit = _pods_value(list(_pods(topo, free, k, c, multi)), multi) if c > 0 else 0.0
+        hit = _pods_value(list(_pods(topo, free, k, c, multi, floor)), multi) if c > 0 else 0.0
         if len(_VALUES) >= _MEMO_LIMIT:
             _VALUES.clear()
         _VALUES[key] = hit
@@ -329,6 +391,7 @@ class _Bucket:
     whole: bool  # every GPU free before this job
     free_count: int
     snaps: list[NodeSnapshot]
+    floor: float = 0.0  # ring_floor of the job on this topology
     fp: str = ""  # topology fingerprint
     name: str = ""  # first node's name, once sorted
 
@@ -336,25 +399,33 @@ class _Bucket:
         self.fp = self.topo.fingerprint
 
 
-def _buckets(snaps: dict[str, NodeSnapshot], k: int, member_count: Counter[str]) -> tuple[list[_Bucket], int]:
+def _buckets(snaps: dict[str, NodeSnapshot], k: int, member_count: Counter[str],
+             request: JobRequest) -> tuple[list[_Bucket], int]:
     by_state: dict[tuple, _Bucket] = {}
     get = by_state.get
     room = 0
+    constrained = request.constrained
     for snap in snaps.values():
         free = snap.free
         count = free.bit_count()
         members = member_count[snap.name] if member_count else 0
         if count < k and not members:
             continue
-        room += count // k
         topo = snap.topo
         key = (snap.place, topo.fingerprint, free, snap.name if members else None)
         bucket = get(key)
         if bucket is None:
-            bucket = by_state[key] = _Bucket(snap.place, topo, free, k, count // k, members, count == topo.size,
-                                             count, [snap])
+            cap, floor = count // k, 0.0
+            if constrained and cap:  # the pods of the free set that meet the floor
+                floor = ring_floor(topo, request)
+                cap = len(_pods(topo, free, k, cap, False, floor)) if floor < math.inf else 0
+            if cap == 0 and not members:
+                continue
+            bucket = by_state[key] = _Bucket(snap.place, topo, free, k, cap, members, count == topo.size,
+                                             count, [snap], floor)
         else:
             bucket.snaps.append(snap)
+        room += bucket.cap
     buckets = list(by_state.values())
     for b in buckets:
         if len(b.snaps) > 1:
@@ -410,7 +481,7 @@ def _single_host(buckets: list[_Bucket], remaining: int, member_pods: dict[str, 
     hosts = [b for b in buckets if b.cap >= remaining and (b.members > 0 or not member_pods)]
     if not hosts:
         return None
-    return min(hosts, key=lambda b: (-_value(b.topo, b.free, b.k, remaining, False), b.free_count, b.name))
+    return min(hosts, key=lambda b: (-_value(b.topo, b.free, b.k, remaining, False, b.floor), b.free_count, b.name))
 
 
 def _ranked_racks(buckets: list[_Bucket], q: int,
@@ -423,9 +494,9 @@ def _ranked_racks(buckets: list[_Bucket], q: int,
         c = min(b.cap, q - b.members)
         if c <= 0:
             continue
-        value = values.get((b.fp, b.free, b.k, c * 2 + 1))
+        value = values.get((b.fp, b.free, b.k, c * 2 + 1, b.floor))
         if value is None:
-            value = _value(b.topo, b.free, b.k, c, True)
+            value = _value(b.topo, b.free, b.k, c, True, b.floor)
         left = b.free_count - c * b.k
         key = (-b.members, -value, left, b.name) if q == 1 else (-b.members, -c, -value, left, b.name)
         entries = racks.get(b.place)
@@ -528,10 +599,10 @@ def _candidate(fill: Fill, locality: Locality, member_pods: dict[str, list[_Pod]
     upper = math.inf
     for b, snap, c, network in fill:
         if b.members:  # member and new pods share the node's ring ends: weigh them together
-            pods = member_pods[snap.name] + list(_pods(b.topo, b.free, b.k, c, network))
+            pods = member_pods[snap.name] + list(_pods(b.topo, b.free, b.k, c, network, b.floor))
             upper = min(upper, _pods_value(pods, multi))
         else:
-            upper = min(upper, _value(b.topo, b.free, b.k, c, multi))
+            upper = min(upper, _value(b.topo, b.free, b.k, c, multi, b.floor))
     for name, pods in member_pods.items():
         if name not in in_fill:
             upper = min(upper, _pods_value(pods, multi))
@@ -552,16 +623,19 @@ def _candidate(fill: Fill, locality: Locality, member_pods: dict[str, list[_Pod]
 
 
 def _exact(request: JobRequest, snaps: dict[str, NodeSnapshot], member_slots: list[PodSlot], remaining: int,
-           dropped: tuple[str, ...], locality: Locality) -> JobPlan | None:
+           dropped: tuple[str, ...], locality: Locality, limit: int) -> JobPlan | None:
     """The best plan over every way to put the remaining pods on free GPUs, or None when there are more than
-    `_EXACT_LIMIT` ways (the candidate fills take over). Ties go to fewer locality levels crossed, then the best
+    `limit` ways (the candidate fills take over). Ties go to fewer locality levels crossed, then the best
     pod rings (what the allocator would give each pod), then GPUs nearer a NIC (NCCL enters and leaves a node
     through more than one of a pod's GPUs), then as for candidates: fewer whole free nodes broken,
     fewer GPUs left stranded on the nodes touched, fewer nodes."""
     k = request.gpus_per_pod
     options = [(snap, combo) for snap in sorted(snaps.values(), key=lambda n: n.name)
                for combo in combinations(bits(snap.free), k)]
-    if math.comb(len(options), remaining) > _EXACT_LIMIT:
+    if request.constrained:
+        options = [(snap, combo) for snap, combo in options
+                   if _meets(pod_ring_gbps(snap.topo, combo), ring_floor(snap.topo, request))]
+    if math.comb(len(options), remaining) > limit:
         return None
     best: tuple[tuple, list[tuple[NodeSnapshot, tuple[int, ...]]]] | None = None
     for chosen in combinations(options, remaining):
@@ -592,7 +666,7 @@ def _exact(request: JobRequest, snaps: dict[str, NodeSnapshot], member_slots: li
 def _plan_of(request: JobRequest, fill: Fill, member_slots: list[PodSlot], dropped: tuple[str, ...],
              locality: Locality) -> JobPlan:
     picked = [(snap.name, b.topo, pod.gpus, b.place)
-              for b, snap, c, network in fill for pod in _pods(b.topo, b.free, b.k, c, network)]
+              for b, snap, c, network in fill for pod in _pods(b.topo, b.free, b.k, c, network, b.floor)]
     return _plan_from(request, picked, member_slots, dropped, locality)
 
 

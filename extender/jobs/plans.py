@@ -77,6 +77,8 @@ class JobPod:
     gpus: int
     membership: Membership | None
     problem: str | None = None  # its job cannot be read: every node refuses it with this
+    require_nvlink: bool = False  # its own floors: the plan made at its request meets them (JobRequest)
+    min_gbps: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +151,8 @@ class JobPlans:
                 self._recent.move_to_end(needs.uid)
                 while len(self._recent) > RECENT_PODS:
                     self._recent.popitem(last=False)
-        return JobPod(needs.uid, needs.key, needs.size, membership)
+        return JobPod(needs.uid, needs.key, needs.size, membership, None, needs.need.require_nvlink,
+                      needs.need.min_gbps)
 
     # -- filter and prioritize ---------------------------------------------------------------------------------
 
@@ -379,7 +382,8 @@ class JobPlans:
             placed = list(members.values())
             if size is None:  # the other pods' slots count as placed: this one goes near them too
                 placed += [Member(s.node, s.gpus) for s in state.slots]
-            request = JobRequest(str(state.ref), state.gpus_per_pod, size, tuple(placed), ROLE)
+            request = JobRequest(str(state.ref), state.gpus_per_pod, size, tuple(placed), ROLE, jp.require_nvlink,
+                                 jp.min_gbps)
             started = time.perf_counter()
             plan = plan_job(request, self._snapshot(state.gpus_per_pod, names, {m.node for m in placed}),
                             self.locality)

@@ -18,6 +18,7 @@ from extender.jobs.planner import (
     NodeSnapshot,
     plan_job,
 )
+from gputopo.core import allreduce_gbps
 from gputopo.core.bitset import bits, mask_of
 from gputopo.core.jobs import Limit, PodSlot, job_allreduce_gbps
 from gputopo.core.locality import Level, Locality
@@ -217,3 +218,114 @@ def test_plans_are_valid_and_reach_the_best_estimate_exhaustive_search_finds(see
     plan = plan_job(request, nodes, LOC)
     check(plan, nodes)
     assert plan.estimate.gbps == pytest.approx(optimum, rel=1e-9, abs=1e-9)
+
+
+# -- a job's ring floors (require-nvlink, min-allreduce-gbps) -----------------------------------------------------
+
+
+def _floor(topo: Topology, request: JobRequest) -> float:
+    """The floor as the per-pod placement reads the annotations, computed apart from the planner's own."""
+    if request.gpus_per_pod < 2:
+        return 0.0
+    floor = request.min_gbps
+    if request.require_nvlink:
+        nv = [topo.gbps(i, j) for i, j in itertools.combinations(range(topo.size), 2) if topo.link(i, j).kind.is_nvlink]
+        floor = max(floor, min(nv)) if nv else float("inf")
+    return floor
+
+
+def _meets_floor(plan, nodes: list[NodeSnapshot]) -> bool:
+    by_name = {n.name: n for n in nodes}
+    return all(allreduce_gbps(by_name[s.node].topo, s.gpus) + 1e-9 >= _floor(by_name[s.node].topo, plan.request)
+               for s in plan.slots)
+
+
+def _constrained(seed: int) -> tuple[list[NodeSnapshot], JobRequest]:
+    rng = random.Random(seed)
+    nodes = []
+    for i in range(rng.randint(1, 3)):
+        topo = _small_topology(rng)
+        free = (1 << topo.size) - 1 if rng.random() < 0.6 else rng.getrandbits(topo.size)
+        nodes.append(NodeSnapshot(f"n{i}", topo, free, (rng.choice(["r1", "r2"]), "z1")))
+    return nodes, JobRequest("ml/j", 2, rng.randint(1, 3), require_nvlink=rng.random() < 0.6,
+                             min_gbps=rng.choice([0.0, 0.0, 10.0, 20.0, 40.0]))
+
+
+def _exhaustive_floor(nodes: list[NodeSnapshot], request: JobRequest) -> float | None:
+    options = [(n, combo) for n in nodes for combo in itertools.combinations(bits(n.free), request.gpus_per_pod)
+               if allreduce_gbps(n.topo, combo) + 1e-9 >= _floor(n.topo, request)]
+    best = None
+    for chosen in itertools.combinations(options, request.size):
+        used: dict[str, int] = {}
+        if any(used.get(n.name, 0) & mask_of(c) or used.__setitem__(n.name, used.get(n.name, 0) | mask_of(c))
+               for n, c in chosen):
+            continue
+        est = job_allreduce_gbps([PodSlot(n.name, n.topo, c, n.place) for n, c in chosen], LOC).gbps
+        best = est if best is None else max(best, est)
+    return best
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32))
+def test_every_planned_pod_meets_the_jobs_floor_and_the_plan_is_the_best_that_does(seed: int) -> None:
+    """Exact (small clusters) and candidate fills (as on a large cluster): every slot's ring meets the floor, and
+    a plan exists exactly when some placement meets it; the exact plan is the best such placement."""
+    nodes, request = _constrained(seed)
+    optimum = _exhaustive_floor(nodes, request)
+    if optimum is None:
+        for limit in (2_500, 0):
+            with pytest.raises(JobUnplaceable, match=r"meet|room"):
+                plan_job(request, nodes, LOC, exact_limit=limit)
+        return
+    plan = plan_job(request, nodes, LOC)
+    check(plan, nodes)
+    assert _meets_floor(plan, nodes)
+    assert plan.estimate.gbps == pytest.approx(optimum, rel=1e-9, abs=1e-9)
+    heuristic = plan_job(request, nodes, LOC, exact_limit=0)
+    check(heuristic, nodes)
+    assert _meets_floor(heuristic, nodes)
+
+
+def _pairs_of_nvlink(split_friendly: bool) -> Topology:
+    """4 GPUs. split_friendly: NVLink 1-2 (4 lanes), 0-1 and 2-3 (1 lane), PCIe elsewhere, so taking the fastest
+    pair first strands 0 and 3 on PCIe while 0-1 + 2-3 gives two NVLink pods."""
+    links: list[list[Link | None]] = [[None if i == j else Link(K.PXB) for j in range(4)] for i in range(4)]
+    pairs = {(1, 2): 4, (0, 1): 1, (2, 3): 1} if split_friendly else {(0, 1): 2}
+    for (i, j), lanes in pairs.items():
+        links[i][j] = links[j][i] = Link(K.NVLINK, lanes, 4)
+    return Topology.build([Gpu(i, f"G{i}") for i in range(4)], links, [], pcie_generation=4)
+
+
+def test_require_nvlink_keeps_a_large_clusters_job_off_pcie_pairs() -> None:
+    """Candidate fills (many ways): PCIe-only nodes and the PCIe pairs of NVLink nodes take no pod, and a node
+    gives as many pods as disjoint NVLink pairs it has, not as its free count says."""
+    pcie = _pairs_of_nvlink(False)
+    pcie_only = Topology.build([Gpu(i, f"G{i}") for i in range(4)],
+                               [[None if i == j else Link(K.SYS) for j in range(4)] for i in range(4)], [],
+                               pcie_generation=4)
+    split = _pairs_of_nvlink(True)
+    nodes = [NodeSnapshot(f"pcie-{i:02d}", pcie_only, 0b1111, ("r1", "z")) for i in range(30)]
+    nodes += [NodeSnapshot(f"pair-{i}", pcie, 0b1111, ("r1", "z")) for i in range(2)]
+    nodes += [NodeSnapshot("split", split, 0b1111, ("r1", "z"))]
+    request = JobRequest("ml/j", 2, 4, require_nvlink=True)
+    for limit in (2_500, 0):
+        plan = plan_job(request, nodes, LOC, exact_limit=limit)
+        check(plan, nodes)
+        assert _meets_floor(plan, nodes)
+        assert sorted(s.node for s in plan.slots) == ["pair-0", "pair-1", "split", "split"]
+        assert sorted(s.gpus for s in plan.slots if s.node == "split") == [(0, 1), (2, 3)]
+    with pytest.raises(JobUnplaceable, match=r"needs 5 more workers of 2 GPUs whose rings meet require-nvlink, "
+                                             r"the cluster has room for 4 now"):
+        plan_job(JobRequest("ml/j", 2, 5, require_nvlink=True), nodes, LOC, exact_limit=0)
+
+
+def test_min_allreduce_gbps_is_a_floor_for_every_pod_of_the_job() -> None:
+    fast = hgx(400)
+    nodes = [node(f"n{i}", fast, "r1", free=0b0000_0011) for i in range(3)]
+    ring = allreduce_gbps(fast, (0, 1))
+    plan = plan_job(JobRequest("ml/j", 2, 3, min_gbps=ring), nodes, LOC, exact_limit=0)
+    check(plan, nodes)
+    with pytest.raises(JobUnplaceable, match="min-allreduce"):
+        plan_job(JobRequest("ml/j", 2, 3, min_gbps=ring * 2), nodes, LOC, exact_limit=0)
+    with pytest.raises(JobPlanError, match="not a floor"):
+        plan_job(JobRequest("ml/j", 2, 3, min_gbps=-1.0), nodes, LOC)
