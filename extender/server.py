@@ -45,9 +45,12 @@ log = structlog.get_logger(__name__)
 ACCEPT_LOG_INTERVAL_S = 10.0
 # Files the process needs besides client connections: listeners, API watches, logs, the interpreter's own.
 FD_RESERVE = 64
-# The listen backlog, which is also how many connections asyncio accepts in one go: connections evicted to make
-# room for them are only closed on the loop's next pass, so the cap leaves this much room below the files limit.
+# The listen backlog, which is also how many connections asyncio accepts in one go. An accepted connection reaches
+# the cap's check (connection_made) two loop passes later, and one evicted for it is closed a pass after that,
+# while every pass may accept another batch: the cap leaves ACCEPT_BATCHES backlogs of room below the files limit
+# (with one, 300 connections against a 256-file limit ran out of files now and then).
 BACKLOG = 64
+ACCEPT_BATCHES = 3
 HEAD, BODY = "head", "body"
 
 
@@ -79,7 +82,7 @@ def connection_cap(wanted: int) -> int:
         in_use = len(os.listdir("/proc/self/fd"))
     except OSError:
         in_use = 0
-    return max(1, min(wanted, soft - in_use - FD_RESERVE - BACKLOG))
+    return max(1, min(wanted, soft - in_use - FD_RESERVE - ACCEPT_BATCHES * BACKLOG))
 
 
 class Guard:

@@ -9,13 +9,17 @@ ExtenderBindingResult, ExtenderPreemptionResult), field for field.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from itertools import chain, repeat
 from typing import Any
 
+import anyio
 import orjson
 import structlog
 
 from extender import wire
+from extender.jobs.plans import JobPod
+from extender.placement import FilterOutcome
 from extender.pods import PodSpecError, pod_needs
 from extender.preempt import NodeVictims, keep_victims
 from extender.service import Extender
@@ -56,8 +60,12 @@ class Verbs:
         self.ext = ext
         cfg = ext.config
         self._needs_args = (cfg.resource_name, cfg.keys)
+        self._planners = anyio.CapacityLimiter(1)  # plans are made one at a time anyway: hold no more threads
 
-    def filter(self, data: Any) -> dict[str, Any]:
+    def filter(self, data: Any) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+        """The answer, or for a pod of a job an awaitable of it: planning a job may take tens of milliseconds on a
+        large cluster, so it runs in a worker thread (one job plan at a time: extender.jobs.plans' lock) while the
+        event loop keeps answering binds, probes and other pods."""
         args = wire.extender_args(data)
         ext = self.ext
         try:
@@ -68,10 +76,15 @@ class Verbs:
         ext.recent.remember(needs)
         job_pod = ext.jobs.pod_of(args.pod, needs)
         if job_pod is not None:
-            out = ext.jobs.filter(job_pod, args.names)
-        else:
-            out = ext.placement.filter(args.names, needs.need, self._extra_entries(args))
-        m = ext.metrics.filter_nodes
+            return self._job_filter(args, job_pod)
+        return self._filter_answer(args, ext.placement.filter(args.names, needs.need, self._extra_entries(args)))
+
+    async def _job_filter(self, args: wire.ExtenderArgs, job_pod: JobPod) -> dict[str, Any]:
+        out = await anyio.to_thread.run_sync(self.ext.jobs.filter, job_pod, args.names, limiter=self._planners)
+        return self._filter_answer(args, out)
+
+    def _filter_answer(self, args: wire.ExtenderArgs, out: FilterOutcome) -> dict[str, Any]:
+        m = self.ext.metrics.filter_nodes
         m.labels("passed").inc(len(out.passed))
         m.labels("failed").inc(len(out.failed))
         m.labels("unresolvable").inc(len(out.unresolvable))
