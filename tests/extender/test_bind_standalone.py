@@ -9,6 +9,7 @@ from typing import Any
 
 from gputopo.core import allreduce_gbps
 from tests.extender.conftest import A100, DGX1, H100X4, topo
+from tests.helpers.clients import thread_clients
 from tests.helpers.scheduler import bind_body, cache_args, pod_json
 
 
@@ -81,14 +82,14 @@ def test_1000_concurrent_binds_on_100_nodes_never_share_a_gpu(standalone) -> Non
     names = [f"a100-{i}" for i in range(50)] + [f"dgx-{i}" for i in range(50)]
     rng = random.Random(7)
     pods = [pod_json(f"p{i}", gpus=rng.choice([1, 1, 2, 4])) for i in range(1000)]
-    with standalone(nodes) as (_, client):
+    with standalone(nodes) as (_, client), thread_clients(client.base_url) as mine:
 
         def one(k: int) -> str:
             pod = pods[k]
             candidates = rng.sample(names, 3)
-            ok = client.post("/filter", json=cache_args(pod, candidates)).json()["NodeNames"]
+            ok = mine().post("/filter", json=cache_args(pod, candidates)).json()["NodeNames"]
             target = ok[0] if ok else candidates[0]
-            return client.post("/bind", json=bind_body(pod, target)).json()["Error"]
+            return mine().post("/bind", json=bind_body(pod, target)).json()["Error"]
 
         with ThreadPoolExecutor(32) as pool:
             errors = list(pool.map(one, range(1000)))

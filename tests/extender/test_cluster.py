@@ -17,6 +17,7 @@ from extender.service import Extender
 from gputopo.contract import parse_plan
 from tests.extender.conftest import A100, DGX1, PCIE, running, topo
 from tests.fakes.kubeapi import FakeKubeApi
+from tests.helpers.clients import thread_clients
 from tests.helpers.kube import PREFIX, k8s_node, k8s_pod, node_annotations, set_state
 from tests.helpers.scheduler import bind_body, cache_args
 
@@ -264,11 +265,9 @@ def test_1000_concurrent_binds_on_100_nodes_with_a_restart_never_share_a_gpu(fak
     pods = [fake.add_pod(k8s_pod(f"p{i}", sizes[i % 4])) for i in range(1000)]
 
     def bind_all(client: httpx.Client, batch: list[dict[str, Any]]) -> list[str]:
-        def one(k: int) -> str:
-            return client.post("/bind", json=bind_body(batch[k], names[k % 100])).json()["Error"]
-
-        with ThreadPoolExecutor(32) as pool:
-            return list(pool.map(one, range(len(batch))))
+        with thread_clients(client.base_url) as mine, ThreadPoolExecutor(32) as pool:
+            return list(pool.map(lambda k: mine().post("/bind", json=bind_body(batch[k], names[k % 100])).json()[
+                "Error"], range(len(batch))))
 
     with cluster(api) as (_, client):
         first = bind_all(client, pods[:500])

@@ -43,10 +43,10 @@ def test_a_require_nvlink_job_is_planned_on_nvlink_gpus_only(groups_fake: FakeGr
         groups_fake.add_node(k8s_node(name, pcie, rack="r1"))
     for name in names[3:]:
         groups_fake.add_node(k8s_node(name, nv, rack="r1", used=list(range(6))))
-    for job, annotations in (("train-nv", NVLINK), ("train-any", {})):
+    for job, extra in (("train-nv", NVLINK), ("train-any", {})):
         groups_fake.add_group(pod_group(job, 2))
         for i in range(2):
-            groups_fake.add_pod(kubeflow_pod(job, i, 2, annotations=annotations))
+            groups_fake.add_pod(kubeflow_pod(job, i, 2, annotations=extra))
     with cluster(groups_api) as (ext, client):
         assert ext.cache.wait_for(lambda: len(ext.cache.groups.sizes) == 2, WAIT)
         out = filter_(client, kubeflow_pod("train-any", 0, 2), names)
