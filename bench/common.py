@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import math
 import platform
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,3 +40,10 @@ def machine_line() -> str:
     import os
 
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def scratch(prefix: str) -> Path:
+    """A temporary directory for one benchmark run (inventories, sockets), removed when the process exits."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path

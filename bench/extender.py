@@ -27,7 +27,6 @@ import random
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -38,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from bench.common import RESULTS, ROOT, SHARED, machine_line, markdown_table, percentile, shared_topology_files
+from bench.common import RESULTS, ROOT, SHARED, machine_line, markdown_table, percentile, scratch, shared_topology_files
 from gputopo.discovery.loader import load_topology_file
 
 RECORDED = SHARED / "recordings" / "kube-scheduler"
@@ -276,7 +275,7 @@ def closed_loop(n: int, pods: int, tmp: Path, warmup: int = 50) -> dict[str, Any
 
 
 def run(quick: bool, out: Callable[[str], None], only: tuple[int, ...] | None = None) -> str:
-    tmp = Path(tempfile.mkdtemp(prefix="bench-extender-"))
+    tmp = scratch("bench-extender-")
     load_before = os.getloadavg()[0]
     sizes = only or ((100, 1000) if quick else (100, 1000, 5000))
     rounds = {100: 400, 1000: 400, 5000: 400}

@@ -26,7 +26,6 @@ import gc
 import json
 import os
 import random
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from typing import Any
 import orjson
 import yaml
 
-from bench.common import RESULTS, machine_line, markdown_table, percentile, shared_topology_files
+from bench.common import RESULTS, machine_line, markdown_table, percentile, scratch, shared_topology_files
 from bench.extender import Client, Server, args_body, ms, pod_json, verb_latency
 from extender.pods import pod_needs
 from extender.service import Extender
@@ -146,7 +145,7 @@ def series(c: Client | InProcess, names: list[str], rounds: int, jobs_per_size: 
 
 
 def run(n: int, rounds: int, jobs_per_size: int, seed: int) -> str:
-    tmp = Path(tempfile.mkdtemp(prefix="bench-extender-jobs-"))
+    tmp = scratch("bench-extender-jobs-")
     load_before = os.getloadavg()[0]
     names = make_inventory(tmp / "inv.yaml", n, seed)
     server = Server(tmp / "inv.yaml")

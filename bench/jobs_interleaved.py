@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from bench.common import RESULTS, SHARED, machine_line, markdown_table
+from bench.common import RESULTS, SHARED, machine_line, markdown_table, scratch
 from bench.extender import Server
 from gputopo.core.jobs import PodSlot, job_allreduce_gbps
 from gputopo.core.locality import Locality
@@ -81,7 +80,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=RESULTS / "jobs-interleaved.md")
     args = parser.parse_args()
     started = time.time()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-interleaved-"))
+    tmp = scratch("bench-interleaved-")
     rows = []
     for policy in POLICIES:
         runs = [one_run(tmp, policy == "job-aware", seed) for seed in range(args.seeds)]
