@@ -12,6 +12,7 @@ import kubernetes.client
 import pytest
 
 from extender.config import ExtenderConfig
+from extender.reservations import JOB
 from extender.service import Extender
 from gputopo.core import Topology
 from gputopo.core.topology import Nic
@@ -92,3 +93,12 @@ def cluster(api: kubernetes.client.ApiClient, *, clock: Callable[[], float] | No
 @pytest.fixture(autouse=True)
 def _no_leaked_threads(no_leaked_threads: None) -> None:
     """Every server, watcher and worker thread a test here starts must be gone when it ends (tests/conftest.py)."""
+
+
+def job_slots(ext: Extender) -> dict[str, int]:
+    """Node -> GPUs held by job slots."""
+    out: dict[str, int] = {}
+    for r in ext.reservations.all():
+        if r.source == JOB:
+            out[r.node] = out.get(r.node, 0) + len(r.ids)
+    return out

@@ -7,11 +7,19 @@ from typing import Any
 
 import httpx
 
-from extender.reservations import JOB
-from extender.service import Extender
 from gputopo.discovery.loader import load_topology_file
 from tests.conftest import SHARED
-from tests.extender.jobs.conftest import DGX_A100, PREFIX, WAIT, cluster, k8s_node, kubeflow_pod, pod_group, rated
+from tests.extender.jobs.conftest import (
+    DGX_A100,
+    PREFIX,
+    WAIT,
+    cluster,
+    job_slots,
+    k8s_node,
+    kubeflow_pod,
+    pod_group,
+    rated,
+)
 from tests.fakes.kubeapi.groups import FakeGroupsKubeApi
 from tests.helpers.scheduler import cache_args
 
@@ -23,14 +31,6 @@ def filter_(client: httpx.Client, pod: dict[str, Any], names: list[str]) -> dict
     r = client.post("/filter", json=cache_args(pod, names))
     assert r.status_code == 200
     return r.json()
-
-
-def job_slots(ext: Extender) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for r in ext.reservations.all():
-        if r.source == JOB:
-            out[r.node] = out.get(r.node, 0) + len(r.ids)
-    return out
 
 
 def test_a_require_nvlink_job_is_planned_on_nvlink_gpus_only(groups_fake: FakeGroupsKubeApi, groups_api) -> None:

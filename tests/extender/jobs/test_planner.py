@@ -185,23 +185,18 @@ def _cluster(seed: int) -> tuple[list[NodeSnapshot], JobRequest]:
 
 
 def _exhaustive(nodes: list[NodeSnapshot], request: JobRequest) -> float | None:
-    """The best estimate over every way to put the job's pods on free GPUs (None when there is none)."""
-    k, size = request.gpus_per_pod, request.size
-    options = []  # every (node, k-subset) a pod could take
-    for n in nodes:
-        options += [(n, combo) for combo in itertools.combinations(bits(n.free), k)]
+    """The best estimate over every way to put the job's pods on free GPUs whose rings meet the job's floor (None
+    when there is none)."""
+    k = request.gpus_per_pod
+    options = [(n, combo) for n in nodes for combo in itertools.combinations(bits(n.free), k)
+               if allreduce_gbps(n.topo, combo) + 1e-9 >= _floor(n.topo, request)]
     best = None
-    for chosen in itertools.combinations(options, size):
-        used: dict[str, set[int]] = {}
-        ok = True
-        for n, combo in chosen:
-            if used.setdefault(n.name, set()) & set(combo):
-                ok = False
-                break
-            used[n.name] |= set(combo)
-        if not ok:
-            continue
-        est = job_allreduce_gbps([PodSlot(n.name, n.topo, combo, n.place) for n, combo in chosen], LOC).gbps
+    for chosen in itertools.combinations(options, request.size):
+        used: dict[str, int] = {}
+        if any(used.get(n.name, 0) & mask_of(c) or used.__setitem__(n.name, used.get(n.name, 0) | mask_of(c))
+               for n, c in chosen):
+            continue  # two pods on one GPU
+        est = job_allreduce_gbps([PodSlot(n.name, n.topo, c, n.place) for n, c in chosen], LOC).gbps
         best = est if best is None else max(best, est)
     return best
 
@@ -251,27 +246,13 @@ def _constrained(seed: int) -> tuple[list[NodeSnapshot], JobRequest]:
                              min_gbps=rng.choice([0.0, 0.0, 10.0, 20.0, 40.0]))
 
 
-def _exhaustive_floor(nodes: list[NodeSnapshot], request: JobRequest) -> float | None:
-    options = [(n, combo) for n in nodes for combo in itertools.combinations(bits(n.free), request.gpus_per_pod)
-               if allreduce_gbps(n.topo, combo) + 1e-9 >= _floor(n.topo, request)]
-    best = None
-    for chosen in itertools.combinations(options, request.size):
-        used: dict[str, int] = {}
-        if any(used.get(n.name, 0) & mask_of(c) or used.__setitem__(n.name, used.get(n.name, 0) | mask_of(c))
-               for n, c in chosen):
-            continue
-        est = job_allreduce_gbps([PodSlot(n.name, n.topo, c, n.place) for n, c in chosen], LOC).gbps
-        best = est if best is None else max(best, est)
-    return best
-
-
 @settings(max_examples=150, deadline=None)
 @given(st.integers(0, 2**32))
 def test_every_planned_pod_meets_the_jobs_floor_and_the_plan_is_the_best_that_does(seed: int) -> None:
     """Exact (small clusters) and candidate fills (as on a large cluster): every slot's ring meets the floor, and
     a plan exists exactly when some placement meets it; the exact plan is the best such placement."""
     nodes, request = _constrained(seed)
-    optimum = _exhaustive_floor(nodes, request)
+    optimum = _exhaustive(nodes, request)
     if optimum is None:
         for limit in (2_500, 0):
             with pytest.raises(JobUnplaceable, match=r"meet|room"):
