@@ -12,7 +12,6 @@ import asyncio
 import gc
 import ipaddress
 import ssl
-import sys
 
 import click
 import structlog
@@ -67,17 +66,15 @@ def serve(config: ExtenderConfig) -> None:
     from extender.inventory import InventoryError
     from extender.metrics import ExtenderMetrics
     from extender.server import (
-        BACKLOG,
         AcceptErrors,
         ConnectionLimits,
-        Guard,
         ListenError,
-        close_quietly,
         companion_server,
         connection_cap,
-        listen,
-        protocol_class,
+        listen_failed,
+        listeners,
         serve_beside,
+        server_config,
     )
     from extender.service import Extender
     from gputopo.kube import KubeConfigError, make_api_client
@@ -101,46 +98,25 @@ def serve(config: ExtenderConfig) -> None:
     gc.collect()
     gc.freeze()
     mutual_tls = config.tls_client_ca is not None
-    # Listen before the app starts, so a busy port fails before anything says "started".
     try:
-        sock = listen(config.host, config.port)
+        sock, metrics_sock = listeners(config.host, config.port, config.metrics_host, config.metrics_port)
     except ListenError as e:
-        raise click.ClickException(str(e)) from None
-    metrics_sock = None
-    if config.metrics_port:
-        try:
-            metrics_sock = listen(config.metrics_host, config.metrics_port)
-        except ListenError as e:
-            close_quietly(sock)
-            click.echo(f"Error: {e}", err=True)
-            sys.exit(3)
+        listen_failed(e)
     limits = ConnectionLimits(config.header_timeout_s, config.body_timeout_s,
                               connection_cap(config.max_connections))
-    server_config = uvicorn.Config(
-        create_app(ext),
-        host=config.host,
-        port=config.port,
-        log_level=config.log_level,
-        log_config=None,  # uvicorn's lines go through our structured logging (gputopo.logs)
-        access_log=False,
-        lifespan="on",
-        http=protocol_class(Guard("api", limits, metrics)),
-        backlog=BACKLOG,
-        timeout_keep_alive=config.keep_alive_timeout_s,  # type: ignore[arg-type]
-        ssl_certfile=config.tls_cert,
-        ssl_keyfile=config.tls_key,
+    common = {"log_level": config.log_level, "limits": limits, "metrics": metrics,
+              "keep_alive_s": config.keep_alive_timeout_s}
+    api_config = server_config(
+        create_app(ext), "api", config.host, config.port, lifespan="on", **common,
+        ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key,
         ssl_ca_certs=str(config.tls_client_ca) if mutual_tls else None,
         ssl_cert_reqs=ssl.CERT_REQUIRED if mutual_tls else ssl.CERT_NONE,
     )
-    main_server = uvicorn.Server(server_config)
+    main_server = uvicorn.Server(api_config)
     metrics_server = None
     if metrics_sock is not None:
-        metrics_server = companion_server(uvicorn.Config(
-            create_metrics_app(ext), host=config.metrics_host, port=config.metrics_port, log_level=config.log_level,
-            log_config=None, access_log=False, lifespan="off", http=protocol_class(Guard("metrics", limits, metrics)),
-            backlog=BACKLOG,
-            timeout_keep_alive=config.keep_alive_timeout_s,  # type: ignore[arg-type]
-        ))
+        metrics_server = companion_server(server_config(
+            create_metrics_app(ext), "metrics", config.metrics_host, config.metrics_port, **common))
     log.info("extender.server.listening", host=config.host, port=sock.getsockname()[1], mode=ext.mode, tls=tls,
              mutual_tls=mutual_tls, metrics_port=config.metrics_port or None, max_connections=limits.max_connections,
              header_timeout_s=limits.header_timeout_s, body_timeout_s=limits.body_timeout_s)
@@ -149,7 +125,7 @@ def serve(config: ExtenderConfig) -> None:
         asyncio.get_running_loop().set_exception_handler(AcceptErrors(metrics))
         await serve_beside(main_server, metrics_server, [sock], [metrics_sock] if metrics_sock else [])
 
-    with asyncio.Runner(loop_factory=server_config.get_loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=api_config.get_loop_factory()) as runner:
         runner.run(run())
 
 

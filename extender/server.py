@@ -29,11 +29,13 @@ import contextlib
 import os
 import resource
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, NoReturn, Protocol
 
+import click
 import h11
 import structlog
 import uvicorn
@@ -63,7 +65,12 @@ class HttpMetrics(Protocol):
 
 
 class ListenError(Exception):
-    """A listening socket cannot be bound; the message names the address."""
+    """A listening socket cannot be bound; the message names the address, `metrics` whether it was the read-only
+    listener's."""
+
+    def __init__(self, message: str, metrics: bool = False) -> None:
+        super().__init__(message)
+        self.metrics = metrics
 
 
 @dataclass(frozen=True)
@@ -268,6 +275,39 @@ def listen(host: str, port: int) -> socket.socket:
         raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     sock.set_inheritable(True)
     return sock
+
+
+def listeners(host: str, port: int, metrics_host: str, metrics_port: int
+              ) -> tuple[socket.socket, socket.socket | None]:
+    """The API listener and, with a metrics port, the read-only one, both bound before the app starts (a busy port
+    fails before anything says "started"). Raises ListenError; the API socket is closed again when the metrics one
+    cannot be bound."""
+    sock = listen(host, port)
+    if not metrics_port:
+        return sock, None
+    try:
+        return sock, listen(metrics_host, metrics_port)
+    except ListenError as e:
+        close_quietly(sock)
+        raise ListenError(str(e), metrics=True) from None
+
+
+def listen_failed(error: ListenError) -> NoReturn:
+    """How a serving command ends when a listener cannot be bound: click's error (exit 1) for the API port, exit
+    3 for the metrics port."""
+    if error.metrics:
+        click.echo(f"Error: {error}", err=True)
+        sys.exit(3)
+    raise click.ClickException(str(error)) from None
+
+
+def server_config(app: Any, listener: str, host: str, port: int, *, log_level: str, limits: ConnectionLimits,
+                  metrics: HttpMetrics, keep_alive_s: float, lifespan: str = "off", **tls: Any) -> uvicorn.Config:
+    """uvicorn's settings for one of our listeners: its guard, our backlog, no access log, uvicorn's own lines
+    through our structured logging (gputopo.logs); `tls` are uvicorn's ssl_* settings."""
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=None, access_log=False,
+                          lifespan=lifespan, http=protocol_class(Guard(listener, limits, metrics)), backlog=BACKLOG,
+                          timeout_keep_alive=keep_alive_s, **tls)  # type: ignore[arg-type]
 
 
 def close_quietly(sock: socket.socket) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-import sys
 
 import click
 import structlog
@@ -28,17 +27,15 @@ def command(config: WebhookConfig) -> None:
     import uvicorn
 
     from extender.server import (
-        BACKLOG,
         AcceptErrors,
         ConnectionLimits,
-        Guard,
         ListenError,
-        close_quietly,
         companion_server,
         connection_cap,
-        listen,
-        protocol_class,
+        listen_failed,
+        listeners,
         serve_beside,
+        server_config,
     )
     from extender.webhook.app import create_app, create_metrics_app
     from extender.webhook.certificates import keep_fresh
@@ -51,41 +48,26 @@ def command(config: WebhookConfig) -> None:
     metrics = WebhookMetrics(process_registry())
     policy = Policy(config.scheduler_name, config.resource_name, config.keys.webhook)
     limits = ConnectionLimits(config.header_timeout_s, config.body_timeout_s, connection_cap(config.max_connections))
-    server_config = uvicorn.Config(
-        create_app(policy, metrics, config.max_body_bytes),
-        host=config.host, port=config.port, log_level=config.log_level, log_config=None, access_log=False,
-        lifespan="off", http=protocol_class(Guard("webhook", limits, metrics)), backlog=BACKLOG,
-        timeout_keep_alive=config.keep_alive_timeout_s,  # type: ignore[arg-type]
-        ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key,
-    )
+    common = {"log_level": config.log_level, "limits": limits, "metrics": metrics,
+              "keep_alive_s": config.keep_alive_timeout_s}
+    api_config = server_config(create_app(policy, metrics, config.max_body_bytes), "webhook", config.host,
+                               config.port, **common, ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key)
     try:
-        server_config.load()  # builds the SSL context now: a bad certificate fails before anything listens
+        api_config.load()  # builds the SSL context now: a bad certificate fails before anything listens
     except (ssl.SSLError, OSError) as e:
         raise click.ClickException(f"cannot load the certificate {config.tls_cert} with key {config.tls_key}: {e}"
                                    ) from None
-    context = server_config.ssl
+    context = api_config.ssl
     assert context is not None
     try:
-        sock = listen(config.host, config.port)
+        sock, metrics_sock = listeners(config.host, config.port, config.metrics_host, config.metrics_port)
     except ListenError as e:
-        raise click.ClickException(str(e)) from None
-    metrics_sock = None
-    if config.metrics_port:
-        try:
-            metrics_sock = listen(config.metrics_host, config.metrics_port)
-        except ListenError as e:
-            close_quietly(sock)
-            click.echo(f"Error: {e}", err=True)
-            sys.exit(3)
-    main_server = uvicorn.Server(server_config)
+        listen_failed(e)
+    main_server = uvicorn.Server(api_config)
     metrics_server = None
     if metrics_sock is not None:
-        metrics_server = companion_server(uvicorn.Config(
-            create_metrics_app(metrics), host=config.metrics_host, port=config.metrics_port,
-            log_level=config.log_level, log_config=None, access_log=False, lifespan="off",
-            http=protocol_class(Guard("metrics", limits, metrics)), backlog=BACKLOG,
-            timeout_keep_alive=config.keep_alive_timeout_s,  # type: ignore[arg-type]
-        ))
+        metrics_server = companion_server(server_config(
+            create_metrics_app(metrics), "metrics", config.metrics_host, config.metrics_port, **common))
     log.info("extender.webhook.listening", host=config.host, port=sock.getsockname()[1],
              scheduler=config.scheduler_name, resource=config.resource_name, opt_out_label=policy.opt_out_label,
              metrics_port=config.metrics_port or None, max_connections=limits.max_connections)
@@ -101,5 +83,5 @@ def command(config: WebhookConfig) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await fresh
 
-    with asyncio.Runner(loop_factory=server_config.get_loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=api_config.get_loop_factory()) as runner:
         runner.run(run())
