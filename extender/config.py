@@ -32,7 +32,40 @@ def _port(v: int) -> int:
     return v
 
 
-class ExtenderConfig(BaseModel):
+class ListenerSettings(BaseModel):
+    """What every HTTP listener of ours bounds (extender.server): shared by `serve` and `webhook`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    header_timeout_s: Annotated[float, Cli(flag="header-timeout")] = Field(
+        DEFAULT_HEADER_TIMEOUT_S, description="Seconds a connection may take, from being ready for a request, to send "
+                                              "the request's head; then it is closed.")
+    body_timeout_s: Annotated[float, Cli(flag="body-timeout")] = Field(
+        DEFAULT_BODY_TIMEOUT_S, description="Seconds a request may take to send its body after its head; then its "
+                                            "connection is closed.")
+    keep_alive_timeout_s: Annotated[float, Cli(flag="keep-alive-timeout")] = Field(
+        DEFAULT_KEEP_ALIVE_S, description="Seconds an idle keep-alive connection is kept after a response.")
+    max_connections: int = Field(
+        DEFAULT_MAX_CONNECTIONS,
+        description="Client connections per listener; past it the one waiting longest for a request is closed. "
+                    "Lowered to fit the open-files limit.")
+
+    @field_validator("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s")
+    @classmethod
+    def _timeouts(cls, v: float) -> float:
+        if not 0 < v < float("inf"):
+            raise ValueError(f"must be a positive number of seconds, got {v}")
+        return v
+
+    @field_validator("max_connections")
+    @classmethod
+    def _max_connections(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be at least 1, got {v}")
+        return v
+
+
+class ExtenderConfig(ListenerSettings):
     """Validated settings. Field names are the flag names with '_' for '-' (reservation_timeout_s: the flag says
     --reservation-timeout)."""
 
@@ -54,18 +87,6 @@ class ExtenderConfig(BaseModel):
         description="Seconds a plan whose Binding was never seen applied holds its GPUs; a bound pod's plan holds "
                     "them until the node shows them used or the pod ends.")
     max_body_bytes: int = Field(DEFAULT_BODY_LIMIT, description="Requests larger than this get 413.")
-    header_timeout_s: Annotated[float, Cli(flag="header-timeout")] = Field(
-        DEFAULT_HEADER_TIMEOUT_S, description="Seconds a connection may take, from being ready for a request, to send "
-                                              "the request's head; then it is closed.")
-    body_timeout_s: Annotated[float, Cli(flag="body-timeout")] = Field(
-        DEFAULT_BODY_TIMEOUT_S, description="Seconds a request may take to send its body after its head; then its "
-                                            "connection is closed.")
-    keep_alive_timeout_s: Annotated[float, Cli(flag="keep-alive-timeout")] = Field(
-        DEFAULT_KEEP_ALIVE_S, description="Seconds an idle keep-alive connection is kept after a response.")
-    max_connections: int = Field(
-        DEFAULT_MAX_CONNECTIONS,
-        description="Client connections per listener; past it the one waiting longest for a request is closed. "
-                    "Lowered to fit the open-files limit.")
     island_penalty: float = Field(
         DEFAULT_ISLAND_PENALTY,
         description="Share of a scarce larger NVLink island's GB/s a placement is charged for breaking it; "
@@ -109,20 +130,6 @@ class ExtenderConfig(BaseModel):
     def _body_limit(cls, v: int) -> int:
         if v <= 0:
             raise ValueError(f"body size limit must be positive, got {v}")
-        return v
-
-    @field_validator("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s")
-    @classmethod
-    def _timeouts(cls, v: float) -> float:
-        if not 0 < v < float("inf"):
-            raise ValueError(f"must be a positive number of seconds, got {v}")
-        return v
-
-    @field_validator("max_connections")
-    @classmethod
-    def _max_connections(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"must be at least 1, got {v}")
         return v
 
     @field_validator("island_penalty")

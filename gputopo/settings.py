@@ -204,7 +204,10 @@ class SettingsLoader(Generic[M]):
         self.prefix = prefix.rstrip("_")
         self.config_env = f"{self.prefix}_CONFIG"
         settings = []
-        for name, info in model.model_fields.items():
+        # the model's own settings first, then those it inherits (listener limits shared by two binaries)
+        inherited = {name for base in model.__mro__[1:] for name in getattr(base, "__annotations__", {})}
+        fields = sorted(model.model_fields.items(), key=lambda item: item[0] in inherited)
+        for name, info in fields:
             cli = _cli(info.metadata)
             flag = cli.flag or name.replace("_", "-")
             env = (f"{self.prefix}_{flag.replace('-', '_').upper()}", *cli.env)

@@ -5,14 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from extender.config import (
-    DEFAULT_BODY_TIMEOUT_S,
-    DEFAULT_HEADER_TIMEOUT_S,
-    DEFAULT_KEEP_ALIVE_S,
-    DEFAULT_MAX_CONNECTIONS,
-)
+from extender.config import ListenerSettings
 from gputopo.contract import (
     DEFAULT_PREFIX,
     DEFAULT_RESOURCE,
@@ -30,7 +25,7 @@ DEFAULT_SCHEDULER_NAME = "gpu-topology-scheduler"
 DEFAULT_WEBHOOK_BODY_LIMIT = 4 * 1024 * 1024
 
 
-class WebhookConfig(BaseModel):
+class WebhookConfig(ListenerSettings):
     """Validated settings; field names are the flag names with '_' for '-'."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -46,17 +41,6 @@ class WebhookConfig(BaseModel):
     annotation_prefix: str = Field(
         DEFAULT_PREFIX, description="Prefix of the opt-out label <prefix>/webhook=disabled on pods.")
     max_body_bytes: int = Field(DEFAULT_WEBHOOK_BODY_LIMIT, description="Requests larger than this get 413.")
-    header_timeout_s: Annotated[float, Cli(flag="header-timeout")] = Field(
-        DEFAULT_HEADER_TIMEOUT_S, description="Seconds a connection may take, from being ready for a request, to send "
-                                              "the request's head; then it is closed.")
-    body_timeout_s: Annotated[float, Cli(flag="body-timeout")] = Field(
-        DEFAULT_BODY_TIMEOUT_S, description="Seconds a request may take to send its body after its head; then its "
-                                            "connection is closed.")
-    keep_alive_timeout_s: Annotated[float, Cli(flag="keep-alive-timeout")] = Field(
-        DEFAULT_KEEP_ALIVE_S, description="Seconds an idle keep-alive connection is kept after a response.")
-    max_connections: int = Field(
-        DEFAULT_MAX_CONNECTIONS,
-        description="Client connections per listener; past it the one waiting longest for a request is closed.")
     certificate_check_s: Annotated[float, Cli(flag="certificate-check-interval")] = Field(
         10.0, description="Seconds between checks of --tls-cert/--tls-key for a renewed certificate.")
     metrics_port: int = Field(
@@ -98,14 +82,14 @@ class WebhookConfig(BaseModel):
             raise ValueError(problem)
         return v
 
-    @field_validator("max_body_bytes", "max_connections")
+    @field_validator("max_body_bytes")
     @classmethod
     def _positive(cls, v: int) -> int:
         if v < 1:
             raise ValueError(f"must be at least 1, got {v}")
         return v
 
-    @field_validator("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "certificate_check_s")
+    @field_validator("certificate_check_s")
     @classmethod
     def _seconds(cls, v: float) -> float:
         if not 0 < v < float("inf"):
