@@ -243,6 +243,8 @@ def ring_floor(topo: Topology, request: JobRequest) -> float:
         if nv is None:
             n = topo.size
             pairs = [topo.gbps(i, j) for i in range(n) for j in range(i + 1, n) if topo.link(i, j).kind.is_nvlink]
+            if len(_NVLINK_FLOORS) >= _MEMO_LIMIT:
+                _NVLINK_FLOORS.clear()
             nv = _NVLINK_FLOORS[topo.fingerprint] = min(pairs) if pairs else math.inf
         floor = max(floor, nv)
     return floor
