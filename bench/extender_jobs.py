@@ -79,7 +79,7 @@ class InProcess:
     """The verbs' code without HTTP, timed in thread CPU time: the same calls as Client.timed makes."""
 
     def __init__(self, inventory: Path) -> None:
-        self.verbs = Verbs(Extender.standalone(inventory))
+        self.verbs = Verbs(Extender.standalone(inventory), plan_in_thread=False)  # timed in this thread
 
     def timed(self, path: str, body: bytes) -> tuple[float, bytes]:
         gc.disable()  # as extender.answers does around a verb

@@ -56,10 +56,12 @@ class Verbs:
     """The four verbs; each raises wire.BadRequest for a body that is not the shape kube-scheduler sends, and
     answers a pod it cannot place in the body, as kube-scheduler expects."""
 
-    def __init__(self, ext: Extender) -> None:
+    def __init__(self, ext: Extender, *, plan_in_thread: bool = True) -> None:
+        """plan_in_thread=False: a job pod's filter answers synchronously too (callers without an event loop)."""
         self.ext = ext
         cfg = ext.config
         self._needs_args = (cfg.resource_name, cfg.keys)
+        self._plan_in_thread = plan_in_thread
         self._planners = anyio.CapacityLimiter(1)  # plans are made one at a time anyway: hold no more threads
 
     def filter(self, data: Any) -> dict[str, Any] | Awaitable[dict[str, Any]]:
@@ -76,6 +78,8 @@ class Verbs:
         ext.recent.remember(needs)
         job_pod = ext.jobs.pod_of(args.pod, needs)
         if job_pod is not None:
+            if not self._plan_in_thread:
+                return self._filter_answer(args, ext.jobs.filter(job_pod, args.names))
             return self._job_filter(args, job_pod)
         return self._filter_answer(args, ext.placement.filter(args.names, needs.need, self._extra_entries(args)))
 
