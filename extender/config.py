@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
 from gputopo.core.locality import Locality, LocalityError, parse_locality
-from gputopo.settings import AnnotationPrefix, Cli, ExtendedResourceName, LogLevel, ReadableFile, SettingsLoader
+from gputopo.settings import AnnotationPrefix, Cli, ExtendedResourceName, LogLevel, Port, ReadableFile, SettingsLoader
 
 DEFAULT_BODY_LIMIT = 10 * 1024 * 1024
 DEFAULT_RESERVATION_TIMEOUT_S = 300.0
@@ -24,12 +24,6 @@ DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 10.0
 DEFAULT_KEEP_ALIVE_S = 5.0
 DEFAULT_MAX_CONNECTIONS = 1000
-
-
-def _port(v: int) -> int:
-    if not 0 <= v <= 65535:
-        raise ValueError(f"{v} is not a TCP port (0-65535)")
-    return v
 
 
 class ListenerSettings(BaseModel):
@@ -72,7 +66,7 @@ class ExtenderConfig(ListenerSettings):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     host: str = Field("127.0.0.1", description="Address to listen on.")
-    port: int = Field(8888, description="Port of the API.")
+    port: Port = Field(8888, description="Port of the API.")
     inventory: ReadableFile | None = Field(None, description="Standalone mode: nodes from this YAML inventory, "
                                                              "no apiserver.")
     kubeconfig: ReadableFile | None = Field(
@@ -105,18 +99,13 @@ class ExtenderConfig(ListenerSettings):
     allow_insecure_remote: bool = Field(
         False, description="Allow plain HTTP on a non-loopback --host (refused by default: anyone reaching it could "
                            "bind pods).")
-    metrics_port: int = Field(
+    metrics_port: Port = Field(
         0, description="Also serve GET /metrics /healthz /readyz (only those, plain HTTP) on this port; 0: the API "
                        "port only.")
     metrics_host: str = Field(
         "0.0.0.0", description="Address of the --metrics-port listener (read-only, nothing secret: reachable for "
                                "Prometheus and the kubelet's probes).")
     log_level: LogLevel = Field("info", description="Least level logged.")
-
-    @field_validator("port", "metrics_port")
-    @classmethod
-    def _ports(cls, v: int) -> int:
-        return _port(v)
 
     @field_validator("reservation_timeout_s")
     @classmethod

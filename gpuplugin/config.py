@@ -22,6 +22,7 @@ from gputopo.settings import (
     ExtendedResourceName,
     LogLevel,
     NodeName,
+    Port,
     ReadableFile,
     SettingsLoader,
 )
@@ -57,7 +58,7 @@ class PluginConfig(BaseModel):
         None, description="This node's name: publication and plans need it.")
     pod_resources_socket: Path = Field(Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
                                        description="The kubelet's PodResources socket (which GPUs are used).")
-    metrics_port: int = Field(8080, description="Port of /metrics and /healthz; 0 turns them off.")
+    metrics_port: Port = Field(8080, description="Port of /metrics and /healthz; 0 turns them off.")
     annotation_prefix: AnnotationPrefix = Field(
         DEFAULT_PREFIX, description="Prefix of every node and pod annotation and label.")
     publish: bool | Literal["auto"] = Field(
@@ -74,13 +75,6 @@ class PluginConfig(BaseModel):
                           "up advertising no GPUs, healthy, until restarted.")
     health_recovery: Annotated[float | Literal["never"], Cli(metavar="SECONDS|never")] = Field(
         DEFAULT_RECOVERY_S, description="Seconds of passing probes before an unhealthy GPU is healthy again, or never.")
-
-    @field_validator("metrics_port")
-    @classmethod
-    def _port(cls, v: int) -> int:
-        if not 0 <= v <= 65535:
-            raise ValueError(f"{v} is not a TCP port (0-65535; 0 turns the metrics server off)")
-        return v
 
     @field_validator("socket_name")
     @classmethod

@@ -95,6 +95,12 @@ def _lower(value: Any) -> Any:
     return value.strip().lower() if isinstance(value, str) else value
 
 
+def _port(value: int) -> int:
+    if not 0 <= value <= 65535:
+        raise ValueError(f"{value} is not a TCP port (0-65535)")
+    return value
+
+
 # Settings that mean the same in every binary, checked the same way.
 AnnotationPrefix = Annotated[str, _no_problem(prefix_problem), Cli(metavar="PREFIX")]
 ExtendedResourceName = Annotated[str, _no_problem(extended_resource_problem), Cli(metavar="DOMAIN/NAME")]
@@ -102,6 +108,7 @@ DnsSubdomain = Annotated[str, _no_problem(dns_subdomain_problem), Cli(metavar="N
 # A node name that may be left unset (an empty environment variable counts as unset).
 NodeName = Annotated[DnsSubdomain | None, BeforeValidator(_empty_is_none), Cli(env=("NODE_NAME",))]
 LogLevel = Annotated[_Levels, BeforeValidator(_lower)]
+Port = Annotated[int, AfterValidator(_port)]  # 0 where a listener is optional: off
 
 
 def _cli(metadata: list[Any] | tuple[Any, ...]) -> Cli:

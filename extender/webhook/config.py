@@ -8,16 +8,16 @@ from typing import Annotated
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from extender.config import ListenerSettings
-from gputopo.contract import (
-    DEFAULT_PREFIX,
-    DEFAULT_RESOURCE,
-    Keys,
-    dns_subdomain_problem,
-    extended_resource_problem,
-    prefix_problem,
+from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys, dns_subdomain_problem
+from gputopo.settings import (
+    AnnotationPrefix,
+    Cli,
+    ExtendedResourceName,
+    LogLevel,
+    Port,
+    ReadableFile,
+    SettingsLoader,
 )
-from gputopo.logs import LogLevel
-from gputopo.settings import Cli, ReadableFile, SettingsLoader
 
 DEFAULT_SCHEDULER_NAME = "gpu-topology-scheduler"
 # An AdmissionReview carries the pod once (oldObject is null on CREATE); the API server refuses request bodies over
@@ -31,30 +31,24 @@ class WebhookConfig(ListenerSettings):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     host: str = Field("0.0.0.0", description="Address to listen on (HTTPS only).")
-    port: int = Field(8443, description="HTTPS port the API server calls (POST /mutate).")
+    port: Port = Field(8443, description="HTTPS port the API server calls (POST /mutate).")
     tls_cert: ReadableFile | None = Field(
         None, description="Serving certificate (required: the API server calls webhooks over HTTPS only); reloaded "
                           "when the file changes.")
     tls_key: ReadableFile | None = Field(None, description="The private key of --tls-cert (required).")
     scheduler_name: str = Field(DEFAULT_SCHEDULER_NAME, description="schedulerName given to the pods it manages.")
-    resource_name: str = Field(DEFAULT_RESOURCE, description="Extended resource whose pods it manages.")
-    annotation_prefix: str = Field(
+    resource_name: ExtendedResourceName = Field(
+        DEFAULT_RESOURCE, description="Extended resource whose pods it manages.")
+    annotation_prefix: AnnotationPrefix = Field(
         DEFAULT_PREFIX, description="Prefix of the opt-out label <prefix>/webhook=disabled on pods.")
     max_body_bytes: int = Field(DEFAULT_WEBHOOK_BODY_LIMIT, description="Requests larger than this get 413.")
     certificate_check_s: Annotated[float, Cli(flag="certificate-check-interval")] = Field(
         10.0, description="Seconds between checks of --tls-cert/--tls-key for a renewed certificate.")
-    metrics_port: int = Field(
+    metrics_port: Port = Field(
         0, description="Also serve GET /metrics /healthz /readyz (only those, plain HTTP) on this port; 0: the HTTPS "
                        "port only.")
     metrics_host: str = Field("0.0.0.0", description="Address of the --metrics-port listener.")
     log_level: LogLevel = Field("info", description="Least level logged.")
-
-    @field_validator("port", "metrics_port")
-    @classmethod
-    def _ports(cls, v: int) -> int:
-        if not 0 <= v <= 65535:
-            raise ValueError(f"{v} is not a TCP port (0-65535)")
-        return v
 
     @field_validator("scheduler_name")
     @classmethod
@@ -64,22 +58,6 @@ class WebhookConfig(ListenerSettings):
             raise ValueError(f"scheduler name {problem}")
         if v == "default-scheduler":
             raise ValueError("the scheduler name must be the topology-aware scheduler's, not default-scheduler")
-        return v
-
-    @field_validator("resource_name")
-    @classmethod
-    def _resource_name(cls, v: str) -> str:
-        problem = extended_resource_problem(v)
-        if problem:
-            raise ValueError(problem)
-        return v
-
-    @field_validator("annotation_prefix")
-    @classmethod
-    def _prefix(cls, v: str) -> str:
-        problem = prefix_problem(v)
-        if problem:
-            raise ValueError(problem)
         return v
 
     @field_validator("max_body_bytes")
@@ -95,11 +73,6 @@ class WebhookConfig(ListenerSettings):
         if not 0 < v < float("inf"):
             raise ValueError(f"must be a positive number of seconds, got {v}")
         return v
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _lower(cls, v: object) -> object:
-        return v.strip().lower() if isinstance(v, str) else v
 
     @model_validator(mode="after")
     def _https_only(self) -> WebhookConfig:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gpuplugin.dra.catalog import DEFAULT_MAX_DEVICES, DEFAULT_SET_SIZES, MAX_SET_SIZE
 from gputopo.contract import DEFAULT_PREFIX, dns_subdomain_problem
-from gputopo.settings import Cli, LogLevel, NodeName, ReadableFile, SettingsLoader
+from gputopo.settings import Cli, LogLevel, NodeName, Port, ReadableFile, SettingsLoader
 
 ENV_PREFIX = "GPUPLUGIN_DRA"
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
@@ -58,7 +58,7 @@ class DraSettings(BaseModel):
         0.2, ge=0, description="Seconds between two republishes at least.")
     health: bool = Field(True, description="Serve the dra-health v1alpha1 service fed by NVML Xid health.")
     nvidia_cdi: bool = Field(True, description="Also name NVIDIA's CDI devices (nvidia.com/gpu=<uuid>) per GPU.")
-    metrics_port: int = Field(8080, ge=0, le=65535, description="Port of /metrics and /healthz; 0 turns them off.")
+    metrics_port: Port = Field(8080, description="Port of /metrics and /healthz; 0 turns them off.")
     log_level: LogLevel = Field("info", description="Least level logged.")
 
     @field_validator("driver_name")
