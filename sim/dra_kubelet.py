@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import kubernetes.client
@@ -245,33 +246,26 @@ class DraKubeletSim:
 
     def prepare(self, driver: str, claims: Iterable[tuple[str, str, str]]) -> dict[str, list[dra_pb2.Device]]:
         """claims: (namespace, uid, name). Returns devices per UID; raises PrepareError as the kubelet fails."""
-        wanted = list(claims)
-        stub = dra_grpc.DRAPluginStub(self._plugin(driver).channel)
-        request = dra_pb2.NodePrepareResourcesRequest(
-            claims=[dra_pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in wanted])
-        try:
-            response = stub.NodePrepareResources(request, timeout=CALL_TIMEOUT_S)
-        except grpc.RpcError as e:
-            raise PrepareError({"*": f"{e.code().name}: {e.details()}"}) from None
-        errors = {uid: "missing from the response" for _, uid, _ in wanted if uid not in response.claims}
-        errors.update({uid: r.error for uid, r in response.claims.items() if r.error})
-        if errors:
-            raise PrepareError(errors)
+        response = self._call(driver, "NodePrepareResources", dra_pb2.NodePrepareResourcesRequest, claims)
         return {uid: list(r.devices) for uid, r in response.claims.items()}
 
     def unprepare(self, driver: str, claims: Iterable[tuple[str, str, str]]) -> None:
+        self._call(driver, "NodeUnprepareResources", dra_pb2.NodeUnprepareResourcesRequest, claims)
+
+    def _call(self, driver: str, method: str, request_type: Any, claims: Iterable[tuple[str, str, str]]) -> Any:
+        """One (un)prepare call; raises PrepareError for a failed call, a claim missing or answered with an error."""
         wanted = list(claims)
         stub = dra_grpc.DRAPluginStub(self._plugin(driver).channel)
-        request = dra_pb2.NodeUnprepareResourcesRequest(
-            claims=[dra_pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in wanted])
+        request = request_type(claims=[dra_pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in wanted])
         try:
-            response = stub.NodeUnprepareResources(request, timeout=CALL_TIMEOUT_S)
+            response = getattr(stub, method)(request, timeout=CALL_TIMEOUT_S)
         except grpc.RpcError as e:
             raise PrepareError({"*": f"{e.code().name}: {e.details()}"}) from None
         errors = {uid: "missing from the response" for _, uid, _ in wanted if uid not in response.claims}
         errors.update({uid: r.error for uid, r in response.claims.items() if r.error})
         if errors:
             raise PrepareError(errors)
+        return response
 
     def watch_health(self, driver: str, timeout: float = 30.0):
         """The health stream's messages as they come (an iterator; cancel by closing it)."""
