@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import grpc
 import structlog
@@ -41,8 +42,12 @@ HEALTH_VERSION = "v1alpha1.DRAResourceHealth"
 MAX_CLAIMS_PER_CALL = 1024  # a batch is one pod's claims; bound what one call can make us do
 
 
-def _keys(claims: object) -> list[ClaimKey]:
-    return [ClaimKey(c.namespace, c.uid, c.name) for c in claims]  # type: ignore[attr-defined]
+def _keys(claims: Sequence[Any], context: grpc.ServicerContext) -> list[ClaimKey]:
+    """The claims of one (un)prepare call; a call with more than MAX_CLAIMS_PER_CALL is refused."""
+    if len(claims) > MAX_CLAIMS_PER_CALL:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(claims)} claims in one call, "
+                      f"at most {MAX_CLAIMS_PER_CALL}")
+    return [ClaimKey(c.namespace, c.uid, c.name) for c in claims]
 
 
 class _Registration(reg_grpc.RegistrationServicer):
@@ -66,11 +71,8 @@ class _DraPlugin(dra_grpc.DRAPluginServicer):
 
     def NodePrepareResources(self, request: dra_pb2.NodePrepareResourcesRequest,
                              context: grpc.ServicerContext) -> dra_pb2.NodePrepareResourcesResponse:
-        if len(request.claims) > MAX_CLAIMS_PER_CALL:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(request.claims)} claims in one call, "
-                          f"at most {MAX_CLAIMS_PER_CALL}")
         out = dra_pb2.NodePrepareResourcesResponse()
-        for uid, result in self._driver.prepare(_keys(request.claims)).items():
+        for uid, result in self._driver.prepare(_keys(request.claims, context)).items():
             if isinstance(result, str):
                 out.claims[uid].error = result
                 continue
@@ -82,11 +84,8 @@ class _DraPlugin(dra_grpc.DRAPluginServicer):
 
     def NodeUnprepareResources(self, request: dra_pb2.NodeUnprepareResourcesRequest,
                                context: grpc.ServicerContext) -> dra_pb2.NodeUnprepareResourcesResponse:
-        if len(request.claims) > MAX_CLAIMS_PER_CALL:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(request.claims)} claims in one call, "
-                          f"at most {MAX_CLAIMS_PER_CALL}")
         out = dra_pb2.NodeUnprepareResourcesResponse()
-        for uid, error in self._driver.unprepare(_keys(request.claims)).items():
+        for uid, error in self._driver.unprepare(_keys(request.claims, context)).items():
             out.claims[uid].error = error
         return out
 
