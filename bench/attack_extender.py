@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import RESULTS, ROOT, machine_line, markdown_table, percentile
+from bench.common import RESULTS, ROOT, machine_line, markdown_table, percentile, proc_counts, stop_process
 from sim.ports import free_port
 
 INVENTORY = ROOT / "examples" / "inventory.yaml"
@@ -40,10 +40,6 @@ def body() -> bytes:
     pod = {"metadata": {"name": "p", "namespace": "default", "uid": "u-1"},
            "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}
     return json.dumps({"Pod": pod, "Nodes": None, "NodeNames": NODES}).encode()
-
-
-def proc_counts(pid: int) -> tuple[int, int]:
-    return len(os.listdir(f"/proc/{pid}/fd")), len(os.listdir(f"/proc/{pid}/task"))
 
 
 def filter_call(port: int, payload: bytes) -> float:
@@ -240,11 +236,7 @@ Log written during the attack: {log_bytes:,} bytes.
             (RESULTS / f"attack-extender-{args.label}.md").write_text(text)
             print(f"wrote {RESULTS / f'attack-extender-{args.label}.md'}")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 15)
         log.close()
         Path(log.name).unlink(missing_ok=True)
 

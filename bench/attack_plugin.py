@@ -25,7 +25,7 @@ from pathlib import Path
 
 import grpc
 
-from bench.common import RESULTS, ROOT, machine_line, markdown_table, percentile
+from bench.common import RESULTS, ROOT, machine_line, markdown_table, percentile, proc_counts, stop_process
 from gpuplugin.proto import deviceplugin_pb2 as pb
 from gpuplugin.proto import deviceplugin_pb2_grpc as pb_grpc
 from sim.kubelet import KubeletSimulator
@@ -33,11 +33,6 @@ from sim.kubelet import KubeletSimulator
 RESOURCE = "nvidia.com/gpu"
 TOPOLOGY = ROOT / "gputopo" / "data" / "dgx1-v100-hybrid-cube-mesh.txt"
 DEADLINE_S = 5.0
-
-
-def proc_counts(pid: int) -> tuple[int, int]:
-    """(open fds, threads) of a process."""
-    return len(os.listdir(f"/proc/{pid}/fd")), len(os.listdir(f"/proc/{pid}/task"))
 
 
 class Sampler(threading.Thread):
@@ -190,11 +185,7 @@ Re-registration after the kubelet restart, during the attack: {reregistered}.
             (RESULTS / f"attack-plugin-{args.label}.md").write_text(text)
             print(f"wrote {RESULTS / f'attack-plugin-{args.label}.md'}")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 10)
         kubelet.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -49,7 +49,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from schemathesis import Case, GenerationMode
 from schemathesis.openapi import from_dict
 
-from bench.common import RESULTS, ROOT, machine_line, markdown_table, percentile
+from bench.common import RESULTS, ROOT, machine_line, markdown_table, percentile, stop_process
 from tests.extender.conftest import A100, DGX1
 from tests.helpers.scheduler import bind_body, cache_args, pod_json
 from tests.reliability import test_extender_fuzz as fz
@@ -125,12 +125,7 @@ class Server:
             if self.proc.poll() is None:
                 self.internal_errors += self.read_internal_errors()
         if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
+            stop_process(self.proc, 30)
         self.proc = None
 
 
