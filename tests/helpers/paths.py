@@ -1,4 +1,4 @@
-"""Where things are: the repository, the read-only fixture tree ../shared next to it, and short temporary
+"""Where things are: the repository, its read-only tree of recorded facts (fixtures/), and short temporary
 directories for unix sockets."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared"
+SHARED = REPO / "fixtures"
 APISERVER_RECORDINGS = SHARED / "recordings" / "kube-apiserver"
 
 
