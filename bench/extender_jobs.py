@@ -35,8 +35,8 @@ import yaml
 
 from bench.common import RESULTS, machine_line, markdown_table, percentile, scratch, shared_topology_files
 from bench.extender import Client, Server, args_body, ms, pod_json, verb_latency
-from extender.pods import pod_needs
 from extender.service import Extender
+from extender.state.pods import pod_needs
 from extender.verbs import Verbs
 from gputopo.discovery.loader import load_topology_file
 
@@ -82,7 +82,7 @@ class InProcess:
         self.verbs = Verbs(Extender.standalone(inventory), plan_in_thread=False)  # timed in this thread
 
     def timed(self, path: str, body: bytes) -> tuple[float, bytes]:
-        gc.disable()  # as extender.answers does around a verb
+        gc.disable()  # as extender.http.answers does around a verb
         try:
             t0 = time.thread_time()
             data = orjson.loads(body)

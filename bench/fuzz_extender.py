@@ -17,7 +17,7 @@ the default 10 MiB body limit, warning-level logs counted, not shown). Three pha
    by two live plans is a GPU assigned twice.
 
 Oracle (check_answer in the test module): never a 5xx; a verb answers 200 with a body valid for it (pydantic models
-of extender.models; prioritize scores exactly the nodes asked, filter partitions them), or 400/413 with an Error;
+of extender.http.models; prioritize scores exactly the nodes asked, filter partitions them), or 400/413 with an Error;
 a 200 never carries the internal-error message. A crash is the process exiting or /healthz not answering "ok"
 (checked every 250 cases; the server is restarted and the run goes on). The internal-error counter of /metrics must
 stay at zero. Times are client-observed round trips on a shared 2-core machine (client and server compete).
@@ -309,10 +309,10 @@ def report(args: argparse.Namespace, tally: fz.Tally, schema_done: dict[tuple[st
         f"{load[0][0]:.1f} -> {load[1][0]:.1f}, {load[0][1]:.1f} -> {load[1][1]:.1f}, "
         f"{load[0][2]:.1f} -> {load[1][2]:.1f}).",
         "",
-        "Oracle: no 5xx ever; a verb answers 200 with a body valid for it (extender.models; prioritize scores exactly "
-        "the nodes asked, filter partitions them) or 400/413 with an Error; a 200 never carries the internal-error "
-        "message, and the internal-error counter stays at 0; schemathesis' own checks on its cases. A crash is the "
-        f"process gone or /healthz not answering (checked every {CHECK_EVERY} cases).",
+        "Oracle: no 5xx ever; a verb answers 200 with a body valid for it (extender.http.models; prioritize "
+        "scores exactly the nodes asked, filter partitions them) or 400/413 with an Error; a 200 never carries the "
+        "internal-error message, and the internal-error counter stays at 0; schemathesis' own checks on its cases. "
+        f"A crash is the process gone or /healthz not answering (checked every {CHECK_EVERY} cases).",
         "",
         "## Totals",
         "",

@@ -13,7 +13,7 @@ the two PCIe servers 100 Gb/s (bandwidth.DEFAULT_NIC_GBIT). Locality factors: th
 
 Policies, side by side on the same trace:
   (a) topology-blind: per pod, kube-scheduler's LeastAllocated node and the kubelet's random GPUs.
-  (b) today's per-pod extender: per pod, the extender's filter, prioritize and plan (extender.placement).
+  (b) today's per-pod extender: per pod, the extender's filter, prioritize and plan (extender.placement.engine).
   (c) rack-level only (the Kueue TAS / KAI shape): the job goes to the smallest domain (rack, spine, cluster) that
       holds it, the fullest such domain first; inside it, pods fill the nodes with the most free GPUs first;
       GPUs per pod by the allocator's best subset (a topology-aware device plugin), not looking at NICs.

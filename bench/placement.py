@@ -121,14 +121,14 @@ def policy_b(nodes: Sequence[Node], job: Job, rng: random.Random) -> tuple[Node,
 
 
 class ExtenderPolicy:
-    """Policy (c): the extender's own filter, prioritize and bind choice (extender.placement), fed the cluster's
+    """Policy (c): the extender's own filter, prioritize and bind choice (extender.placement.engine), fed the cluster's
     free GPUs as the node cache would hold them; kube-scheduler's LeastAllocated breaks the extender's ties."""
 
     def __init__(self, **config_options: float) -> None:
-        from extender.cache import NodeCache
         from extender.config import ExtenderConfig
-        from extender.placement import Placement
-        from extender.reservations import Reservations
+        from extender.placement.engine import Placement
+        from extender.state.cache import NodeCache
+        from extender.state.reservations import Reservations
 
         config = ExtenderConfig(**config_options)
         self.cache = NodeCache(config, Reservations(config.reservation_timeout_s))
@@ -136,7 +136,7 @@ class ExtenderPolicy:
         self._seen: dict[str, frozenset[int]] = {}
 
     def _sync(self, nodes: Sequence[Node]) -> None:
-        from extender.cache import make_entry
+        from extender.state.cache import make_entry
 
         for n in nodes:
             free = frozenset(n.free)
@@ -146,7 +146,7 @@ class ExtenderPolicy:
                 self._seen[n.name] = free
 
     def __call__(self, nodes: Sequence[Node], job: Job, rng: random.Random) -> tuple[Node, tuple[int, ...]] | None:
-        from extender.pods import Need
+        from extender.state.pods import Need
 
         self._sync(nodes)
         need = Need(job.size)

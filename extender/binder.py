@@ -21,14 +21,14 @@ import kubernetes.client
 import structlog
 import urllib3.exceptions
 
-from extender.cache import NodeCache, PodRecord
 from extender.config import ExtenderConfig
-from extender.explain import Explainer
-from extender.inventory import Inventory
 from extender.metrics import ExtenderMetrics
-from extender.placement import NoFit, Placement
-from extender.pods import Need, PodNeeds, PodSpecError, RecentPods, pod_needs, split_plan
-from extender.reservations import BIND, Reservation
+from extender.placement.engine import NoFit, Placement
+from extender.placement.explain import Explainer
+from extender.state.cache import NodeCache, PodRecord
+from extender.state.inventory import Inventory
+from extender.state.pods import Need, PodNeeds, PodSpecError, RecentPods, pod_needs, split_plan
+from extender.state.reservations import BIND, Reservation
 from gputopo.contract import Plan, encode_plan
 from gputopo.core.bitset import mask_of
 from gputopo.kube import ApiUnavailable, Conflict, KubeApiError, KubeArgumentError, NotFound, bind_pod, get_pod
@@ -223,7 +223,7 @@ class Binder:
         return out
 
     def _placement(self, req: BindRequest, plan: Plan) -> str | None:
-        """The plan's explanation (extender.explain); never in the way of the bind."""
+        """The plan's explanation (extender.placement.explain); never in the way of the bind."""
         entry = self.cache.nodes.get(plan.node)
         if self.explainer is None or entry is None or entry.topo is None:
             return None

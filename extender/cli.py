@@ -62,10 +62,8 @@ def serve(config: ExtenderConfig) -> None:
     """Serve POST /filter /prioritize /bind /preempt and GET /healthz /readyz /metrics."""
     import uvicorn
 
-    from extender.app import create_app, create_metrics_app
-    from extender.inventory import InventoryError
-    from extender.metrics import ExtenderMetrics
-    from extender.server import (
+    from extender.http.app import create_app, create_metrics_app
+    from extender.http.server import (
         AcceptErrors,
         ConnectionLimits,
         ListenError,
@@ -76,7 +74,9 @@ def serve(config: ExtenderConfig) -> None:
         serve_beside,
         server_config,
     )
+    from extender.metrics import ExtenderMetrics
     from extender.service import Extender
+    from extender.state.inventory import InventoryError
     from gputopo.kube import KubeConfigError, make_api_client
     from gputopo.metrics import process_registry
 

@@ -16,7 +16,7 @@ from gputopo.settings import AnnotationPrefix, Cli, ExtendedResourceName, LogLev
 
 DEFAULT_BODY_LIMIT = 10 * 1024 * 1024
 DEFAULT_RESERVATION_TIMEOUT_S = 300.0
-# See extender.placement.island_values; chosen with bench/placement.py.
+# See extender.placement.engine.island_values; chosen with bench/placement.py.
 DEFAULT_ISLAND_PENALTY = 1.0
 DEFAULT_ISLAND_SPARE = 4
 # kube-scheduler gives a whole exchange 5 s (httpTimeout): a request slower than this to arrive is of no use.
@@ -27,7 +27,7 @@ DEFAULT_MAX_CONNECTIONS = 1000
 
 
 class ListenerSettings(BaseModel):
-    """What every HTTP listener of ours bounds (extender.server): shared by `serve` and `webhook`."""
+    """What every HTTP listener of ours bounds (extender.http.server): shared by `serve` and `webhook`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

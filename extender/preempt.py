@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from extender.cache import NodeCache
-from extender.placement import Placement
-from extender.pods import Need
+from extender.placement.engine import Placement
+from extender.state.cache import NodeCache
+from extender.state.pods import Need
 from gputopo.contract import Plan
 from gputopo.core.bitset import mask_of
 

@@ -12,16 +12,16 @@ import kubernetes.client
 import structlog
 
 from extender.binder import Binder
-from extender.cache import NodeCache
-from extender.cluster import ClusterSync
 from extender.config import ExtenderConfig
-from extender.explain import Explainer
-from extender.inventory import Inventory, load_inventory
 from extender.jobs.plans import JobPlans
 from extender.metrics import ExtenderMetrics
-from extender.placement import Placement
-from extender.pods import RecentPods
-from extender.reservations import Reservations
+from extender.placement.engine import Placement
+from extender.placement.explain import Explainer
+from extender.state.cache import NodeCache
+from extender.state.cluster import ClusterSync
+from extender.state.inventory import Inventory, load_inventory
+from extender.state.pods import RecentPods
+from extender.state.reservations import Reservations
 from gputopo.contract import Plan
 from gputopo.workers import Worker
 

@@ -1,10 +1,10 @@
 """kube-scheduler's four verbs over one Extender: decoded JSON in, the answer out as plain data (or ready bytes).
 
 A pod of a job (extender.jobs.membership) is filtered and prioritized by its job's plan (extender.jobs.plans),
-every other pod by extender.placement. Nothing here knows about HTTP: extender.answers reads and bounds the body,
-decodes it, calls a verb and maps every failure to an answer; extender.routers.scheduler publishes the verbs. The
-answer shapes are the Go structs of k8s.io/kube-scheduler/extender/v1 (ExtenderFilterResult, HostPriorityList,
-ExtenderBindingResult, ExtenderPreemptionResult), field for field.
+every other pod by extender.placement.engine. Nothing here knows about HTTP: extender.http.answers reads and
+bounds the body, decodes it, calls a verb and maps every failure to an answer; extender.http.routers.scheduler
+publishes the verbs. The answer shapes are the Go structs of k8s.io/kube-scheduler/extender/v1
+(ExtenderFilterResult, HostPriorityList, ExtenderBindingResult, ExtenderPreemptionResult), field for field.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import structlog
 
 from extender import wire
 from extender.jobs.plans import JobPod
-from extender.placement import FilterOutcome
-from extender.pods import PodSpecError, pod_needs
+from extender.placement.engine import FilterOutcome
 from extender.preempt import NodeVictims, keep_victims
 from extender.service import Extender
+from extender.state.pods import PodSpecError, pod_needs
 
 log = structlog.get_logger(__name__)
 

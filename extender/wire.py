@@ -1,6 +1,6 @@
 """Reading request bodies on the hot path: orjson into dicts, then only the fields the verbs need, shape-checked.
 
-The checks enforce exactly the shapes extender.models publishes (the declared fields of Pod and Node objects:
+The checks enforce exactly the shapes extender.http.models publishes (the declared fields of Pod and Node objects:
 metadata strings and string maps, spec/status objects; every other key is free), so a body that breaks the
 published schema is a BadRequest (HTTP 400) naming the field, and one that keeps it is answered 200. What lies
 deeper (containers, quantities, annotations' meaning) is judged by the verbs and answered in the body.
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.binder import BindRequest
-from extender.bodies import BadRequest, BodyTooLarge, decode
+from extender.http.bodies import BadRequest, BodyTooLarge, decode
 from extender.preempt import NodeVictims, Victim
 from gputopo.contract import PlanFormatError, parse_plan
 
@@ -55,7 +55,7 @@ def _string_map(data: dict[str, Any], key: str, where: str) -> None:
 
 
 def check_object(obj: Any, where: str, *, required_name: str | None = None) -> dict[str, Any]:
-    """A Pod or Node: the fields extender.models declares must have their types; other keys are free.
+    """A Pod or Node: the fields extender.http.models declares must have their types; other keys are free.
     `required_name` names a metadata key that must be a non-empty string (Node: name, victim Pod: uid)."""
     obj = _object(obj, where)
     _opt(obj, "apiVersion", str, where)

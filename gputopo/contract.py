@@ -115,7 +115,8 @@ class Keys:
 
     @property
     def placement(self) -> str:
-        """Why the extender chose this node and these GPUs (extender.explain), next to the plan; for humans."""
+        """Why the extender chose this node and these GPUs (extender.placement.explain), next to the plan; for
+        humans."""
         return self._key("placement")
 
     # Pod annotations a user may set.

@@ -1,6 +1,6 @@
 """Job sizes from the group objects gang schedulers keep: PodGroup minMember / minCount and Workload minCount.
 
-Fed by one watch per kind (extender.cluster) where the API exists: a kind that is not installed (no CRD, the alpha
+Fed by one watch per kind (extender.state.cluster) where the API exists: a kind that is not installed (no CRD, the alpha
 API off) or that RBAC does not grant is absent, not an error (gputopo.kube.watching's `absent_retry_s`). Read by
 job membership (`sizes`, a plain dict read without a lock on the filter path). Bounded: past MAX_GROUPS objects new
 ones are ignored (logged once) until some go away. An object whose minimum is not a pod count is ignored, logged

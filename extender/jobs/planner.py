@@ -228,7 +228,7 @@ class _Pod:
 _PODS: dict[tuple[str, int, int, int, bool, float], tuple[_Pod, ...]] = {}
 _VALUES: dict[tuple[str, int, int, int, float], float] = {}
 _NVLINK_FLOORS: dict[str, float] = {}
-_EPS = 1e-9  # as extender.placement_policy: a ring meets a floor unless below it by more than float noise
+_EPS = 1e-9  # as extender.placement.policy: a ring meets a floor unless below it by more than float noise
 
 
 def ring_floor(topo: Topology, request: JobRequest) -> float:

@@ -41,7 +41,6 @@ from typing import Any
 
 import structlog
 
-from extender.cache import NodeCache
 from extender.jobs import reasons
 from extender.jobs.membership import (
     JobRef,
@@ -53,10 +52,11 @@ from extender.jobs.membership import (
 )
 from extender.jobs.planner import JobPlan, JobPlanError, JobRequest, JobUnplaceable, Member, NodeSnapshot, plan_job
 from extender.metrics import ExtenderMetrics
-from extender.placement import FilterOutcome
-from extender.placement_reasons import Failed, Unresolvable
-from extender.pods import PodNeeds
-from extender.reservations import JOB, Reservation
+from extender.placement.engine import FilterOutcome
+from extender.placement.reasons import Failed, Unresolvable
+from extender.state.cache import NodeCache
+from extender.state.pods import PodNeeds
+from extender.state.reservations import JOB, Reservation
 from gputopo.core import Allocation, best_subset
 from gputopo.core.bitset import mask_of
 

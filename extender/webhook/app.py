@@ -15,7 +15,7 @@ import structlog
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 
-from extender.bodies import BadRequest, BodyTooLarge, decode, read_body
+from extender.http.bodies import BadRequest, BodyTooLarge, decode, read_body
 from extender.webhook import review
 from extender.webhook.metrics import WebhookMetrics
 

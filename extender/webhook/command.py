@@ -1,5 +1,5 @@
 """`gpu-extender webhook`: the mutating admission webhook over HTTPS, with the extender's listener limits
-(extender.server: head and body deadlines, a connection cap) and an optional plain-HTTP metrics listener.
+(extender.http.server: head and body deadlines, a connection cap) and an optional plain-HTTP metrics listener.
 
 Exit codes as `gpu-extender serve`: 2 for an invalid setting (named with its source), 1 when it cannot listen or
 load its certificate, 3 when the metrics listener fails.
@@ -26,7 +26,7 @@ def command(config: WebhookConfig) -> None:
     """Serve the mutating admission webhook (POST /mutate) that sets schedulerName on GPU pods, over HTTPS."""
     import uvicorn
 
-    from extender.server import (
+    from extender.http.server import (
         AcceptErrors,
         ConnectionLimits,
         ListenError,

@@ -1,5 +1,5 @@
 """Prometheus metrics of the webhook process, on the registry it hands in (prefix `gpu_extender_`: the webhook is
-a subcommand of gpu-extender; its series carry `webhook` in their names, the listener's are extender.server's)."""
+a subcommand of gpu-extender; its series carry `webhook` in their names, the listener's are extender.http.server's)."""
 
 from __future__ import annotations
 

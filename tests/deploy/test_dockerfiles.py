@@ -59,7 +59,7 @@ def test_build_context_is_small_and_holds_no_secrets_or_caches() -> None:
     for path in (".venv/bin/python", ".git/HEAD", "tests/deploy/test_rbac.py", "gpuplugin/__pycache__/cli.pyc",
                  "bench/results/x.json", "deploy/manifests/kustomization.yaml", "scripts/build_image.sh"):
         assert dockerfiles.is_ignored(path, rules), path
-    for path in ("pyproject.toml", "gpuplugin/cli.py", "extender/app.py", "deploy/requirements-runtime.txt",
+    for path in ("pyproject.toml", "gpuplugin/cli.py", "extender/http/app.py", "deploy/requirements-runtime.txt",
                  "gputopo/data/dgx1-v100-hybrid-cube-mesh.txt", "deploy/image/prune.py", "LICENSE"):
         assert not dockerfiles.is_ignored(path, rules), path
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 import yaml
 
-from extender.app import create_app
 from extender.config import ExtenderConfig
+from extender.http.app import create_app
 from extender.service import Extender
 from gputopo.core import Topology
 from gputopo.discovery.loader import load_topology_file

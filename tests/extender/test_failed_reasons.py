@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import kubernetes.client
 
-from extender import placement_reasons as reasons
+from extender.placement import reasons
 from tests.extender.conftest import A100, topo
 from tests.extender.test_cluster import cluster
 from tests.fakes.kubeapi import FakeKubeApi

@@ -23,8 +23,8 @@ import structlog
 from click.testing import CliRunner
 
 from extender.cli import main
+from extender.http.server import AcceptErrors
 from extender.metrics import ExtenderMetrics
-from extender.server import AcceptErrors
 from sim.ports import free_port
 from tests.extender.conftest import A100, write_inventory
 from tests.helpers.paths import REPO

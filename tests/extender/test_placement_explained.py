@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import kubernetes.client
 
-from extender.explain import MAX_CHARS, Explainer
-from extender.pods import Need
+from extender.placement.explain import MAX_CHARS, Explainer
+from extender.state.pods import Need
 from tests.extender.conftest import A100, PCIE, topo
 from tests.extender.test_cluster import cluster
 from tests.fakes.kubeapi import FakeKubeApi

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from extender.pods import (
+from extender.state.pods import (
     APP,
     INIT,
     SIDECAR,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from extender import models
+from extender.http import models
 from tests.extender.conftest import A100, PCIE, topo
 from tests.helpers.kube import node_annotations
 from tests.helpers.scheduler import bind_body, cache_args, list_args, node_item, pod_json, recorded

@@ -37,8 +37,8 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from extender import models
 from extender.config import ExtenderConfig
+from extender.http import models
 from extender.service import Extender
 from gputopo.contract import PlanFormatError, parse_plan
 from gputopo.core import TopologyError, state_from_json, topology_from_json, topology_to_json
@@ -73,7 +73,7 @@ WRONG_VALUES: tuple[Any, ...] = (
     None, True, 0, -1, 1.5, 2**64, -(2**63) - 1, 1e308, "", "x", "\u0000", "🙂" * 50, [], [None], {}, {"": None},
 )
 BIG = 20 * 1024 * 1024
-INTERNAL = "gpu-extender internal error in "  # how extender/answers.py words an unexpected exception
+INTERNAL = "gpu-extender internal error in "  # how extender/http/answers.py words an unexpected exception
 
 
 def write_inventory(path: Path) -> Path:

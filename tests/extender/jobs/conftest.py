@@ -12,8 +12,8 @@ import kubernetes.client
 import pytest
 
 from extender.config import ExtenderConfig
-from extender.reservations import JOB
 from extender.service import Extender
+from extender.state.reservations import JOB
 from gputopo.core import Topology
 from gputopo.core.topology import Nic
 from gputopo.discovery.loader import load_topology_file

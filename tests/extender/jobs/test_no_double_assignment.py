@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from extender.config import ExtenderConfig
-from extender.reservations import JOB
 from extender.service import Extender
+from extender.state.reservations import JOB
 from gputopo.core.bitset import mask_of
 from sim.scheduler import gpu_pod
 from tests.extender.conftest import running

@@ -1,7 +1,7 @@
 """What makes one placement better than another: the best subset, its packing value and its island value.
 
-Everything here is a function of (topology, free GPU set, pod need); extender.placement_memo remembers the answers
-and extender.placement asks the questions for each node.
+Everything here is a function of (topology, free GPU set, pod need); extender.placement.memo remembers the answers
+and extender.placement.engine asks the questions for each node.
 
 Packing value of a choice (higher is better, in [0, 1]):
     loss  = sum over common sizes s in (2, 4, 8), s <= node size, of
@@ -31,9 +31,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
-from extender import placement_reasons as reasons
-from extender.pods import Need
-from extender.scoring import priority_scores
+from extender.placement import reasons
+from extender.placement.scoring import priority_scores
+from extender.state.pods import Need
 from gputopo.core import Allocation, Topology, best_possible_gbps, best_subset, efficiency_ratio
 from gputopo.core.bitset import bits, mask_of
 
@@ -199,7 +199,7 @@ def scarce_islands(counts: Mapping[Fit, int], fit: Fit, spare: int) -> list[tupl
 @dataclass(frozen=True, slots=True)
 class Ranking:
     """One prioritize call's scores, aligned with its fits, and per distinct fit (NO_FIT scores 0) with how many
-    nodes share it: what extender.explain reads to word the choice without walking the nodes again."""
+    nodes share it: what extender.placement.explain reads to word the choice without walking the nodes again."""
 
     scores: list[int]
     by_fit: dict[Fit, int]

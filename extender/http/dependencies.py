@@ -1,9 +1,9 @@
 """The app's state, reached by the routes through FastAPI's dependencies.
 
-extender.app puts the Extender and its Verbs on `app.state` when it builds the app; routes declare what they need
+extender.http.app puts the Extender and its Verbs on `app.state` when it builds the app; routes declare what they need
 (`metrics: MetricsDep`) and FastAPI hands it in, so no route closes over the objects of one app and several apps
 (the API and the metrics listener, or the tests' many extenders) share the same route code. The four scheduler
-verbs read `request.app.state.verbs` directly (extender.routers.scheduler says why). The functions are async:
+verbs read `request.app.state.verbs` directly (extender.http.routers.scheduler says why). The functions are async:
 FastAPI would run plain ones in its thread pool, a thread hop per request.
 """
 
@@ -13,9 +13,9 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
-from extender.inventory import Inventory
 from extender.metrics import ExtenderMetrics
 from extender.service import Extender
+from extender.state.inventory import Inventory
 
 
 async def get_extender(request: Request) -> Extender:

@@ -9,8 +9,8 @@ from typing import Any
 import kubernetes.client
 import structlog
 
-from extender.cache import NodeCache
 from extender.jobs.groups import GROUP_RESOURCES
+from extender.state.cache import NodeCache
 from gputopo.kube import SYNC, Watcher
 from gputopo.kube.fetching import ApiResource
 from gputopo.kube.watching import WatchMetrics

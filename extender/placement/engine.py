@@ -1,8 +1,8 @@
 """Placement answers for filter, prioritize, preempt and bind, per node, over the node cache.
 
-Three concerns, three modules: extender.placement_policy decides (best subset, packing value, island value),
-extender.placement_memo remembers its answers per (topology fingerprint, free set, need) and per node state, and
-extender.placement_reasons words the refusals. This module maps node names to states and states to answers.
+Three concerns, three modules: extender.placement.policy decides (best subset, packing value, island value),
+extender.placement.memo remembers its answers per (topology fingerprint, free set, need) and per node state, and
+extender.placement.reasons words the refusals. This module maps node names to states and states to answers.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import is_
 
-from extender import placement_policy as policy
-from extender import placement_reasons as reasons
-from extender.cache import CORDONED, NodeCache, NodeEntry, PlacementState
-from extender.explain import Offer, offer
-from extender.placement_memo import PlacementMemo
-from extender.placement_policy import NO_FIT, Fit, island_values
-from extender.placement_reasons import UNKNOWN_NODE, Failed, Unresolvable
-from extender.pods import Need
+from extender.placement import policy, reasons
+from extender.placement.explain import Offer, offer
+from extender.placement.memo import PlacementMemo
+from extender.placement.policy import NO_FIT, Fit, island_values
+from extender.placement.reasons import UNKNOWN_NODE, Failed, Unresolvable
+from extender.state.cache import CORDONED, NodeCache, NodeEntry, PlacementState
+from extender.state.pods import Need
 from gputopo.core import Allocation, Topology
 
 __all__ = ["CORDONED", "UNKNOWN_NODE", "FilterOutcome", "Fit", "NoFit", "Placement", "island_values"]
@@ -135,8 +134,8 @@ class Placement:
 
     def score_offer(self, names: Iterable[str], need: Need, extra: Mapping[str, NodeEntry] | None = None
                     ) -> tuple[list[int], Offer | None]:
-        """Scores as `score`, and what the best of the nodes offered (extender.explain), for the explanation bind
-        writes next to the plan."""
+        """Scores as `score`, and what the best of the nodes offered (extender.placement.explain), for the
+        explanation bind writes next to the plan."""
         names = list(names)
         if need.size == 0:
             return [0] * len(names), None

@@ -8,7 +8,7 @@ island. Bind, which learns only the chosen node, then words the choice (`Explain
     n3 GPUs 0-3: 150.0 GB/s, efficiency vs the empty node 1.00; fastest offered 300.0 GB/s on n7, passed over to
     keep its free 8-GPU island (300 GB/s, scarce) for larger pods; require-nvlink
 
-Reasons a faster node is passed over, as the policy has them (extender.placement_policy, extender.scoring): an
+Reasons a faster node is passed over, as the policy has them (extender.placement.policy, extender.placement.scoring): an
 island kept for larger pods (the island penalty); a tighter fit among nodes as fast (packing); kube-scheduler's own
 scores or a placement in between (we ranked the faster node first, it chose another). The pod's constraints
 (require-nvlink, min-allreduce-gbps) are named, since they are why nodes were refused. Other reasons (a job's
@@ -26,10 +26,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
-from extender import placement_policy as policy
-from extender.placement_policy import Fit
-from extender.placement_reasons import gpu_list
-from extender.pods import Need
+from extender.placement import policy
+from extender.placement.policy import Fit
+from extender.placement.reasons import gpu_list
+from extender.state.pods import Need
 from gputopo.core import Topology
 from gputopo.core.bitset import mask_of
 from gputopo.core.efficiency import VS_EMPTY, efficiency_ratio

@@ -1,10 +1,10 @@
 """kube-scheduler's verbs: POST /filter, /prioritize, /bind and /preempt (the extender's managedResources verbs).
 
-Each route hands its request to extender.answers.answer, which owns the body, the errors and the metrics; the
+Each route hands its request to extender.http.answers.answer, which owns the body, the errors and the metrics; the
 bodies are declared in the OpenAPI schema by reference (openapi_extra) because no route parses them with pydantic.
 
 These four routes are the scheduling hot path, so they read the Verbs from `request.app.state` themselves rather
-than through a `Depends` (extender.dependencies), which costs about 17 us per request: 10% of a 100-node filter.
+than through a `Depends` (extender.http.dependencies), which costs about 17 us per request: 10% of a 100-node filter.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from extender import models
-from extender.answers import JSON, answer
+from extender.http import models
+from extender.http.answers import JSON, answer
 from extender.verbs import Verbs
 
 router = APIRouter()

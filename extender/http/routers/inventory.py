@@ -7,7 +7,7 @@ import orjson
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from extender.dependencies import InventoryDep
+from extender.http.dependencies import InventoryDep
 
 JSON = "application/json"
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from extender.placement_policy import Fit, TopologyFacts, compute_fit
-from extender.pods import Need
+from extender.placement.policy import Fit, TopologyFacts, compute_fit
+from extender.state.pods import Need
 from gputopo.core import Topology
 
 MEMO_LIMIT = 200_000

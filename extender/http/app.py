@@ -1,7 +1,8 @@
-"""The HTTP face of the extender: the FastAPI apps, assembled from the routers in extender.routers.
+"""The HTTP face of the extender: the FastAPI apps, assembled from the routers in extender.http.routers.
 
 An app carries its Extender (and the Verbs over it) on `app.state`; routes reach them through the dependencies of
-extender.dependencies. Errors and bodies of the verbs are extender.answers' business, their logic extender.verbs'.
+extender.http.dependencies. Errors and bodies of the verbs are extender.http.answers' business, their logic
+extender.verbs'.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from extender import models
-from extender.routers import health, inventory, scheduler
+from extender.http import models
+from extender.http.routers import health, inventory, scheduler
 from extender.service import Extender
 from extender.verbs import Verbs
 

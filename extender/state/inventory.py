@@ -27,7 +27,7 @@ import orjson
 import structlog
 import yaml
 
-from extender.cache import NodeCache, NodeEntry, PodRecord, make_entry
+from extender.state.cache import NodeCache, NodeEntry, PodRecord, make_entry
 from gputopo.contract import Plan, encode_plan
 from gputopo.core import Topology, TopologyError
 from gputopo.core.bitset import bits

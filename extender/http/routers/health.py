@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from extender.dependencies import ExtenderDep, MetricsDep
+from extender.http.dependencies import ExtenderDep, MetricsDep
 
 router = APIRouter()
 

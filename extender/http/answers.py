@@ -1,7 +1,7 @@
 """How one scheduler-verb request becomes its answer, whatever goes wrong: the error mapping of every verb.
 
 Every verb reads its body itself (size-limited), parses it with extender.wire and answers with orjson bytes, so the
-hot path runs no pydantic validation; the pydantic models in extender.models only describe the bodies in the
+hot path runs no pydantic validation; the pydantic models in extender.http.models only describe the bodies in the
 OpenAPI schema. Malformed bodies get 400, oversized ones 413; anything unexpected is logged and answered 200 with
 a valid body whose Error says what happened (kube-scheduler treats non-200 as an error anyway, and a verb must never
 answer 500).
@@ -21,7 +21,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from extender import wire
-from extender.bodies import read_body
+from extender.http.bodies import read_body
 from extender.service import Extender
 from extender.verbs import filter_result
 

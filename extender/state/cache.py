@@ -1,10 +1,10 @@
 """The extender's view of the cluster: every node's topology, GPU state and locality, the GPU pods and the jobs
 they belong to, the group sizes of those jobs, and the reservations.
 
-Fed by watches on Nodes and Pods (extender.cluster) or by an inventory file (extender.inventory). Readers on the
-filter hot path take no lock: entries are immutable and replaced whole, and reservation masks are a plain dict.
-Writers that must be atomic with a placement decision (bind's choose+reserve, a node state update that settles
-reservations) hold the node's lock, so a GPU never looks free in the gap between two updates.
+Fed by watches on Nodes and Pods (extender.state.cluster) or by an inventory file (extender.state.inventory).
+Readers on the filter hot path take no lock: entries are immutable and replaced whole, and reservation masks are a
+plain dict. Writers that must be atomic with a placement decision (bind's choose+reserve, a node state update that
+settles reservations) hold the node's lock, so a GPU never looks free in the gap between two updates.
 
 Garbage written into our annotations by someone else never breaks the cache: the node then counts as publishing no
 topology (or the pod as having no plan), and the reason is logged once per distinct value.
@@ -23,8 +23,8 @@ from extender.config import ExtenderConfig
 from extender.jobs.groups import GroupSizes
 from extender.jobs.index import JobIndex
 from extender.jobs.membership import Membership, MembershipError, job_membership
-from extender.pods import PodNeeds, PodSpecError, parse_quantity, pod_needs
-from extender.reservations import POD, Reservation, Reservations
+from extender.state.pods import PodNeeds, PodSpecError, parse_quantity, pod_needs
+from extender.state.reservations import POD, Reservation, Reservations
 from gputopo.contract import Plan, PlanFormatError, parse_plan
 from gputopo.core import Topology, TopologyError, state_from_json, topology_from_json
 from gputopo.core.bitset import mask_of
@@ -152,7 +152,7 @@ class NodeCache:
         self.config = config
         self.locality = config.network_locality()
         self.reservations = reservations
-        self.groups = GroupSizes()  # job sizes from PodGroups and Workloads (fed by extender.cluster)
+        self.groups = GroupSizes()  # job sizes from PodGroups and Workloads (fed by extender.state.cluster)
         self.jobs = JobIndex()
         self.nodes: dict[str, NodeEntry] = {}
         self.states: dict[str, PlacementState] = {}  # node -> its state, kept current for the hot path
