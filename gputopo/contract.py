@@ -148,6 +148,30 @@ class Keys:
 DEFAULT_KEYS = Keys()
 
 
+# -- replicas of shared GPUs (time-slicing, MPS) ------------------------------------------------------------------
+# NVIDIA's device plugin names the n-th replica of a GPU `<gpu id>::<n>` (NewAnnotatedID); teams migrating keep the
+# ids they see in PodResources and logs. A plan for a shared resource lists parent GPU ids, distinct: the extender
+# knows how many replicas of a GPU are free, not which, and the plugin picks free replicas of those GPUs.
+
+REPLICA_SEPARATOR = "::"
+
+
+class ReplicaIdError(ValueError):
+    """A device id that is not `<gpu id>::<n>`."""
+
+
+def replica_id(gpu: str, n: int) -> str:
+    return f"{gpu}{REPLICA_SEPARATOR}{n}"
+
+
+def replica_parent(device_id: str) -> tuple[str, int]:
+    """The GPU id and replica number of a replica id; raises ReplicaIdError for anything else."""
+    gpu, sep, n = device_id.rpartition(REPLICA_SEPARATOR)
+    if not sep or not gpu or not n.isdigit() or (len(n) > 1 and n[0] == "0"):
+        raise ReplicaIdError(f"device id {device_id[:200]!r} is not a replica id <gpu id>::<n>")
+    return gpu, int(n)
+
+
 # -- the plan -----------------------------------------------------------------------------------------------------
 
 

@@ -3,6 +3,9 @@
 from gputopo.core.allocator import Allocation, allreduce_gbps, best_possible_gbps, best_subset
 from gputopo.core.codec import (
     NodeState,
+    SharedGpu,
+    SharedResource,
+    Sharing,
     state_from_json,
     state_to_json,
     topology_from_dict,
@@ -34,6 +37,9 @@ __all__ = [
     "Nic",
     "NodeState",
     "PodSlot",
+    "SharedGpu",
+    "SharedResource",
+    "Sharing",
     "Topology",
     "TopologyError",
     "TopologyFormatError",

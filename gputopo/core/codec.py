@@ -15,7 +15,12 @@ GPU index = position in "gpus". The reader rebuilds bandwidths from "links" so e
 keep reading the NIC rows they know (a version bump would make them refuse every node during a rolling upgrade,
 plugins and extender being upgraded separately), and this reader takes a document without it as "unknown".
 
-State (version 1): {"v": 1, "gen": int, "used": [ids], "unhealthy": [ids]}
+State (version 1): {"v": 1, "gen": int, "used": [ids], "unhealthy": [ids], "sharing": {...}}
+"used" lists GPUs held whole. "sharing" is present only on a node that shares GPUs (time-slicing or MPS, issue 22):
+    {"strategy": "time-slicing" | "mps", "failRequestsGreaterThanOne": bool,
+     "resources": [{"name": resource, "gpus": [[gpu id, replicas, replicas used], ...]}, ...]}
+A GPU listed under a shared resource is advertised only as replicas (`<gpu id>::<n>`), never whole, and never appears
+in "used". It was added inside version 1, like "nicattr": readers built before it ignore it.
 """
 
 from __future__ import annotations
@@ -196,20 +201,115 @@ def topology_from_json(text: str | bytes) -> Topology:
     return topology_from_dict(data)
 
 
+SHARING_STRATEGIES = ("time-slicing", "mps")
+MAX_REPLICAS = 1024  # per GPU; NVIDIA's schema has no bound, a bound keeps a hostile annotation from costing memory
+
+
+@dataclass(frozen=True)
+class SharedGpu:
+    """One physical GPU advertised as replicas of a shared resource, and how many of them pods hold."""
+
+    gpu: str
+    replicas: int
+    used: int
+
+    @property
+    def free(self) -> int:
+        return self.replicas - self.used
+
+
+@dataclass(frozen=True)
+class SharedResource:
+    """A resource name the node advertises as replicas (`nvidia.com/gpu`, or a renamed one such as
+    `nvidia.com/gpu.shared`), with its GPUs in the order the plugin lists them."""
+
+    name: str
+    gpus: tuple[SharedGpu, ...]
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """How a node shares its GPUs: one strategy per node (NVIDIA's rule: time-slicing and MPS are exclusive)."""
+
+    strategy: str
+    fail_requests_greater_than_one: bool
+    resources: tuple[SharedResource, ...]
+
+    def resource(self, name: str) -> SharedResource | None:
+        return next((r for r in self.resources if r.name == name), None)
+
+    @property
+    def shared_gpus(self) -> frozenset[str]:
+        """Every GPU advertised as replicas: none of them is offered whole."""
+        return frozenset(g.gpu for r in self.resources for g in r.gpus)
+
+
 @dataclass(frozen=True)
 class NodeState:
-    """What is taken on a node: GPU ids in use (from the kubelet's PodResources) and unhealthy ids."""
+    """What is taken on a node: GPU ids held whole (from the kubelet's PodResources), unhealthy ids, and the
+    replicas of shared GPUs and how many are held (None on a node that shares nothing)."""
 
     generation: int
     used: frozenset[str]
     unhealthy: frozenset[str]
+    sharing: Sharing | None = None
+
+
+def sharing_to_dict(sharing: Sharing) -> dict[str, Any]:
+    return {
+        "strategy": sharing.strategy,
+        "failRequestsGreaterThanOne": sharing.fail_requests_greater_than_one,
+        "resources": [{"name": r.name, "gpus": [[g.gpu, g.replicas, g.used] for g in r.gpus]}
+                      for r in sharing.resources],
+    }
 
 
 def state_to_json(state: NodeState) -> str:
-    return json.dumps(
-        {"v": STATE_VERSION, "gen": state.generation, "used": sorted(state.used), "unhealthy": sorted(state.unhealthy)},
-        separators=(",", ":"),
-    )
+    body: dict[str, Any] = {"v": STATE_VERSION, "gen": state.generation, "used": sorted(state.used),
+                            "unhealthy": sorted(state.unhealthy)}
+    if state.sharing is not None:
+        body["sharing"] = sharing_to_dict(state.sharing)
+    return json.dumps(body, separators=(",", ":"))
+
+
+def _count(value: Any, what: str, low: int, high: int) -> int:
+    _expect(isinstance(value, int) and not isinstance(value, bool) and low <= value <= high,
+            f"{what} must be an integer from {low} to {high}, got {value!r}"[:300])
+    return value
+
+
+def sharing_from_dict(data: Any) -> Sharing:
+    """Read the state's "sharing" member; raises TopologyFormatError naming the field that is wrong."""
+    _expect(isinstance(data, dict), "state 'sharing' must be an object")
+    strategy = data.get("strategy")
+    _expect(strategy in SHARING_STRATEGIES, f"state sharing 'strategy' must be one of {', '.join(SHARING_STRATEGIES)}")
+    fail = data.get("failRequestsGreaterThanOne", False)
+    _expect(isinstance(fail, bool), "state sharing 'failRequestsGreaterThanOne' must be a boolean")
+    raw = data.get("resources")
+    _expect(isinstance(raw, list) and 0 < len(raw) <= 64, "state sharing 'resources' must list 1-64 resources")
+    resources = []
+    seen_gpus: set[str] = set()
+    names: set[str] = set()
+    for i, r in enumerate(raw):
+        _expect(isinstance(r, dict), f"state sharing resources[{i}] must be an object")
+        name = r.get("name")
+        _expect(isinstance(name, str) and 0 < len(name) <= 253, f"state sharing resources[{i}] needs a 'name'")
+        _expect(name not in names, f"state sharing resource {name!r} is listed twice")
+        names.add(name)
+        gpus = r.get("gpus")
+        _expect(isinstance(gpus, list) and 0 < len(gpus) <= 1024, f"state sharing {name!r} 'gpus' must list 1-1024")
+        entries = []
+        for j, g in enumerate(gpus):
+            where = f"state sharing {name!r} gpus[{j}]"
+            _expect(isinstance(g, list) and len(g) == 3 and isinstance(g[0], str) and g[0],
+                    f"{where} must be [gpu id, replicas, used]")
+            _expect(g[0] not in seen_gpus, f"{where}: GPU {g[0]!r} is shared under two entries")
+            seen_gpus.add(g[0])
+            replicas = _count(g[1], f"{where} replicas", 1, MAX_REPLICAS)
+            used = _count(g[2], f"{where} used", 0, replicas)
+            entries.append(SharedGpu(g[0], replicas, used))
+        resources.append(SharedResource(name, tuple(entries)))
+    return Sharing(strategy, fail, tuple(resources))
 
 
 def state_from_json(text: str | bytes) -> NodeState:
@@ -230,4 +330,8 @@ def state_from_json(text: str | bytes) -> NodeState:
         ok = isinstance(value, list) and all(isinstance(x, str) for x in value)
         _expect(ok, f"state '{key}' must be a list of ids")
         lists[key] = frozenset(value)
-    return NodeState(gen, lists["used"], lists["unhealthy"])
+    sharing = sharing_from_dict(data["sharing"]) if data.get("sharing") is not None else None
+    if sharing is not None:
+        both = lists["used"] & sharing.shared_gpus
+        _expect(not both, f"state lists shared GPU {min(both, default='')!r} as used whole")
+    return NodeState(gen, lists["used"], lists["unhealthy"], sharing)

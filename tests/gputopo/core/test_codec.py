@@ -6,8 +6,12 @@ import json
 
 import pytest
 
+from gputopo.contract import ReplicaIdError, replica_id, replica_parent
 from gputopo.core import (
     NodeState,
+    SharedGpu,
+    SharedResource,
+    Sharing,
     TopologyError,
     TopologyFormatError,
     state_from_json,
@@ -164,3 +168,52 @@ def test_too_many_nics_are_refused() -> None:
 def test_nics_refuse_what_no_nic_is(kwargs, message) -> None:
     with pytest.raises(TopologyError, match=message):
         Nic(**kwargs)
+
+
+def _sharing() -> Sharing:
+    return Sharing("mps", True, (
+        SharedResource("nvidia.com/gpu", (SharedGpu("GPU-c", 4, 1), SharedGpu("GPU-d", 4, 4))),
+        SharedResource("nvidia.com/gpu.small", (SharedGpu("GPU-e", 8, 0),)),
+    ))
+
+
+def test_sharing_state_round_trips_and_old_documents_read_as_unshared() -> None:
+    state = NodeState(3, frozenset({"GPU-a"}), frozenset(), _sharing())
+    assert state_from_json(state_to_json(state)) == state
+    assert state.sharing is not None and state.sharing.shared_gpus == {"GPU-c", "GPU-d", "GPU-e"}
+    assert state.sharing.resource("nvidia.com/gpu.small").gpus[0].free == 8
+    assert "sharing" not in json.loads(state_to_json(NodeState(1, frozenset(), frozenset())))
+    assert state_from_json('{"v": 1, "gen": 1, "used": [], "unhealthy": []}').sharing is None
+
+
+def _shared(**change) -> str:
+    body = json.loads(state_to_json(NodeState(3, frozenset({"GPU-a"}), frozenset(), _sharing())))
+    body["sharing"].update(change)
+    return json.dumps(body)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (_shared(strategy="mig"), "'strategy' must be one of time-slicing, mps"),
+    (_shared(failRequestsGreaterThanOne="yes"), "must be a boolean"),
+    (_shared(resources=[]), "must list 1-64 resources"),
+    (_shared(resources=[{"name": "nvidia.com/gpu", "gpus": [["GPU-c", 4, 5]]}]), "used must be an integer from 0 to 4"),
+    (_shared(resources=[{"name": "nvidia.com/gpu", "gpus": [["GPU-c", 0, 0]]}]), "replicas must be an integer from 1"),
+    (_shared(resources=[{"name": "nvidia.com/gpu", "gpus": [["GPU-c", 4]]}]), r"must be \[gpu id, replicas, used\]"),
+    (_shared(resources=[{"name": "r", "gpus": [["GPU-c", 2, 0]]}, {"name": "r", "gpus": [["GPU-d", 2, 0]]}]),
+     "listed twice"),
+    (_shared(resources=[{"name": "r", "gpus": [["GPU-c", 2, 0]]}, {"name": "s", "gpus": [["GPU-c", 2, 0]]}]),
+     "shared under two entries"),
+    (_shared(resources=[{"name": "r", "gpus": [["GPU-a", 2, 0]]}]), "shared GPU 'GPU-a' as used whole"),
+])
+def test_bad_sharing_is_named(text: str, message: str) -> None:
+    with pytest.raises(TopologyFormatError, match=message):
+        state_from_json(text)
+
+
+def test_replica_ids_are_nvidias() -> None:
+    assert replica_id("GPU-a", 3) == "GPU-a::3"
+    assert replica_parent("GPU-a::3") == ("GPU-a", 3)
+    assert replica_parent("MIG-x::y::12") == ("MIG-x::y", 12)
+    for bad in ("GPU-a", "GPU-a::", "::3", "GPU-a::-1", "GPU-a::03", "GPU-a::x"):
+        with pytest.raises(ReplicaIdError, match="not a replica id"):
+            replica_parent(bad)
