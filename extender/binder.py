@@ -178,6 +178,9 @@ class Binder:
             if existing is not None and existing.plan is not None:
                 return existing.plan, existing  # a retry: the plan made by the first attempt stands
             if needs.size == 0:
+                if self.inventory is not None:
+                    self.inventory.commit(None, PodRecord(req.uid, req.namespace, req.name, req.node, "Running",
+                                                          False, needs, None, None))
                 return None, None
             entry = self.cache.nodes.get(req.node)
             free = self.cache.free_mask(entry) if entry is not None else 0

@@ -65,10 +65,9 @@ def serve(config: ExtenderConfig) -> None:
     from extender.http.app import create_app, create_metrics_app
     from extender.http.server import (
         AcceptErrors,
-        ConnectionLimits,
         ListenError,
         companion_server,
-        connection_cap,
+        connection_limits,
         listen_failed,
         listeners,
         serve_beside,
@@ -102,8 +101,7 @@ def serve(config: ExtenderConfig) -> None:
         sock, metrics_sock = listeners(config.host, config.port, config.metrics_host, config.metrics_port)
     except ListenError as e:
         listen_failed(e)
-    limits = ConnectionLimits(config.header_timeout_s, config.body_timeout_s,
-                              connection_cap(config.max_connections))
+    limits = connection_limits(config, config.max_body_bytes, "api")
     common = {"log_level": config.log_level, "limits": limits, "metrics": metrics,
               "keep_alive_s": config.keep_alive_timeout_s}
     api_config = server_config(

@@ -39,20 +39,30 @@ import click
 import h11
 import structlog
 import uvicorn
+from h11._readers import ChunkedReader
 from prometheus_client import Counter, Gauge
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from extender.config import ListenerSettings
 
 log = structlog.get_logger(__name__)
 
 ACCEPT_LOG_INTERVAL_S = 10.0
 # Files the process needs besides client connections: listeners, API watches, logs, the interpreter's own.
 FD_RESERVE = 64
-# The listen backlog, which is also how many connections asyncio accepts in one go. An accepted connection reaches
-# the cap's check (connection_made) two loop passes later, and one evicted for it is closed a pass after that,
-# while every pass may accept another batch: the cap leaves ACCEPT_BATCHES backlogs of room below the files limit
-# (with one, 300 connections against a 256-file limit ran out of files now and then).
+# The listen backlog is also how many connections asyncio accepts in one go. An accepted connection reaches the
+# cap's check (connection_made) two loop passes later, and one evicted for it is closed a pass after that, while
+# every pass may accept another batch: the cap leaves ACCEPT_BATCHES backlogs of room below the files limit (with
+# one, 300 connections against a 256-file limit ran out of files now and then). Under a small open-files limit the
+# backlog shrinks with what is free (a quarter of it for the batches) rather than the cap collapsing.
 BACKLOG = 64
+MIN_BACKLOG = 8
 ACCEPT_BATCHES = 3
+# Fewer connections than MIN_CONNECTIONS and kube-scheduler's filter, prioritize and probes queue behind each other:
+# the cap never goes below it. kube-scheduler also binds in the background, one HTTP call per pod (about 300 were
+# seen in flight behind a backlog), so a limit that leaves fewer than WELL_SERVED_CONNECTIONS is warned about.
+MIN_CONNECTIONS = 16
+WELL_SERVED_CONNECTIONS = 320
 HEAD, BODY = "head", "body"
 
 
@@ -78,18 +88,42 @@ class ConnectionLimits:
     header_timeout_s: float
     body_timeout_s: float
     max_connections: int
+    backlog: int = BACKLOG
+    max_body_bytes: int | None = None  # a chunked body announcing a larger chunk is refused at its size line
 
 
-def connection_cap(wanted: int) -> int:
-    """`wanted`, lowered so that client connections cannot exhaust the open-files limit (accept would then fail)."""
+def open_files() -> tuple[int | None, int]:
+    """The soft open-files limit (None when unlimited) and how many files the process has open now."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return wanted
     try:
         in_use = len(os.listdir("/proc/self/fd"))
     except OSError:
         in_use = 0
-    return max(1, min(wanted, soft - in_use - FD_RESERVE - ACCEPT_BATCHES * BACKLOG))
+    return (None if soft == resource.RLIM_INFINITY else soft), in_use
+
+
+def connection_capacity(wanted: int, soft_limit: int | None, in_use: int) -> tuple[int, int]:
+    """The connection cap and listen backlog for `wanted` connections under an open-files limit, so that client
+    connections cannot exhaust it (accept would then fail): what is free past the reserve, less the accept batches,
+    with the backlog scaled down under a small limit; never below MIN_CONNECTIONS unless fewer are wanted."""
+    if soft_limit is None:
+        return wanted, BACKLOG
+    free = soft_limit - in_use - FD_RESERVE
+    backlog = max(MIN_BACKLOG, min(BACKLOG, free // (4 * ACCEPT_BATCHES)))
+    return min(wanted, max(MIN_CONNECTIONS, free - ACCEPT_BATCHES * backlog)), backlog
+
+
+def connection_limits(settings: ListenerSettings, max_body_bytes: int, listener: str) -> ConnectionLimits:
+    """A listener's limits from its settings and the process's open-files limit, warning at start when that limit
+    leaves too few connections to serve kube-scheduler well."""
+    soft, in_use = open_files()
+    cap, backlog = connection_capacity(settings.max_connections, soft, in_use)
+    if cap < min(settings.max_connections, WELL_SERVED_CONNECTIONS):
+        log.warning("extender.server.few_connections", listener=listener, max_connections=cap,
+                    wanted=settings.max_connections, open_files_limit=soft, files_in_use=in_use,
+                    hint="the open-files limit (ulimit -n, or the container runtime's LimitNOFILE) is too low to "
+                         "serve kube-scheduler's concurrent binds well; 1024 or more is enough")
+    return ConnectionLimits(settings.header_timeout_s, settings.body_timeout_s, cap, backlog, max_body_bytes)
 
 
 class Guard:
@@ -128,9 +162,18 @@ class StrictConnection(h11.Connection):
     ignores Content-Length); `refusal` says why, for the 400 answer."""
 
     refusal: str | None = None
+    max_chunk: int | None = None
 
     def next_event(self) -> Any:
         event = super().next_event()
+        reader = self._reader
+        if self.max_chunk is not None and isinstance(reader, ChunkedReader) and \
+                reader._bytes_in_chunk > self.max_chunk:
+            # h11 would wait for every byte the size line announced (2^64-1: the connection held until the body
+            # deadline); a chunk larger than the body limit can never make an acceptable body.
+            self.refusal = (f"a chunk of {reader._bytes_in_chunk} bytes exceeds the body limit of {self.max_chunk} "
+                            "bytes")
+            raise h11.RemoteProtocolError(self.refusal, error_status_hint=400)
         if isinstance(event, h11.Request):
             names = {name.lower() for name, _ in event.headers}
             if b"transfer-encoding" in names and b"content-length" in names:
@@ -152,6 +195,7 @@ class GuardedH11Protocol(H11Protocol):
         self._phase_cycle: object = None
         self._made = False
         self.conn = StrictConnection(h11.SERVER, self.conn._max_incomplete_event_size)
+        self.conn.max_chunk = self.guard.limits.max_body_bytes
 
     def send_400_response(self, msg: str) -> None:
         super().send_400_response(self.conn.refusal or msg)
@@ -306,7 +350,8 @@ def server_config(app: Any, listener: str, host: str, port: int, *, log_level: s
     """uvicorn's settings for one of our listeners: its guard, our backlog, no access log, uvicorn's own lines
     through our structured logging (gputopo.logs); `tls` are uvicorn's ssl_* settings."""
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=None, access_log=False,
-                          lifespan=lifespan, http=protocol_class(Guard(listener, limits, metrics)), backlog=BACKLOG,
+                          lifespan=lifespan, http=protocol_class(Guard(listener, limits, metrics)),
+                          backlog=limits.backlog,
                           timeout_keep_alive=keep_alive_s, **tls)  # type: ignore[arg-type]
 
 

@@ -159,13 +159,16 @@ class Inventory:
         for e in entries:
             cache.put_node(e)
 
-    def commit(self, entry: NodeEntry, rec: PodRecord) -> None:
-        """Mark the plan's GPUs used on the node. The caller holds the node's lock."""
-        assert rec.plan is not None and entry.topo is not None
-        new = make_entry(entry.name, entry.topo, index=entry.index, used=entry.used_ids | rec.plan.ids,
-                         unhealthy=entry.unhealthy_ids, unschedulable=entry.unschedulable,
-                         generation=entry.generation + 1, place=entry.place)
-        self.cache.put_node(new)
+    def commit(self, entry: NodeEntry | None, rec: PodRecord) -> None:
+        """Mark the pod bound, and its plan's GPUs used on the node (a pod without GPUs has no plan and needs no
+        entry: it is remembered all the same, so a second bind elsewhere is refused as for a GPU pod). The caller
+        holds the node's lock."""
+        if rec.plan is not None:
+            assert entry is not None and entry.topo is not None
+            new = make_entry(entry.name, entry.topo, index=entry.index, used=entry.used_ids | rec.plan.ids,
+                             unhealthy=entry.unhealthy_ids, unschedulable=entry.unschedulable,
+                             generation=entry.generation + 1, place=entry.place)
+            self.cache.put_node(new)
         self.cache.remember_pod(rec)
         with self._lock:
             self.bound[rec.uid] = rec

@@ -28,10 +28,9 @@ def command(config: WebhookConfig) -> None:
 
     from extender.http.server import (
         AcceptErrors,
-        ConnectionLimits,
         ListenError,
         companion_server,
-        connection_cap,
+        connection_limits,
         listen_failed,
         listeners,
         serve_beside,
@@ -47,7 +46,7 @@ def command(config: WebhookConfig) -> None:
     assert config.tls_cert is not None and config.tls_key is not None  # the settings' own rule
     metrics = WebhookMetrics(process_registry())
     policy = Policy(config.scheduler_name, config.resource_name, config.keys.webhook)
-    limits = ConnectionLimits(config.header_timeout_s, config.body_timeout_s, connection_cap(config.max_connections))
+    limits = connection_limits(config, config.max_body_bytes, "webhook")
     common = {"log_level": config.log_level, "limits": limits, "metrics": metrics,
               "keep_alive_s": config.keep_alive_timeout_s}
     api_config = server_config(create_app(policy, metrics, config.max_body_bytes), "webhook", config.host,

@@ -50,6 +50,21 @@ def test_retried_bind_is_consistent_and_other_nodes_are_refused(standalone) -> N
     assert 'gpu_extender_plan_efficiency_ratio_count 1.0' in metrics
 
 
+def test_a_pod_without_gpus_is_bound_once_like_a_gpu_pod(standalone) -> None:
+    pod = pod_json(gpus=0)
+    nodes = [{"name": "a", "topology": A100}, {"name": "b", "topology": A100}]
+    with standalone(nodes) as (_, client):
+        client.post("/filter", json=cache_args(pod, ["a", "b"]))
+        assert client.post("/bind", json=bind_body(pod, "a")).json() == {"Error": ""}
+        assert client.post("/bind", json=bind_body(pod, "a")).json() == {"Error": ""}  # a retry
+        other = client.post("/bind", json=bind_body(pod, "b")).json()["Error"]
+        pods = _plans(client)
+        nodes_now = client.get("/inventory").json()["nodes"]
+    assert other == f"pod default/{pod['metadata']['name']} is already bound to node a, not b"
+    assert pods[pod["metadata"]["uid"]]["node"] == "a" and pods[pod["metadata"]["uid"]]["plan"] is None
+    assert all(n["used"] == [] for n in nodes_now)
+
+
 def test_bind_errors_are_answered_in_the_body(standalone) -> None:
     nodes = [{"name": "small", "topology": H100X4, "used": [0, 1]}]
     with standalone(nodes) as (_, client):

@@ -23,7 +23,7 @@ import structlog
 from click.testing import CliRunner
 
 from extender.cli import main
-from extender.http.server import AcceptErrors
+from extender.http.server import MIN_CONNECTIONS, AcceptErrors, connection_capacity
 from extender.metrics import ExtenderMetrics
 from sim.ports import free_port
 from tests.extender.conftest import A100, write_inventory
@@ -194,3 +194,56 @@ def test_at_the_cap_a_body_that_never_comes_gives_way(tmp_path: Path) -> None:
         assert metric(port, 'gpu_extender_http_connections_closed_total{listener="api",reason="evicted"}') >= 1
         for s in stuck:
             s.close()
+
+
+def _listening(output: str) -> dict:
+    return next(e for e in map(json.loads, filter(None, output.splitlines()))
+                if e.get("event") == "extender.server.listening")
+
+
+@pytest.mark.parametrize("nofile", [256, 1024])
+def test_the_connection_cap_scales_with_the_open_files_limit(tmp_path: Path, nofile: int) -> None:
+    """Issue 20, item 4: under 256 open files the cap was 1 (the accept batches' room made it negative). It is a
+    share of what is free, never below a working minimum, with a warning at start when the limit is too low."""
+    with extender(tmp_path, "--log-level", "info", nofile=nofile) as (port, proc):
+        held = [socket.create_connection(("127.0.0.1", port), timeout=WAIT) for _ in range(40)]
+        assert filter_ok(port)
+        # kube-scheduler's concurrent calls are served side by side: 40 connections held open, none evicted
+        assert metric(port, 'gpu_extender_http_connections_closed_total{listener="api",reason="evicted"}') == 0
+        for s in held:
+            s.close()
+        output = stop_process(proc, 15)[0].decode()
+    cap = _listening(output)["max_connections"]
+    warned = "extender.server.few_connections" in output
+    if nofile == 256:
+        assert 100 <= cap < 256 - 64 and warned
+    else:
+        assert 700 <= cap < 1024 - 64 and not warned
+
+
+@pytest.mark.parametrize(("soft", "in_use", "wanted"), [(64, 30, 1000), (256, 20, 1000), (256, 200, 1000),
+                                                         (1024, 20, 1000), (1 << 20, 20, 1000), (256, 20, 6)])
+def test_the_cap_leaves_the_accept_batches_room_and_keeps_a_minimum(soft: int, in_use: int, wanted: int) -> None:
+    cap, backlog = connection_capacity(wanted, soft, in_use)
+    assert cap == min(wanted, max(cap, MIN_CONNECTIONS))  # never below the minimum unless fewer are wanted
+    assert 8 <= backlog <= 64
+    free = soft - in_use - 64
+    if free - 3 * backlog >= MIN_CONNECTIONS:
+        assert cap + 3 * backlog <= free  # room for three accept batches below the limit
+    assert connection_capacity(wanted, None, in_use) == (wanted, 64)
+
+
+def test_a_chunk_larger_than_the_body_limit_is_refused_at_once(tmp_path: Path) -> None:
+    """Issue 20, item 6: a chunk-size line of 2^64-1 got no answer until the client gave up: 400, then closed."""
+    with extender(tmp_path, "--body-timeout", "60") as (port, _):
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as s:
+            started = time.monotonic()
+            s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Transfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\n{")
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+            elapsed = time.monotonic() - started
+        assert answer.startswith(b"HTTP/1.1 400 ") and b"exceeds the body limit" in answer
+        assert elapsed < WAIT  # answered, not held until the 60 s body deadline
+        assert filter_ok(port)

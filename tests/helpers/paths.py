@@ -12,6 +12,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO / "fixtures"
 APISERVER_RECORDINGS = SHARED / "recordings" / "kube-apiserver"
+REFERENCE = REPO / "docs" / "reference"  # the protocol references the recordings were checked against
 
 
 @contextmanager

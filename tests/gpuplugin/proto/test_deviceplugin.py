@@ -12,9 +12,10 @@ from google.protobuf.descriptor import Descriptor, FileDescriptor
 
 from gpuplugin.proto import deviceplugin_pb2, podresources_pb2
 from tests.gpuplugin.proto.descriptors import field_type, label
-from tests.helpers.paths import REPO, SHARED
+from tests.helpers.paths import REFERENCE as DOCS_REFERENCE
+from tests.helpers.paths import REPO
 
-REFERENCE = SHARED / "reference" / "kubelet-device-plugin-api.md"
+REFERENCE = DOCS_REFERENCE / "kubelet-device-plugin-api.md"
 
 
 def _load_generator():

@@ -13,9 +13,9 @@ from gpuplugin.proto.dra.v1 import api_pb2 as dra_pb2
 from gpuplugin.proto.drahealth.v1alpha1 import api_pb2 as health_pb2
 from gpuplugin.proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from tests.gpuplugin.proto.descriptors import field_type, label
-from tests.helpers.paths import SHARED
+from tests.helpers.paths import REFERENCE as DOCS_REFERENCE
 
-REFERENCE = SHARED / "reference" / "dra-api.md"
+REFERENCE = DOCS_REFERENCE / "dra-api.md"
 MODULES = (reg_pb2, dra_pb2, health_pb2)
 
 
