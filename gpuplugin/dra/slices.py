@@ -13,12 +13,14 @@ absent or listed twice in between; otherwise it bumps the generation and rewrite
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuplugin.dra.catalog import COUNTER_SET, Catalog, counter_name
 
 MAX_DEVICES_PER_SLICE = 64
+MAX_NAME = 253  # metadata.name of a ResourceSlice: a DNS subdomain
 API_VERSION = "resource.k8s.io/v1"
 Layout = tuple[tuple[str, ...], ...]
 
@@ -117,6 +119,18 @@ def slice_object(
 def slice_name_prefix(index: int, driver: str, node: str) -> str:
     """generateName of slice `index`, as the Go helper forms it: names sort in index order."""
     return f"{index:05x}-{driver}-{node}-"
+
+
+def slice_name(index: int, driver: str, node: str) -> str:
+    """A fixed metadata.name for slice `index` (what `gpuplugin slices` prints, so `kubectl apply` takes it): the
+    generateName prefix without its trailing '-' and random suffix, so names still sort in index order and the
+    driver, which only keeps names it generated, replaces such slices when it starts. Driver and node are DNS
+    subdomains, so the name is one; past 253 characters it is cut and ends in a hash of the whole."""
+    name = slice_name_prefix(index, driver, node)[:-1]
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return name[: MAX_NAME - len(digest) - 1].rstrip("-.") + "-" + digest
 
 
 def parse_slice_index(name: str, driver: str, node: str) -> int | None:
