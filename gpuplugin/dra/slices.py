@@ -122,15 +122,16 @@ def slice_name_prefix(index: int, driver: str, node: str) -> str:
 
 
 def slice_name(index: int, driver: str, node: str) -> str:
-    """A fixed metadata.name for slice `index` (what `gpuplugin slices` prints, so `kubectl apply` takes it): the
-    generateName prefix without its trailing '-' and random suffix, so names still sort in index order and the
-    driver, which only keeps names it generated, replaces such slices when it starts. Driver and node are DNS
-    subdomains, so the name is one; past 253 characters it is cut and ends in a hash of the whole."""
-    name = slice_name_prefix(index, driver, node)[:-1]
-    if len(name) <= MAX_NAME:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return name[: MAX_NAME - len(digest) - 1].rstrip("-.") + "-" + digest
+    """A fixed metadata.name for slice `index` (what `gpuplugin slices` prints, so `kubectl apply` takes it):
+    `<node>-<driver>-<index, 5 hex digits>`, the form of the recorded slices' names, sorting in index order within
+    the pool. It never parses as one the driver generated (those start with the index), so a driver started on the
+    node replaces such slices with its own. Driver and node are DNS subdomains, so the name is one; past 253
+    characters the `<node>-<driver>` part is cut and ends in a hash of the whole."""
+    base = f"{node}-{driver}"
+    if len(base) + 6 > MAX_NAME:
+        digest = hashlib.sha256(base.encode()).hexdigest()[:8]
+        base = base[: MAX_NAME - 6 - len(digest) - 1].rstrip("-.") + "-" + digest
+    return f"{base}-{index:05x}"
 
 
 def parse_slice_index(name: str, driver: str, node: str) -> int | None:

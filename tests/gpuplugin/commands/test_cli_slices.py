@@ -8,7 +8,7 @@ import sys
 import kubernetes_validate
 import pytest
 import yaml
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from gpuplugin.dra.slices import MAX_NAME, parse_slice_index, slice_name
@@ -55,7 +55,7 @@ def test_prints_slices_kubectl_apply_takes_for_every_dra_v1_version() -> None:
             assert failures(docs, version) == [], version
         assert all("generateName" not in d["metadata"] for d in docs)
         names.append([d["metadata"]["name"] for d in docs])
-    assert names[0] == names[1] == sorted(names[0]) == [f"{i:05x}-gpu-topology.io-gpu-node-1" for i in range(4)]
+    assert names[0] == names[1] == sorted(names[0]) == [f"gpu-node-1-gpu-topology.io-{i:05x}" for i in range(4)]
 
 
 _LABEL = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", fullmatch=True)
@@ -63,6 +63,8 @@ _SUBDOMAIN = st.lists(_LABEL, min_size=1, max_size=8).map(".".join).filter(lambd
 
 
 @given(driver=_SUBDOMAIN.filter(lambda s: len(s) <= 63), node=_SUBDOMAIN, index=st.integers(0, 40))
+@example(driver="d" * 63, node=".".join(["n" * 63] * 3 + ["m" * 61]), index=15)  # the longest: cut and hashed
+@example(driver="gpu-topology.io", node="x" * 63 + "." + "x" * 173 + "." + "y" * 15, index=0)  # cut at a '.'
 def test_slice_names_are_dns_subdomains_distinct_per_index_and_not_the_drivers(driver: str, node: str,
                                                                                index: int) -> None:
     name = slice_name(index, driver, node)
