@@ -12,7 +12,14 @@ Why it behaves as it does:
   rebuilt from what the kubelet actually holds. When PodResources cannot be read, nothing is published rather
   than a guess (an empty "used" would invite the extender to double-book GPUs).
 - A patch goes out only when a value differs from what the Node carries (read once at start, then kept from each
-  patch reply), at most once per `min_interval_s`; changes arriving meanwhile are coalesced into the next patch.
+  patch reply), one at a time (one thread) and at most once per `min_interval_s`; changes arriving meanwhile are
+  coalesced into the next patch.
+- PodResources is read every `poll_interval_s`, and every `follow_poll_s` for a while after a GPU pod ended
+  (`trigger(follow_s)`): the kubelet lists an ended pod's devices until it has processed the end itself, a moment
+  after the API said so, and the release is published as soon as the kubelet's list shows it, not at the next slow
+  poll (issue 20: a force-deleted pod's GPUs were published as used for about a second, and the scheduler picked
+  around them). The kubelet serves PodResources locally and allows 100 calls/s; a window costs
+  follow_s / follow_poll_s calls.
 - API errors are retried with exponential backoff: 5xx, 429, 409 and no-answer promptly; 404 (the Node does not
   exist yet, e.g. the plugin started before the kubelet registered it), 401/403 (RBAC) and 422 are logged and
   retried at the slow end of the backoff.
@@ -89,7 +96,8 @@ class NodePublisher(Worker):
         unhealthy_ids: IdsProvider,
         *,
         poll_interval_s: float = 10.0,
-        min_interval_s: float = 1.0,
+        min_interval_s: float = 0.2,
+        follow_poll_s: float = 0.05,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 60.0,
         resync_s: float = 300.0,
@@ -109,10 +117,11 @@ class NodePublisher(Worker):
         self._unhealthy_ids = unhealthy_ids
         self._poll = poll_interval_s
         self._min_interval = min_interval_s
+        self._follow_poll = follow_poll_s
         self._backoff = Backoff(backoff_initial_s, backoff_max_s)
         self._resync = resync_s
         self._clock = clock
-        self._recheck_at: float | None = None
+        self._follow_until: float | None = None
 
         self.topology_key = keys.topology
         self.state_key = keys.state
@@ -226,12 +235,14 @@ class NodePublisher(Worker):
         with self._cond:
             return self._cond.wait_for(lambda: self._state is not None and predicate(self._state), timeout)
 
-    def trigger(self, recheck_s: float = 0.0) -> None:
+    def trigger(self, follow_s: float = 0.0) -> None:
         """Publish soon (a health change, a pod that ended): immediately, unless a patch went out less than
-        min_interval_s ago; with `recheck_s`, once more that much later (the kubelet may still list an ended pod's
-        devices for a moment after the API says it ended)."""
-        if recheck_s > 0:
-            self._recheck_at = self._clock() + recheck_s
+        min_interval_s ago; with `follow_s`, keep reading PodResources every follow_poll_s for that long, publishing
+        each change as it shows (the kubelet may still list an ended pod's devices for a moment after the API says
+        it ended)."""
+        if follow_s > 0:
+            until = self._clock() + follow_s
+            self._follow_until = until if self._follow_until is None else max(self._follow_until, until)
         self.wake()
 
     def loop(self) -> None:
@@ -261,13 +272,12 @@ class NodePublisher(Worker):
                 continue
             self._backoff.reset()
             delay = self._poll
-            recheck = self._recheck_at
-            if recheck is not None:
-                left = recheck - self._clock()
-                if left > 0:
-                    delay = min(delay, left)
+            follow = self._follow_until
+            if follow is not None:
+                if self._clock() < follow:
+                    delay = min(delay, self._follow_poll)
                 else:
-                    self._recheck_at = None
+                    self._follow_until = None
 
     def _delay_for(self, e: KubeApiError) -> float:
         if e.retryable or isinstance(e, Conflict):

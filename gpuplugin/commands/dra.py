@@ -78,7 +78,8 @@ def run_driver(settings: DraSettings, stop: threading.Event) -> None:
                                                     republish=settings.republish),
                                    lambda: (driver.used_gpus(), driver.unhealthy_gpus()),
                                    driver=settings.driver_name, node=settings.node, metrics=metrics,
-                                   min_interval_s=settings.min_publish_interval_s)
+                                   min_interval_s=settings.min_publish_interval_s,
+                                   watch_claims=settings.republish)
         publisher_box.append(publisher)
         publisher.start()
         teardown.undo(publisher.stop)

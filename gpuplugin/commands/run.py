@@ -23,8 +23,9 @@ from gputopo.logs import configure_logging
 from gputopo.workers import Teardown, stop_on_signals
 
 log = structlog.get_logger("gpuplugin.run")
-# After a GPU pod ends the node's state is published at once and again this much later.
-POD_END_RECHECK_S = 2.0
+# After a GPU pod ends, PodResources is followed closely this long, so its release is published as soon as the
+# kubelet lets go of its devices (gpuplugin.publisher).
+POD_END_FOLLOW_S = 3.0
 
 
 class StartupError(Exception):
@@ -181,8 +182,8 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
             teardown.undo(publisher.stop)
         refresh = None
         if publisher is not None:
-            # a GPU pod ended: publish its devices free now (and once more shortly: the kubelet may lag the API)
-            refresh = lambda: publisher.publisher.trigger(recheck_s=POD_END_RECHECK_S)  # noqa: E731
+            # a GPU pod ended: publish its devices free as soon as the kubelet lets go of them (it may lag the API)
+            refresh = lambda: publisher.publisher.trigger(follow_s=POD_END_FOLLOW_S)  # noqa: E731
         plans = start_plan_watch(cfg, manager, refresh)
         if plans is not None:
             teardown.undo(plans)

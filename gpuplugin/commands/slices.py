@@ -1,6 +1,11 @@
 """`gpuplugin slices`: the ResourceSlices the DRA driver would publish for a machine and an allocation state, as
 YAML (the what-if companion of `gpuplugin topo`). A what-if tool like `gpuplugin plan`: plain options, with the
-driver's defaults and checks (gpuplugin.dra.settings.DraSettings)."""
+driver's defaults and checks (gpuplugin.dra.settings.DraSettings).
+
+The slices carry fixed names (gpuplugin.dra.slices.slice_name), not the driver's generateName: `kubectl apply`
+refuses generateName, and `kubectl create` of generated names twice would leave every device listed twice in the
+pool (the allocator then skips it). With fixed names, applying the output for another `--allocated` state
+updates the same slices in place, which is what the driver itself does on a reorder."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from pydantic import ValidationError
 from gpuplugin.dra.catalog import Catalog, CatalogError
 from gpuplugin.dra.pool import PoolPlanner
 from gpuplugin.dra.settings import DraSettings, parse_ints
-from gpuplugin.dra.slices import slice_name_prefix, slice_object
+from gpuplugin.dra.slices import slice_name, slice_object
 from gputopo.core import CoreError
 
 _DEFAULTS = DraSettings.model_fields
@@ -45,7 +50,7 @@ def render(settings: DraSettings, catalog: Catalog, allocated: list[str], unheal
         obj = slice_object(content, driver=settings.driver_name, node=settings.node, generation=1,
                            count=len(contents))
         obj = {"apiVersion": obj["apiVersion"], "kind": obj["kind"],
-               "metadata": {"generateName": slice_name_prefix(index, settings.driver_name, settings.node)},
+               "metadata": {"name": slice_name(index, settings.driver_name, settings.node)},
                "spec": obj["spec"]}
         docs.append(obj)
     head = (f"# {catalog.summary()}; {len(contents)} slices (1 counter set + {len(contents) - 1} device slices)\n"

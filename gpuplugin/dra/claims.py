@@ -78,6 +78,20 @@ def our_results(claim: Mapping[str, Any], uid: str, driver: str, pool: str, know
     return out
 
 
+def allocated_here(claim: Mapping[str, Any], driver: str, pool: str) -> frozenset[str]:
+    """Names of the devices of `driver`'s `pool` in the claim's status.allocation (empty when it has none): what
+    the scheduler handed out on this node, before the kubelet asks to prepare it. Never raises: most claims a
+    cluster-wide watch sees are other nodes' or malformed for our purposes, and they only do not count here."""
+    status = claim.get("status")
+    allocation = status.get("allocation") if isinstance(status, Mapping) else None
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    if not isinstance(results, list):
+        return frozenset()
+    return frozenset(str(r["device"]) for r in results if isinstance(r, Mapping) and r.get("driver") == driver
+                     and r.get("pool") == pool and isinstance(r.get("device"), str))
+
+
 def our_config(claim: Mapping[str, Any], driver: str) -> dict[str, str]:
     """The environment from every opaque config for `driver` (class configs first, as allocated). Raises
     ClaimError naming the config entry and field that is wrong."""

@@ -7,6 +7,13 @@ next one, and with no request a sync still runs every `resync_s`. A sync lists o
 a cache), asks gpuplugin.dra.pool for the wanted contents and gpuplugin.dra.sync for the safe order of writes, and
 makes them. A failed sync (a conflict with someone else's change, the apiserver away) is logged and retried after
 the shared `Backoff`, which requests do not cut short.
+
+The GPUs the order treats as used are the prepared claims' (the driver's state) and, with `watch_claims`, those
+of every claim whose status.allocation names a device of this pool, from a watch on ResourceClaims: the scheduler
+writes the allocation when it binds the pod, seconds before the kubelet prepares it (pod start), so a pod that
+follows is offered an order for what is really free, not one step stale. Claims cannot be selected by node on the
+server, so the watch spans the cluster and keeps only this pool's devices; where RBAC does not grant list and
+watch on resourceclaims, the order follows prepares only (said once in the log).
 """
 
 from __future__ import annotations
@@ -19,19 +26,23 @@ from typing import Any, Self
 import kubernetes.client
 import structlog
 
+from gpuplugin.dra.claims import allocated_here, claim_ref
 from gpuplugin.dra.metrics import DraMetrics
 from gpuplugin.dra.pool import PoolPlanner
 from gpuplugin.dra.slices import parse_slice_index, slice_name_prefix
 from gpuplugin.dra.sync import Write, observed_from, plan
-from gputopo.kube import Watcher, get_node, list_objects
+from gputopo.kube import SYNC, Watcher, get_node, list_objects
 from gputopo.kube.dra import create_slice, delete_slice, replace_slice
 from gputopo.kube.errors import KubeApiError
+from gputopo.kube.fetching import ApiResource
 from gputopo.retry import Backoff
 from gputopo.workers import Worker
 
 log = structlog.get_logger(__name__)
 
 StateFn = Callable[[], tuple[set[int], set[int]]]  # -> (used GPUs, unhealthy GPUs)
+CLAIMS = ApiResource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim")
+CLAIMS_ABSENT_RETRY_S = 300.0
 
 
 class SlicePublisher(Worker):
@@ -48,6 +59,7 @@ class SlicePublisher(Worker):
         resync_s: float = 300.0,
         backoff_initial_s: float = 0.2,
         backoff_max_s: float = 30.0,
+        watch_claims: bool = True,
     ) -> None:
         super().__init__("dra-publisher", join_timeout_s=10.0)
         self.api = api
@@ -65,6 +77,10 @@ class SlicePublisher(Worker):
         self._owner: list[dict[str, Any]] | None = None
         self._cond = threading.Condition()
         self._watcher: Watcher | None = None
+        self.watch_claims = watch_claims
+        self._claim_watcher: Watcher | None = None
+        self._allocated: dict[str, frozenset[str]] = {}  # claim UID -> our devices in its allocation
+        self._allocated_lock = threading.Lock()
         self._adopted = False
         self._sync_lock = threading.Lock()  # one sync at a time (the thread's, or a caller's)
 
@@ -73,13 +89,25 @@ class SlicePublisher(Worker):
         self._watcher = Watcher(self.api, "resourceslices", self._on_event, field_selector=self.selector,
                                 name=f"watch-slices-{self.node}", metrics=self.metrics.watch)
         self._watcher.start()
+        if self.watch_claims:
+            self._claim_watcher = Watcher(self.api, CLAIMS, self._on_claim, name=f"watch-claims-{self.node}",
+                                          metrics=self.metrics.watch, absent_retry_s=CLAIMS_ABSENT_RETRY_S)
+            self._claim_watcher.start()
         return super().start()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop the watch (no more requests), then the loop. Safe to call twice."""
-        if self._watcher is not None:
-            self._watcher.stop()
+        """Stop the watches (no more requests), then the loop. Safe to call twice."""
+        for watcher in (self._watcher, self._claim_watcher):
+            if watcher is not None:
+                watcher.stop()
         super().stop(timeout)
+
+    def allocated_gpus(self) -> set[int]:
+        """GPUs of this pool's devices that claims are allocated, as the claim watch last saw them."""
+        devices = self.planner.catalog.devices
+        with self._allocated_lock:
+            names = {n for held in self._allocated.values() for n in held if n in devices}
+        return self.planner.catalog.gpus_of(names)
 
     def request(self) -> None:
         """Ask for a sync (cheap; folds into the next one)."""
@@ -95,6 +123,31 @@ class SlicePublisher(Worker):
     def _on_event(self, event_type: str, obj: dict[str, Any]) -> None:
         if event_type in ("SYNC", "DELETED", "MODIFIED", "ADDED"):
             self.request()
+
+    def _on_claim(self, event_type: str, obj: dict[str, Any]) -> None:
+        if event_type == SYNC:
+            items = [o for o in obj.get("items") or () if isinstance(o, dict)]
+            fresh = {uid: held for o in items
+                     if (uid := (o.get("metadata") or {}).get("uid")) and (held := self._ours(o))}
+        with self._allocated_lock:
+            before = set().union(*self._allocated.values())
+            if event_type == SYNC:
+                self._allocated = fresh
+            else:
+                uid = (obj.get("metadata") or {}).get("uid")
+                held = self._ours(obj) if event_type != "DELETED" else frozenset()
+                if uid and held:
+                    self._allocated[uid] = held
+                elif uid:
+                    self._allocated.pop(uid, None)
+            after = set().union(*self._allocated.values())
+        if before != after:
+            log.debug("dra.allocations.changed", claim=claim_ref(obj) if event_type != SYNC else None,
+                      allocated=len(after))
+            self.request()
+
+    def _ours(self, claim: dict[str, Any]) -> frozenset[str]:
+        return allocated_here(claim, self.driver, self.node)
 
     def loop(self) -> None:
         delay, wakeable = 0.0, True
@@ -128,6 +181,7 @@ class SlicePublisher(Worker):
         if not self._adopted:
             self._adopt(items)
         used, unhealthy = self.state()
+        used = set(used) | self.allocated_gpus()
         writes = plan(observed, self.planner.wanted(used, unhealthy), driver=self.driver, node=self.node)
         for w in writes:
             self._apply(w)

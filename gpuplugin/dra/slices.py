@@ -13,12 +13,15 @@ absent or listed twice in between; otherwise it bumps the generation and rewrite
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuplugin.dra.catalog import COUNTER_SET, Catalog, counter_name
 
 MAX_DEVICES_PER_SLICE = 64
+MAX_NAME = 253  # metadata.name of a ResourceSlice: a DNS subdomain
+GENERATED_BASE_MAX = 58  # what the apiserver keeps of a generateName (63 minus its 5 random characters)
 API_VERSION = "resource.k8s.io/v1"
 Layout = tuple[tuple[str, ...], ...]
 
@@ -119,11 +122,30 @@ def slice_name_prefix(index: int, driver: str, node: str) -> str:
     return f"{index:05x}-{driver}-{node}-"
 
 
+def slice_name(index: int, driver: str, node: str) -> str:
+    """A fixed metadata.name for slice `index` (what `gpuplugin slices` prints, so `kubectl apply` takes it):
+    `<node>-<driver>-<index, 5 hex digits>`, the form of the recorded slices' names, sorting in index order within
+    the pool. It never parses as one the driver generated (those start with the index), so a driver started on the
+    node replaces such slices with its own. Driver and node are DNS subdomains, so the name is one; past 253
+    characters the `<node>-<driver>` part is cut and ends in a hash of the whole."""
+    base = f"{node}-{driver}"
+    if len(base) + 6 > MAX_NAME:
+        digest = hashlib.sha256(base.encode()).hexdigest()[:8]
+        base = base[: MAX_NAME - 6 - len(digest) - 1].rstrip("-.") + "-" + digest
+    return f"{base}-{index:05x}"
+
+
 def parse_slice_index(name: str, driver: str, node: str) -> int | None:
-    head, sep, rest = name.partition("-")
-    if not sep or len(head) < 5 or not rest.startswith(f"{driver}-{node}-"):
+    """The index of a slice this driver created for `node`, from the name the apiserver completed its generateName
+    into, else None. The apiserver cuts a generateName to 58 characters before adding its 5 random ones
+    (k8s.io/apiserver/pkg/storage/names), which node names of 36 characters and more reach (EKS names nodes like
+    ip-10-0-12-34.us-west-2.compute.internal): the cut prefix must still count as ours."""
+    head, sep, _ = name.partition("-")
+    if not sep or len(head) < 5:
         return None
     try:
-        return int(head, 16)
+        index = int(head, 16)
     except ValueError:
         return None
+    base = slice_name_prefix(index, driver, node)[:GENERATED_BASE_MAX]
+    return index if name.startswith(base) and len(name) > len(base) else None

@@ -5,6 +5,7 @@ topology and state, and hand the kubelet the extender's plan for a pod bound to 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -57,6 +58,30 @@ def test_publishes_topology_and_state_and_honours_a_plan(node_env: GpuNode) -> N
     # A plan that is no longer inside the available set is not handed out: the plugin's own best instead.
     rest = [x for x in ids if x not in ("4", "7")]
     assert kubelet.preferred_raw(RESOURCE, rest, [], 2) == ["0", "3"]
+
+
+def test_a_force_deleted_pods_gpus_are_published_free_as_soon_as_the_kubelet_lets_go(node_env: GpuNode) -> None:
+    """Issue 20, item 6: the API forgets a force-deleted pod at once, the kubelet lets go of its devices a moment
+    later; the release must reach the Node then, not a second or more later, when the scheduler has already placed
+    pods around GPUs that were free. 0.5 s is a generous bound for a shared test machine (bench.publish_release
+    measures it)."""
+    fake, podres = node_env.fake, node_env.podres
+    podres.service.set_pod("default", "trainer", {"main": {RESOURCE: ["4", "7"]}})
+    fake.add_pod(k8s_pod("trainer", 2, NODE, phase="Running"))
+
+    def used() -> frozenset[str] | None:
+        raw = (fake.node(NODE) or {}).get("metadata", {}).get("annotations", {}).get("gpu-topology.io/state")
+        return state_from_json(raw).used if raw else None
+
+    assert eventually(lambda: used() == {"4", "7"}, WAIT), node_env.log_tail()
+    time.sleep(1.5)  # the plan watch has seen the pod, and the last patch is not so recent that it waits
+    fake.delete_pod("default", "trainer")  # kubectl delete --force --grace-period=0
+    time.sleep(0.3)  # the kubelet is still stopping it
+    podres.service.remove_pod("default", "trainer")
+    released = time.monotonic()
+    assert eventually(lambda: used() == frozenset(), WAIT, interval=0.005), node_env.log_tail()
+    latency = time.monotonic() - released
+    assert latency < 0.5, f"the release reached the Node {latency:.2f} s after the kubelet let go"
 
 
 def test_metrics_show_every_component_of_the_process_on_one_registry() -> None:

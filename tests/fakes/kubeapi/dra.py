@@ -167,7 +167,8 @@ class FakeDraKubeApi(FakeKubeApi):
         meta_in = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
         name = meta_in.get("name") or ""
         if not name and meta_in.get("generateName"):
-            name = meta_in["generateName"] + "".join(self._rng.choice(_SUFFIX) for _ in range(5))
+            # as the apiserver does (k8s.io/apiserver/pkg/storage/names): at most 58 characters of the prefix
+            name = meta_in["generateName"][:58] + "".join(self._rng.choice(_SUFFIX) for _ in range(5))
         kind = KINDS[resource]
         if not name:
             raise ApiError(invalid(kind, "", [("FieldValueRequired", "metadata.name",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -287,18 +288,23 @@ def test_bad_arguments_are_refused(api: Any, topo: Topology, pods: PodResourcesC
         NodePublisher(api, NODE, Keys(PREFIX), topo, ["0"], lambda: [], lambda: [])
 
 
-def test_a_trigger_with_recheck_publishes_again_soon(
+def test_a_trigger_with_follow_publishes_each_change_as_podresources_shows_it(
     fake: FakeKubeApi, api: Any, topo: Topology, kubelet: PodResourcesServer, pods: PodResourcesClient
 ) -> None:
-    """A pod ended (issue 14, item 7): publish now, and once more shortly in case the kubelet still listed its
-    devices, rather than at the next slow poll."""
+    """A pod ended (issue 14, item 7; issue 20, item 6): publish now, then keep reading PodResources closely, so
+    the release goes out when the kubelet lets go of the devices rather than at the next slow poll; after the
+    window, the slow poll again."""
     fake.add_node(node_object())
     kubelet.service.set_pod("ml", "done", {"main": {GPU: [topo.ids[0]]}})
-    with make(api, topo, pods, poll_interval_s=3600.0) as pub:
+    with make(api, topo, pods, poll_interval_s=3600.0, follow_poll_s=0.02) as pub:
         assert pub.wait_for_state(lambda s: s.used == {topo.ids[0]}, timeout=10)
         calls = kubelet.service.list_calls
-        pub.trigger(recheck_s=0.5)
-        eventually(lambda: kubelet.service.list_calls != calls, 10, interval=0.01)
-        assert kubelet.service.list_calls > calls  # the first look: the kubelet still lists the pod...
-        kubelet.service.remove_pod("ml", "done")  # ...and lets go of it before the recheck
+        pub.trigger(follow_s=0.5)
+        eventually(lambda: kubelet.service.list_calls >= calls + 3, 10, interval=0.01)
+        assert pub.state is not None and pub.state.used == {topo.ids[0]}  # the kubelet still lists the pod...
+        kubelet.service.remove_pod("ml", "done")  # ...and lets go of it within the window
         assert pub.wait_for_state(lambda s: s.used == set(), timeout=10)
+        time.sleep(0.6)  # the window is over
+        calls = kubelet.service.list_calls
+        time.sleep(0.3)
+        assert kubelet.service.list_calls == calls, "still polling fast after the window"
