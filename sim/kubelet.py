@@ -12,9 +12,11 @@ It behaves like the kubelet's device manager where a plugin can tell the differe
 - allocates with one container request per call; an RPC error from the plugin is an `AdmissionError`;
 - `restart()` is a kubelet restart as the real one happens (pkg/kubelet/cm/devicemanager/plugin/v1beta1,
   server.Start): the old kubelet dies (its server, its plugin connections and any dial-back in flight end with it;
-  nothing it was doing registers anything later), the new one deletes EVERY socket in the directory (the plugin's
-  too), then listens on a new kubelet.sock. The new server is built before the deletion, so the deletion and the new
-  socket are well under a millisecond apart (`last_restart_gap_s` says how far), as with the real kubelet.
+  nothing it was doing registers anything later; its kubelet.sock stays behind, refusing connections, as a killed
+  process leaves it), the new one deletes EVERY socket in the directory (the old kubelet.sock, the plugin's, any
+  other), then listens on a new kubelet.sock. The new server is serving on a path of its own before the deletion
+  and is moved in with one rename, so the deletion and the new kubelet.sock are well under a millisecond apart
+  (`last_restart_gap_s` says how far), as with the real kubelet.
 
 Used by the plugin tests, the benchmark and the end-to-end demo.
 
@@ -27,7 +29,9 @@ Used by the plugin tests, the benchmark and the end-to-end demo.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -117,6 +121,14 @@ class _Life:
         self.dials: set[grpc.Future] = set()
 
 
+@dataclass
+class _Prepared:
+    server: grpc.Server
+    pool: ThreadPoolExecutor
+    life: _Life
+    path: Path
+
+
 class _Registration(pb_grpc.RegistrationServicer):
     def __init__(self, sim: KubeletSimulator, life: _Life) -> None:
         self._sim = sim
@@ -149,36 +161,50 @@ class KubeletSimulator:
         self._server: grpc.Server | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._life: _Life | None = None
+        self._staging: Path | None = None
         self._generation = 0
         self.last_restart_gap_s: float | None = None
 
     # ---- life ----
 
-    def _prepare(self) -> tuple[grpc.Server, ThreadPoolExecutor, _Life]:
-        """A new kubelet's registration server, not yet listening (building it touches no file)."""
+    def _prepare(self) -> _Prepared:
+        """A new kubelet's registration server, already serving, on a path of its own outside the plugin directory
+        (the next step moves it in). A path per life: gRPC unlinks its listening path when a server is destroyed,
+        which may be later than stop(), and must never hit the kubelet.sock of a later life."""
         self._generation += 1
         life = _Life(self._generation)
+        if self._staging is None:
+            self._staging = Path(tempfile.mkdtemp(prefix=".kubelet-sim-", dir=self.plugin_dir.parent))
+        path = self._staging / f"k{life.generation}.sock"
         pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kubelet-sim")
         server = grpc.server(pool)
         pb_grpc.add_RegistrationServicer_to_server(_Registration(self, life), server)
-        return server, pool, life
-
-    def _listen(self, prepared: tuple[grpc.Server, ThreadPoolExecutor, _Life]) -> float:
-        """Serve the prepared server; returns the time.monotonic() at which kubelet.sock was listening (a plugin
-        connecting from then on waits in the backlog until the server has started)."""
-        server, pool, life = prepared
-        server.add_insecure_port(f"unix:{self.socket_path}")  # binds and listens: kubelet.sock exists from here
-        listening = time.monotonic()
+        server.add_insecure_port(f"unix:{path}")
         server.start()
-        self._server, self._pool, self._life = server, pool, life
-        log.info("sim.kubelet.serving", socket=str(self.socket_path), generation=life.generation)
-        return listening
+        return _Prepared(server, pool, life, path)
+
+    def _publish(self, prepared: _Prepared) -> float:
+        """Move the prepared socket in as kubelet.sock (one rename: its creation, already served); returns the
+        time.monotonic() at which kubelet.sock appeared."""
+        try:
+            os.rename(prepared.path, self.socket_path)
+        except OSError:  # another filesystem: bind in place, slower
+            prepared.server.stop(0).wait()
+            prepared.server = grpc.server(prepared.pool)
+            pb_grpc.add_RegistrationServicer_to_server(_Registration(self, prepared.life), prepared.server)
+            prepared.server.add_insecure_port(f"unix:{self.socket_path}")
+            prepared.server.start()
+        appeared = time.monotonic()
+        self._server, self._pool, self._life = prepared.server, prepared.pool, prepared.life
+        log.info("sim.kubelet.serving", socket=str(self.socket_path), generation=prepared.life.generation)
+        return appeared
 
     def start(self) -> KubeletSimulator:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        prepared = self._prepare()
         if self.socket_path.exists():
             self.socket_path.unlink()
-        self._listen(self._prepare())
+        self._publish(prepared)
         return self
 
     @property
@@ -191,6 +217,9 @@ class KubeletSimulator:
         self._die()
         if self.socket_path.exists():
             self.socket_path.unlink()
+        if self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
+            self._staging = None
 
     def _die(self, *, wait: bool = True) -> None:
         """The kubelet process ends: its server, dial-backs in flight and plugin connections go with it. Without
@@ -245,7 +274,7 @@ class KubeletSimulator:
             except FileNotFoundError:
                 pass
         deleted = time.monotonic()
-        listening = self._listen(prepared)
+        listening = self._publish(prepared)
         self.last_restart_gap_s = listening - deleted
         return listening
 
