@@ -86,7 +86,10 @@ def test_300_kubelet_restarts_each_get_exactly_one_registration_from_a_real_proc
 
 class DeletingKubelet(KubeletSimulator):
     """A kubelet whose first Register finds the plugin's socket already deleted before it dials back: the race of
-    issue 20, item 1 (b), made certain. The dial-back then waits for the socket (up to its 10 s)."""
+    issue 20, item 1 (b), made certain. The dial-back then waits for the socket (up to its 10 s). This kubelet
+    stays alive, so that first dial, retried about 1 s later, reaches the socket served again and counts a second
+    registration (a real restart cannot do this: the kubelet that deletes our socket is a new one, and it deletes
+    before its kubelet.sock exists)."""
 
     def __init__(self, plugin_dir: Path) -> None:
         super().__init__(plugin_dir)
