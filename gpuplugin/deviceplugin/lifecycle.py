@@ -203,6 +203,7 @@ class PluginRunner(Worker):
         kubelet = file_identity(self.kubelet_socket)  # first: a new kubelet.sock means its deletions are done
         if self._server is None or not self._server.intact():
             self._drop_attempt()
+            self._registered = None  # that registration was for the server whose socket is gone
             if self._server is not None:
                 log.warning("plugin.socket.recreated", socket=str(self.socket_path))
             try:
