@@ -47,14 +47,17 @@ def _topologies() -> list[tuple[str, Topology]]:
 
 
 class PluginProcess:
-    """`gpuplugin run --topology` in its own process, stopped with SIGTERM."""
+    """`gpuplugin run --topology` in its own process, stopped with SIGTERM; the plugin's code from `source` (another
+    checkout, to measure old against new with the same simulator) when given."""
 
-    def __init__(self, topo: Topology, plugin_dir: Path) -> None:
+    def __init__(self, topo: Topology, plugin_dir: Path, source: Path | None = None) -> None:
         self._file = plugin_dir.parent / f"{plugin_dir.name}-topology.json"
         self._file.write_text(topology_to_json(topo))
         cmd = [sys.executable, "-c", "from gpuplugin.cli import main; main()", "run", "--topology", str(self._file)]
         cmd += ["--device-plugin-dir", str(plugin_dir), "--metrics-port", "0", "--no-publish", "--log-level", "warning"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        env = None if source is None else {**os.environ, "PYTHONPATH": str(source)}
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                                     cwd=source)
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)

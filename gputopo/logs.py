@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
+from collections.abc import Callable
 from typing import Any, Literal, TextIO, get_args
 
 import structlog
@@ -18,6 +21,42 @@ from structlog.typing import EventDict, WrappedLogger
 # The levels both binaries' --log-level accept.
 LogLevel = Literal["debug", "info", "warning", "error"]
 LEVELS: tuple[str, ...] = get_args(LogLevel)
+# How often a warning a client can repeat without end is logged at most.
+REPEAT_INTERVAL_S = 10.0
+
+
+class Repeats:
+    """When to log a warning that a client can cause without end (a refused stream, a failed accept, an allocation
+    the host cannot back): the first at once, then at most one line per `interval_s`, which says how many were not
+    logged since the line before. A hostile or broken client must not fill the node's disk, and one line per
+    interval still says that it goes on and how much. The caller logs (the event stays a literal at the call site):
+
+        quiet = self._refusals.admit()
+        if quiet is not None:
+            log.warning("plugin.listandwatch.refused", ..., not_logged_since_last=quiet)
+
+    Thread-safe. `clock` is injected so tests can move time.
+    """
+
+    def __init__(self, interval_s: float = REPEAT_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        self.interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: float | None = None
+        self._quiet = 0
+
+    def admit(self) -> int | None:
+        """None: stay quiet (this one is counted). Otherwise log now; the number is how many were not logged since
+        the last line (0 for the first)."""
+        now = self._clock()
+        with self._lock:
+            if self._last is not None and now - self._last < self.interval_s:
+                self._quiet += 1
+                return None
+            quiet, self._last, self._quiet = self._quiet, now, 0
+            return quiet
 
 
 def _level_number(level: str) -> int:

@@ -10,8 +10,13 @@ It behaves like the kubelet's device manager where a plugin can tell the differe
 - asks for a preference with one container request per call and, as the kubelet does, intersects the answer with the
   available devices and fills any shortfall itself (in the order given, where the kubelet's is random);
 - allocates with one container request per call; an RPC error from the plugin is an `AdmissionError`;
-- `restart()` stops the server, deletes EVERY socket in the directory (the plugin's too) and serves a new
-  kubelet.sock, as a kubelet restart does.
+- `restart()` is a kubelet restart as the real one happens (pkg/kubelet/cm/devicemanager/plugin/v1beta1,
+  server.Start): the old kubelet dies (its server, its plugin connections and any dial-back in flight end with it;
+  nothing it was doing registers anything later; its kubelet.sock stays behind, refusing connections, as a killed
+  process leaves it), the new one deletes EVERY socket in the directory (the old kubelet.sock, the plugin's, any
+  other), then listens on a new kubelet.sock. The new server is serving on a path of its own before the deletion
+  and is moved in with one rename, so the deletion and the new kubelet.sock are well under a millisecond apart
+  (`last_restart_gap_s` says how far), as with the real kubelet.
 
 Used by the plugin tests, the benchmark and the end-to-end demo.
 
@@ -24,8 +29,11 @@ Used by the plugin tests, the benchmark and the end-to-end demo.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -83,10 +91,14 @@ class _Endpoint:
     thread: threading.Thread | None = None
 
     def close(self) -> None:
+        self.cut()
+        self.channel.close()
+
+    def cut(self) -> None:
+        """End the stream now (closing the channel as well takes gRPC about 0.2 s)."""
         self.closed = True
         if self.call is not None:
             self.call.cancel()
-        self.channel.close()
 
 
 @dataclass
@@ -95,15 +107,36 @@ class _Resource:
     registrations: int = 0
     updates: int = 0
     endpoint: _Endpoint | None = None
+    # time.monotonic() of each accepted registration, with the kubelet generation that accepted it
+    registered_at: list[tuple[int, float]] = field(default_factory=list)
+
+
+class _Life:
+    """One kubelet process's life: what dies with it. A registration it accepted after its death is dropped (a dead
+    process registers nothing), and its dial-backs in flight are cancelled."""
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.alive = True
+        self.dials: set[grpc.Future] = set()
+
+
+@dataclass
+class _Prepared:
+    server: grpc.Server
+    pool: ThreadPoolExecutor
+    life: _Life
+    path: Path
 
 
 class _Registration(pb_grpc.RegistrationServicer):
-    def __init__(self, sim: KubeletSimulator) -> None:
+    def __init__(self, sim: KubeletSimulator, life: _Life) -> None:
         self._sim = sim
+        self._life = life
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
         try:
-            self._sim._register(request)
+            self._sim._register(request, self._life)
         except _Refused as e:
             self._sim._record_rejection(str(e))
             # The kubelet returns a plain Go error, which gRPC carries as UNKNOWN.
@@ -127,24 +160,78 @@ class KubeletSimulator:
         self._resources: dict[str, _Resource] = {}
         self._server: grpc.Server | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._life: _Life | None = None
+        self._staging: Path | None = None
+        self._generation = 0
+        self.last_restart_gap_s: float | None = None
 
     # ---- life ----
 
+    def _prepare(self) -> _Prepared:
+        """A new kubelet's registration server, already serving, on a path of its own outside the plugin directory
+        (the next step moves it in). A path per life: gRPC unlinks its listening path when a server is destroyed,
+        which may be later than stop(), and must never hit the kubelet.sock of a later life."""
+        self._generation += 1
+        life = _Life(self._generation)
+        if self._staging is None:
+            self._staging = Path(tempfile.mkdtemp(prefix=".kubelet-sim-", dir=self.plugin_dir.parent))
+        path = self._staging / f"k{life.generation}.sock"
+        pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kubelet-sim")
+        server = grpc.server(pool)
+        pb_grpc.add_RegistrationServicer_to_server(_Registration(self, life), server)
+        server.add_insecure_port(f"unix:{path}")
+        server.start()
+        return _Prepared(server, pool, life, path)
+
+    def _publish(self, prepared: _Prepared) -> float:
+        """Move the prepared socket in as kubelet.sock (one rename: its creation, already served); returns the
+        time.monotonic() at which kubelet.sock appeared."""
+        try:
+            os.rename(prepared.path, self.socket_path)
+        except OSError:  # another filesystem: bind in place, slower
+            prepared.server.stop(0).wait()
+            prepared.server = grpc.server(prepared.pool)
+            pb_grpc.add_RegistrationServicer_to_server(_Registration(self, prepared.life), prepared.server)
+            prepared.server.add_insecure_port(f"unix:{self.socket_path}")
+            prepared.server.start()
+        appeared = time.monotonic()
+        self._server, self._pool, self._life = prepared.server, prepared.pool, prepared.life
+        log.info("sim.kubelet.serving", socket=str(self.socket_path), generation=prepared.life.generation)
+        return appeared
+
     def start(self) -> KubeletSimulator:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        prepared = self._prepare()
         if self.socket_path.exists():
             self.socket_path.unlink()
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kubelet-sim")
-        server = grpc.server(self._pool)
-        pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
-        server.add_insecure_port(f"unix:{self.socket_path}")
-        server.start()
-        self._server = server
-        log.info("sim.kubelet.serving", socket=str(self.socket_path))
+        self._publish(prepared)
         return self
+
+    @property
+    def generation(self) -> int:
+        """Which kubelet process this is: 1 for the first start, one more for every start or restart since."""
+        return self._generation
 
     def stop(self) -> None:
         """Stop serving and drop every plugin connection. Plugin sockets are left alone (a stopped kubelet does)."""
+        self._die()
+        if self.socket_path.exists():
+            self.socket_path.unlink()
+        if self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
+            self._staging = None
+
+    def _die(self, *, wait: bool = True) -> None:
+        """The kubelet process ends: its server, dial-backs in flight and plugin connections go with it. Without
+        `wait`, the streams are cut at once and their channels closed on a thread of their own (a restart must not
+        take the 0.2 s per channel that closing costs gRPC)."""
+        life, self._life = self._life, None
+        if life is not None:
+            with self._cond:
+                life.alive = False
+                dials = list(life.dials)
+            for dial in dials:
+                dial.cancel()
         if self._server is not None:
             self._server.stop(0).wait()
             self._server = None
@@ -156,27 +243,40 @@ class KubeletSimulator:
             for r in self._resources.values():
                 r.endpoint = None
         for ep in endpoints:
-            ep.close()
+            ep.cut()
+        if wait:
+            self._close(endpoints)
+        else:
+            threading.Thread(target=self._close, args=(endpoints,), name="kubelet-sim-close", daemon=True).start()
+
+    @staticmethod
+    def _close(endpoints: list[_Endpoint]) -> None:
+        for ep in endpoints:
+            ep.channel.close()
         for ep in endpoints:
             if ep.thread is not None:
                 ep.thread.join(timeout=5)
-        if self.socket_path.exists():
-            self.socket_path.unlink()
 
-    def restart(self) -> None:
-        """Stop, delete every socket in the plugin directory, forget all device lists, serve a new kubelet.sock."""
-        self.stop()
+    def restart(self) -> float:
+        """The kubelet dies and a new one starts: every socket in the plugin directory deleted (the kubelet's own,
+        the plugins'; other files stay), all device lists forgotten, a new kubelet.sock served. Returns the
+        time.monotonic() at which the new kubelet.sock was listening."""
+        self._die(wait=False)
+        prepared = self._prepare()
+        with self._cond:
+            for r in self._resources.values():
+                r.devices = {}
+            self._cond.notify_all()
         for entry in os.scandir(self.plugin_dir):
             try:
                 if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
                     os.unlink(entry.path)
             except FileNotFoundError:
                 pass
-        with self._cond:
-            for r in self._resources.values():
-                r.devices = {}
-            self._cond.notify_all()
-        self.start()
+        deleted = time.monotonic()
+        listening = self._publish(prepared)
+        self.last_restart_gap_s = listening - deleted
+        return listening
 
     def __enter__(self) -> KubeletSimulator:
         return self.start()
@@ -196,6 +296,14 @@ class KubeletSimulator:
         with self._cond:
             r = self._resources.get(resource)
             return r.registrations if r else 0
+
+    def registration_times(self, resource: str, generation: int | None = None) -> list[float]:
+        """time.monotonic() of each registration of `resource` accepted (by the kubelet `generation` only, if
+        given): how many a restart got, and how long after it."""
+        with self._cond:
+            r = self._resources.get(resource)
+            entries = r.registered_at if r else []
+            return [t for g, t in entries if generation is None or g == generation]
 
     def updates(self, resource: str) -> int:
         """ListAndWatch messages received for `resource` so far, over all registrations."""
@@ -304,7 +412,7 @@ class KubeletSimulator:
             self.rejections.append(message)
             self._cond.notify_all()
 
-    def _register(self, request: pb.RegisterRequest) -> None:
+    def _register(self, request: pb.RegisterRequest, life: _Life) -> None:
         if request.version not in SUPPORTED_VERSIONS:
             raise _Refused(
                 f"requested device plugin version {request.version!r} is not supported; supported: {SUPPORTED_VERSIONS}"
@@ -315,12 +423,30 @@ class KubeletSimulator:
         if not request.endpoint or "/" in request.endpoint:
             raise _Refused(f"endpoint must be a socket file name in {self.plugin_dir}: {request.endpoint!r}")
         path = self.plugin_dir / request.endpoint
-        channel = grpc.insecure_channel(f"unix:{path}")
+        # Each dial its own connection, as each grpc-go ClientConn of the kubelet is (Python's gRPC would share
+        # one per target, and a second Register would inherit the first one's connection backoff).
+        channel = grpc.insecure_channel(f"unix:{path}", options=[("grpc.use_local_subchannel_pool", 1)])
+        # The kubelet's dial: blocking, 10 s, retried with gRPC's connection backoff (a socket that is missing now
+        # and served 300 ms later is reached at the next retry, about a second after the first try).
+        dial = grpc.channel_ready_future(channel)
+        with self._cond:
+            live = life.alive
+            if live:
+                life.dials.add(dial)
         try:
-            grpc.channel_ready_future(channel).result(timeout=self.dial_timeout)
+            if not live:
+                raise grpc.FutureCancelledError()
+            dial.result(timeout=self.dial_timeout)
         except grpc.FutureTimeoutError:
             channel.close()
-            raise _Refused(f"failed to dial device plugin at {path} within {self.dial_timeout} s") from None
+            raise _Refused(f"failed to dial device plugin: context deadline exceeded ({path}, "
+                           f"{self.dial_timeout} s)") from None
+        except grpc.FutureCancelledError:
+            channel.close()
+            raise _Refused("kubelet stopped during registration") from None
+        finally:
+            with self._cond:
+                life.dials.discard(dial)
         stub = pb_grpc.DevicePluginStub(channel)
         try:
             options = stub.GetDevicePluginOptions(pb.Empty(), timeout=self.dial_timeout)
@@ -329,9 +455,13 @@ class KubeletSimulator:
             raise _Refused(f"GetDevicePluginOptions on {path} failed: {e.code().name}: {e.details()}") from None
         ep = _Endpoint(request.resource_name, request.endpoint, channel, stub, options)
         with self._cond:
+            if not life.alive:  # the process died meanwhile: nothing of it survives
+                channel.close()
+                raise _Refused("kubelet stopped during registration")
             r = self._resources.setdefault(request.resource_name, _Resource())
             old, r.endpoint = r.endpoint, ep
             r.registrations += 1
+            r.registered_at.append((life.generation, time.monotonic()))
             self._cond.notify_all()
         if old is not None:
             old.close()

@@ -44,6 +44,7 @@ from prometheus_client import Counter, Gauge
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from extender.config import ListenerSettings
+from gputopo.logs import Repeats
 
 log = structlog.get_logger(__name__)
 
@@ -282,25 +283,19 @@ class AcceptErrors:
     def __init__(self, metrics: HttpMetrics, interval_s: float = ACCEPT_LOG_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._counter = metrics.http_accept_errors
-        self.interval_s = interval_s
-        self._clock = clock
-        self._last = -interval_s
-        self._quiet = 0
+        self._repeats = Repeats(interval_s, clock)
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         if context.get("message") != self.MESSAGE:
             loop.default_exception_handler(context)
             return
         self._counter.inc()
-        now = self._clock()
-        if now - self._last < self.interval_s:
-            self._quiet += 1
+        if (quiet := self._repeats.admit()) is None:
             return
         exc = context.get("exception")
-        log.warning("extender.server.accept_failed", error=str(exc), not_logged_since_last=self._quiet,
+        log.warning("extender.server.accept_failed", error=str(exc), not_logged_since_last=quiet,
                     hint="the process is out of open files or memory: raise its open-files limit or lower "
                          "--max-connections")
-        self._last, self._quiet = now, 0
 
 
 def listen(host: str, port: int) -> socket.socket:

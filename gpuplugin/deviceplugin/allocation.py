@@ -12,14 +12,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-import structlog
-
 from gpuplugin.deviceplugin.devices import Device, IdStrategy
 from gputopo.contract import Keys
 from gputopo.core.allocator import allreduce_gbps
 from gputopo.core.topology import Topology
-
-log = structlog.get_logger(__name__)
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 CDI_KIND = "nvidia.com/gpu"
@@ -62,6 +58,8 @@ class ContainerAllocation:
     device_nodes: tuple[DeviceNode, ...] = ()
     annotations: dict[str, str] = field(default_factory=dict)
     cdi_devices: tuple[str, ...] = ()
+    # GPU device nodes left out because the host lacks them (the resource manager logs it, rate-limited)
+    missing_nodes: tuple[str, ...] = ()
 
 
 def visible_devices(devices: Sequence[Device], id_strategy: IdStrategy) -> str:
@@ -82,11 +80,12 @@ def cdi_annotation_key(devices: Sequence[Device]) -> str:
     return f"{CDI_ANNOTATION_PREFIX}{CDI_ANNOTATION_PLUGIN}_{digest}"
 
 
-def device_nodes(devices: Sequence[Device], dev_root: Path) -> tuple[DeviceNode, ...]:
-    """The GPUs' /dev/nvidia<minor> nodes and the control nodes, each only if it exists under `dev_root`/dev.
+def device_nodes(devices: Sequence[Device], dev_root: Path) -> tuple[tuple[DeviceNode, ...], tuple[str, ...]]:
+    """The GPUs' /dev/nvidia<minor> nodes and the control nodes, each only if it exists under `dev_root`/dev, and
+    the names of the GPU nodes left out.
 
-    A node that does not exist would make the container runtime fail the container, so it is left out (and, for a
-    GPU node, logged): on a host without the driver the runtime hook or CDI spec is the only source of truth.
+    A node that does not exist would make the container runtime fail the container, so it is left out (and the
+    caller logs the GPU nodes): on a host without the driver the runtime hook or CDI spec is the only source of truth.
     """
     nodes = []
     missing = []
@@ -96,10 +95,8 @@ def device_nodes(devices: Sequence[Device], dev_root: Path) -> tuple[DeviceNode,
             nodes.append(DeviceNode(f"/dev/{name}"))
         else:
             missing.append(name)
-    if missing:
-        log.warning("plugin.allocate.device_nodes_missing", missing=missing, dev_root=str(dev_root))
     nodes += [DeviceNode(f"/dev/{name}") for name in CONTROL_DEVICES if (dev_root / "dev" / name).exists()]
-    return tuple(nodes)
+    return tuple(nodes), tuple(missing)
 
 
 def container_allocation(
@@ -123,6 +120,7 @@ def container_allocation(
         annotations[cdi_annotation_key(ordered)] = ",".join(cdi_name(d) for d in ordered)
     else:  # CDI_CRI, and its old name CDI: one channel only, so the runtime is not handed the devices twice
         cdi = tuple(cdi_name(d) for d in ordered)
+    nodes, missing = device_nodes(ordered, dev_root)
     return ContainerAllocation(
-        envs=envs, device_nodes=device_nodes(ordered, dev_root), annotations=annotations, cdi_devices=cdi
+        envs=envs, device_nodes=nodes, annotations=annotations, cdi_devices=cdi, missing_nodes=missing
     )

@@ -1,9 +1,16 @@
 """The plugin process's life: serve, register, survive kubelet restarts and deleted sockets, shut down cleanly.
 
-One control thread owns every transition. It reconciles observed state with the wanted state ("our socket is the
-one we bound, and the kubelet behind kubelet.sock has our registration") on each directory event and on a slow
-poll, which also covers events inotify can miss. Reconciling state rather than replaying events makes bursts
-(the kubelet deletes every socket, then creates kubelet.sock) collapse into one restart and one registration.
+One control thread owns every transition, and it decides on the state of the device plugin directory, read again
+after every action, never on events: is our socket there and ours (else serve anew), is there a kubelet.sock, and
+have we registered this server with it. Directory events (watchdog) and the registration's own progress only wake
+the thread; a slow poll covers events inotify can miss.
+
+A kubelet restart deletes every socket (ours too) and then creates kubelet.sock, well under a millisecond apart.
+So the directory is read kubelet.sock first: a kubelet.sock we have not registered with means its deletions are
+done, and our socket, looked at next, is seen gone if it was deleted. A registration is for one start of our server
+and one kubelet.sock (its inode and ctime), connects first, and is sent only after the thread has looked again;
+while it is out the thread keeps watching, so a socket deleted meanwhile is served again and registered anew with
+the kubelet.sock there is now. Whatever order the two changes are seen in, each restart ends in one registration.
 """
 
 from __future__ import annotations
@@ -11,13 +18,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
 import structlog
 
-from gpuplugin.deviceplugin.errors import RegistrationError, ServeError
-from gpuplugin.deviceplugin.registration import DEFAULT_TIMEOUT_S, KUBELET_SOCKET, Registrar
+from gpuplugin.deviceplugin.errors import ServeError
+from gpuplugin.deviceplugin.registration import DEFAULT_TIMEOUT_S, KUBELET_SOCKET, Attempt, Registrar, Step
 from gpuplugin.deviceplugin.resource import ResourceManager
 from gpuplugin.deviceplugin.server import FileIdentity, PluginServer, file_identity
 from gpuplugin.deviceplugin.servicer import DEFAULT_MAX_STREAMS
@@ -29,6 +37,16 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_SOCKET_NAME = "gpu-topology.sock"
 DEFAULT_RESOURCE_NAME = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What one registration is for: the `server`-th start of our server, and the kubelet.sock with that identity.
+    Every kubelet restart deletes our socket, so it always needs a new registration, even where the new
+    kubelet.sock reuses the old one's inode within the same (coarse) ctime tick."""
+
+    server: int
+    kubelet: FileIdentity
 
 
 class PluginRunner(Worker):
@@ -67,14 +85,18 @@ class PluginRunner(Worker):
         self.max_streams = max_streams
         self._registrar = Registrar(self.plugin_dir, socket_name, resource_name, register_timeout)
         self._server: PluginServer | None = None
-        self._registered_kubelet: FileIdentity | None = None
+        self._server_starts = 0
         self._state = threading.Condition()
-        self._kubelet_created = False
+        self._registered: Target | None = None
+        self._attempt: Attempt | None = None
+        self._attempt_target: Target | None = None
+        self._failed_target: Target | None = None  # the backoff applies to retries of this target only
         self._next_attempt = 0.0
         self._registrations = 0
         self._failures = 0
         self._watch: DirectoryWatch | None = None
         self._waiting = False  # said once per wait that no kubelet is there
+        self._kubelet_seen: FileIdentity | None = None
 
     # ---- public state ----
 
@@ -85,7 +107,7 @@ class PluginRunner(Worker):
 
     @property
     def registered(self) -> bool:
-        return self._registered_kubelet is not None
+        return self._registered is not None
 
     @property
     def registrations(self) -> int:
@@ -93,8 +115,10 @@ class PluginRunner(Worker):
         return self._registrations
 
     def ready(self) -> bool:
-        """What /healthz reports: serving on our socket and registered with the current kubelet."""
-        return self.serving and self.registered and file_identity(self.kubelet_socket) == self._registered_kubelet
+        """What /healthz reports: serving on our socket and this server registered with the current kubelet."""
+        kubelet = file_identity(self.kubelet_socket)
+        return (self.serving and kubelet is not None
+                and self._registered == Target(self._server_starts, kubelet))
 
     @property
     def registration_failures(self) -> int:
@@ -124,12 +148,9 @@ class PluginRunner(Worker):
             except OSError as e:
                 raise ServeError(f"cannot create the plugin directory {self.plugin_dir}: {e.strerror or e}") from e
         self._restart_server()
-        self._watch = DirectoryWatch(self.plugin_dir, self.socket_name, self._on_kubelet_created, self.wake)
+        self._watch = DirectoryWatch(self.plugin_dir, (self.socket_name, KUBELET_SOCKET), self.wake)
         self._watch.start()
         return super().start()
-
-    def interrupt(self) -> None:
-        self._registrar.cancel()
 
     def stop(self, timeout: float | None = None, grace: float = 1.0) -> None:
         """Stop streams and server and remove our socket. Safe to call twice."""
@@ -137,17 +158,14 @@ class PluginRunner(Worker):
         if self._watch is not None:
             self._watch.stop()
             self._watch = None
+        self._drop_attempt()
         if self._server is not None:
             self._server.stop(grace)
             self._server = None
-        self._registered_kubelet = None
+        self._registered = None
         log.info("plugin.server.stopped", resource=self.resource_name)
 
     # ---- control thread ----
-
-    def _on_kubelet_created(self) -> None:
-        self._kubelet_created = True
-        self.wake()
 
     def loop(self) -> None:
         while not self.stopping:
@@ -166,13 +184,26 @@ class PluginRunner(Worker):
         server = PluginServer(self.manager, self.socket_path, max_streams=self.max_streams)
         server.start()
         self._server = server
+        self._server_starts += 1
         self.metrics.server_starts.inc()
 
+    def _drop_attempt(self) -> None:
+        attempt, self._attempt, self._attempt_target = self._attempt, None, None
+        if attempt is not None:
+            attempt.close()
+
     def _reconcile(self) -> float:
-        """One pass; returns the seconds until the next pass is due."""
+        """One step towards "our socket served and registered with the kubelet.sock there is"; returns the seconds
+        until the next pass is due (0 after an action: the state is read again at once)."""
         if self.stopping:
             return 0.0
+        # The attempt's step before the directory: a connection made before the look below went to the kubelet.sock
+        # seen there (a kubelet.sock, once replaced, never comes back).
+        step = self._attempt.step if self._attempt is not None else None
+        kubelet = file_identity(self.kubelet_socket)  # first: a new kubelet.sock means its deletions are done
         if self._server is None or not self._server.intact():
+            self._drop_attempt()
+            self._registered = None  # that registration was for the server whose socket is gone
             if self._server is not None:
                 log.warning("plugin.socket.recreated", socket=str(self.socket_path))
             try:
@@ -180,48 +211,60 @@ class PluginRunner(Worker):
             except ServeError as e:
                 log.error("plugin.server.serve_failed", error=str(e))
                 return self._fail_later()
-            self._registered_kubelet = None
-        forced, self._kubelet_created = self._kubelet_created, False
-        kubelet = file_identity(self.kubelet_socket)
+            return 0.0
         if kubelet is None:
-            if self._registered_kubelet is not None:
+            self._drop_attempt()
+            if self._registered is not None:
                 log.warning("plugin.kubelet.gone", socket=str(self.kubelet_socket))
+                self._registered = None
             if not self._waiting:
                 log.info("plugin.kubelet.waiting", socket=str(self.kubelet_socket), serving=str(self.socket_path),
                          hint="registers as soon as the kubelet creates its socket")
                 self._waiting = True
-            self._registered_kubelet = None
             return self.poll_interval
         self._waiting = False
-        if kubelet == self._registered_kubelet:
-            # Registered with this very socket (its identity holds the creation time): a creation event that
-            # arrives late is the one we already answered. Registering again would make the kubelet replace our
-            # endpoint and cut the calls in flight on it (pod admissions).
+        if kubelet != self._kubelet_seen:
+            self._kubelet_seen = kubelet
+            log.info("plugin.kubelet.found", socket=str(self.kubelet_socket))
+        target = Target(self._server_starts, kubelet)
+        if self._registered == target:
+            # Registering again would make the kubelet replace our endpoint and cut the calls in flight on it.
             return self.poll_interval
-        now = time.monotonic()
-        if not forced and now < self._next_attempt:
-            return self._next_attempt - now
-        try:
-            self._registrar.register()
-        except RegistrationError as e:
-            if self.stopping:
-                return 0.0
+        self._registered = None
+        if self._attempt is not None and self._attempt_target != target:
+            self._drop_attempt()  # for a server or a kubelet that is gone
+            step = None
+        if self._attempt is None:
+            wait = self._next_attempt - time.monotonic()
+            if target == self._failed_target and wait > 0:
+                return wait
+            self._attempt, self._attempt_target = self._registrar.attempt(self.wake), target
+            return self.poll_interval  # it wakes us when connected or failed
+        if step is Step.CONNECTED:
+            self._attempt.send()  # both sockets looked at since the connection: this kubelet, our server
+            return self.poll_interval
+        if step is Step.DONE:
+            self._drop_attempt()
+            self._registered = target
+            self._failed_target = None
+            self._backoff.reset()
+            self.metrics.registrations.inc()
+            with self._state:
+                self._registrations += 1
+                self._state.notify_all()
+            return 0.0
+        if step is Step.FAILED:
+            error = self._attempt.error
+            self._drop_attempt()
             self.metrics.registration_failures.inc()
-            self._registered_kubelet = None
             with self._state:
                 self._failures += 1
                 self._state.notify_all()
+            self._failed_target = target
             delay = self._fail_later()
-            log.warning("plugin.registration.failed", error=str(e), retry_in_s=round(delay, 2))
+            log.warning("plugin.registration.failed", error=str(error), retry_in_s=round(delay, 2))
             return delay
-        self._registered_kubelet = kubelet
-        self._backoff.reset()
-        self._next_attempt = 0.0
-        self.metrics.registrations.inc()
-        with self._state:
-            self._registrations += 1
-            self._state.notify_all()
-        return self.poll_interval
+        return self.poll_interval  # connecting, or Register out: either wakes us when it moves
 
     def _fail_later(self) -> float:
         delay = self._backoff.failed()

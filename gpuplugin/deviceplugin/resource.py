@@ -26,6 +26,7 @@ from gpuplugin.metrics import PluginMetrics
 from gputopo.contract import DEFAULT_KEYS, Keys
 from gputopo.core.allocator import best_subset
 from gputopo.core.topology import Topology
+from gputopo.logs import REPEAT_INTERVAL_S, Repeats
 
 log = structlog.get_logger(__name__)
 
@@ -123,6 +124,8 @@ class ResourceManager:
         nvml_indices: Mapping[int, int] | None = None,
         plans: PlanSource | None = None,
         metrics: PluginMetrics | None = None,
+        log_interval_s: float = REPEAT_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.topology = topology
         self.id_strategy = IdStrategy(id_strategy)
@@ -137,6 +140,10 @@ class ResourceManager:
         self._lock = threading.Lock()
         self._healthy = {d.id: True for d in self.devices}
         self._subs: set[Subscription] = set()
+        # Warnings a client can repeat without end (every Allocate, every refused stream): first, then a count.
+        self.log_interval_s = log_interval_s
+        self.clock = clock
+        self._missing_nodes = Repeats(log_interval_s, clock)
         self._update_gauge()
 
     # ---- devices and health ----
@@ -289,9 +296,13 @@ class ResourceManager:
             sick = [d.id for d in devices if not self._healthy[d.id]]
         if sick:
             raise AllocationRequestError(f"unhealthy device ids: {brief_ids(sick)}")
-        return container_allocation(
+        alloc = container_allocation(
             self.topology, devices, self.list_strategy, self.id_strategy, self.keys, self.dev_root
         )
+        if alloc.missing_nodes and (quiet := self._missing_nodes.admit()) is not None:
+            log.warning("plugin.allocate.device_nodes_missing", missing=list(alloc.missing_nodes),
+                        dev_root=str(self.dev_root), not_logged_since_last=quiet)
+        return alloc
 
 
 def brief_ids(ids: Sequence[str], most: int = 8, width: int = 64) -> str:

@@ -21,6 +21,7 @@ from gpuplugin.deviceplugin.errors import AllocationRequestError
 from gpuplugin.deviceplugin.resource import ResourceManager, Snapshot, Subscription, brief_ids
 from gpuplugin.proto import deviceplugin_pb2 as pb
 from gpuplugin.proto import deviceplugin_pb2_grpc as pb_grpc
+from gputopo.logs import Repeats
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +56,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._lock = threading.Lock()
         self._streams: set[Subscription] = set()
         self._closed = False
+        self._refusals = Repeats(manager.log_interval_s, manager.clock)
 
     def close(self) -> None:
         """End every ListAndWatch stream of this servicer (before the server stops). Any thread."""
@@ -89,7 +91,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             if self._closed:
                 return
             self._manager.metrics.streams_refused.inc()
-            log.warning("plugin.listandwatch.refused", peer=context.peer(), open=self.max_streams)
+            if (quiet := self._refusals.admit()) is not None:
+                log.warning("plugin.listandwatch.refused", peer=context.peer(), open=self.max_streams,
+                            not_logged_since_last=quiet)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"{self.max_streams} ListAndWatch streams are open already, the most this plugin "
                                 "serves; close one first")
