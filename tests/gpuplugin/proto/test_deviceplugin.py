@@ -1,5 +1,5 @@
 """The committed generated code is current, and its descriptors match the kubelet's wire contract as written in
-../shared/reference/kubelet-device-plugin-api.md (method paths, packages, field names, numbers, types)."""
+docs/reference/kubelet-device-plugin-api.md (method paths, packages, field names, numbers, types)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from google.protobuf.descriptor import Descriptor, FileDescriptor
 
 from gpuplugin.proto import deviceplugin_pb2, podresources_pb2
 from tests.gpuplugin.proto.descriptors import field_type, label
-from tests.helpers.paths import REPO, SHARED
+from tests.helpers.paths import REFERENCE, REPO
 
-REFERENCE = SHARED / "reference" / "kubelet-device-plugin-api.md"
+SPEC = REFERENCE / "kubelet-device-plugin-api.md"
 
 
 def _load_generator():
@@ -39,7 +39,7 @@ def _reference() -> dict[str, dict]:
     """package -> {"rpcs": {path: (in, out, streaming)}, "messages": {name: {field: (num, label, type)}}}"""
     out: dict[str, dict] = {}
     current = None
-    section = REFERENCE.read_text().split("## Method paths", 1)[1].split("\n## ", 1)[0]
+    section = SPEC.read_text().split("## Method paths", 1)[1].split("\n## ", 1)[0]
     for line in section.splitlines():
         line = line.strip()
         if m := re.fullmatch(r"package (\w+)", line):
