@@ -21,7 +21,7 @@ def offline_examples() -> list[list[str]]:
     placeholder filled in (`FILE`, `<registry>`); `serve`, `run` and `dra` are servers, `nvidia-smi |` needs a GPU."""
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", TOP_README, flags=re.S):
-        for line in block.splitlines():
+        for line in block.replace("\\\n", " ").splitlines():  # continuation lines joined, as the shell does
             words = shlex.split(line, comments=True)
             if words[:1] != [".venv/bin/gpuplugin"] or words[1] in {"run", "dra", "demo"}:
                 continue
@@ -55,8 +55,8 @@ def test_each_offline_example_runs_from_the_repository(command: list[str]) -> No
 
 def test_every_path_it_names_exists() -> None:
     # deploy/<name> after `kubectl logs` / `port-forward` is a Deployment, not a path.
-    paths = set(re.findall(r"(?<!logs )(?<!port-forward )(?<![/\w])((?:deploy|scripts|tests)/[\w./-]+|Dockerfile\b)",
-                           README))
+    paths = set(re.findall(r"(?<!logs )(?<!port-forward )(?<![/\w])"
+                           r"((?:deploy|scripts|tests)/[\w./-]+|Dockerfile(?:\.\w+\b|\b(?!\.)))", README))
     assert paths
     for path in paths:
         path = path.rstrip(".")
