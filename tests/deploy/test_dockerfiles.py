@@ -73,7 +73,7 @@ def test_build_context_is_small_and_holds_no_secrets_or_caches() -> None:
                  "bench/results/x.json", "deploy/manifests/kustomization.yaml", "scripts/build_image.sh",
                  "deploy/requirements-runtime.txt", "fixtures/topologies/aws-p5.48xlarge.txt"):
         assert dockerfiles.is_ignored(path, rules), path
-    for path in ("pyproject.toml", "gpuplugin/cli.py", "extender/app.py", "deploy/requirements-plugin.txt",
+    for path in ("pyproject.toml", "gpuplugin/cli.py", "extender/http/app.py", "deploy/requirements-plugin.txt",
                  "deploy/requirements-extender.txt",
                  "gputopo/data/dgx1-v100-hybrid-cube-mesh.txt", "deploy/image/prune.py", "LICENSE"):
         assert not dockerfiles.is_ignored(path, rules), path

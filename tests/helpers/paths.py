@@ -1,4 +1,5 @@
-"""Where things are: the repository, its read-only tree of recorded facts (fixtures/), the protocol references
+"""Where things are: the repository, its read-only tree of recorded facts (fixtures/: SHARED, every part of the suite
+reads it; tests/conftest.py fails the run that writes there, by the manifest below), the protocol references
 (docs/reference/), and short temporary directories for unix sockets. Everything is inside the repository: a clone
 alone runs the suite (tests/architecture/test_standalone.py proves it from a copy with nothing beside it)."""
 
@@ -12,11 +13,20 @@ from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# The recorded facts (real NVML, kube-scheduler and kube-apiserver exchanges, real `nvidia-smi topo -m` outputs);
-# named SHARED because every part of the suite reads them. Read-only: tests/conftest.py fails the run that writes.
 SHARED = REPO / "fixtures"
-REFERENCE = REPO / "docs" / "reference"
 APISERVER_RECORDINGS = SHARED / "recordings" / "kube-apiserver"
+REFERENCE = REPO / "docs" / "reference"  # the protocol references the recordings were checked against
+
+
+@contextmanager
+def short_dir(prefix: str) -> Iterator[Path]:
+    """A fresh directory under /tmp, removed on exit. A unix socket path must fit in 108 bytes, which pytest's
+    tmp_path (deep under the system temp directory) does not leave room for."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def fixture_manifest(root: Path = SHARED) -> dict[str, str]:
@@ -30,14 +40,3 @@ def fixture_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
     return ([f"changed {name}" for name in sorted(before.keys() & after.keys()) if before[name] != after[name]]
             + [f"added {name}" for name in sorted(after.keys() - before.keys())]
             + [f"removed {name}" for name in sorted(before.keys() - after.keys())])
-
-
-@contextmanager
-def short_dir(prefix: str) -> Iterator[Path]:
-    """A fresh directory under /tmp, removed on exit. A unix socket path must fit in 108 bytes, which pytest's
-    tmp_path (deep under the system temp directory) does not leave room for."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)

@@ -12,9 +12,10 @@ from google.protobuf.descriptor import Descriptor, FileDescriptor
 
 from gpuplugin.proto import deviceplugin_pb2, podresources_pb2
 from tests.gpuplugin.proto.descriptors import field_type, label
-from tests.helpers.paths import REFERENCE, REPO
+from tests.helpers.paths import REFERENCE as DOCS_REFERENCE
+from tests.helpers.paths import REPO
 
-SPEC = REFERENCE / "kubelet-device-plugin-api.md"
+REFERENCE = DOCS_REFERENCE / "kubelet-device-plugin-api.md"
 
 
 def _load_generator():
@@ -39,7 +40,7 @@ def _reference() -> dict[str, dict]:
     """package -> {"rpcs": {path: (in, out, streaming)}, "messages": {name: {field: (num, label, type)}}}"""
     out: dict[str, dict] = {}
     current = None
-    section = SPEC.read_text().split("## Method paths", 1)[1].split("\n## ", 1)[0]
+    section = REFERENCE.read_text().split("## Method paths", 1)[1].split("\n## ", 1)[0]
     for line in section.splitlines():
         line = line.strip()
         if m := re.fullmatch(r"package (\w+)", line):

@@ -13,9 +13,9 @@ from gpuplugin.proto.dra.v1 import api_pb2 as dra_pb2
 from gpuplugin.proto.drahealth.v1alpha1 import api_pb2 as health_pb2
 from gpuplugin.proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from tests.gpuplugin.proto.descriptors import field_type, label
-from tests.helpers.paths import REFERENCE
+from tests.helpers.paths import REFERENCE as DOCS_REFERENCE
 
-SPEC = REFERENCE / "dra-api.md"
+REFERENCE = DOCS_REFERENCE / "dra-api.md"
 MODULES = (reg_pb2, dra_pb2, health_pb2)
 
 
@@ -34,7 +34,7 @@ def _split_top(text: str, sep: str) -> list[str]:
 
 def reference() -> tuple[dict[str, tuple[str, str, bool]], dict[str, dict], dict[str, dict[str, int]]]:
     """(rpc path -> (in, out, server streaming), message -> {field: (number, label, type)}, enum -> values)."""
-    text = SPEC.read_text().split("## 4.", 1)[0]
+    text = REFERENCE.read_text().split("## 4.", 1)[0]
     rpcs, messages, enums = {}, {}, {}
 
     def message(name: str, body: str) -> None:
