@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+SHARED = ROOT / "fixtures"  # the recorded facts every benchmark shares, inside the repository (read-only)
 RESULTS = ROOT / "bench" / "results"
 
 

@@ -7,7 +7,7 @@ shared `nvidia-smi topo -m` fixtures that have NIC rows. Gang admission: a job s
 at once (what Kueue, Volcano or coscheduling provide), so no policy leaves a job partly placed here; the
 interleaved-creation case of the issue needs the extender's job plans (phase 2) and is not simulated.
 
-NIC line rates (the fixtures name NICs, not rates): DGX-1 V100 100 Gb/s (EDR, ../shared/topologies/SOURCES.md),
+NIC line rates (the fixtures name NICs, not rates): DGX-1 V100 100 Gb/s (EDR, fixtures/topologies/SOURCES.md),
 HGX A100 deepep13 100 Gb/s (RoCE, SOURCES.md); ASSUMED: GCP A4 B200 400 Gb/s per NIC, DGX A100 200 Gb/s (HDR),
 the two PCIe servers 100 Gb/s (bandwidth.DEFAULT_NIC_GBIT). Locality factors: the model's defaults (0.5 per level).
 

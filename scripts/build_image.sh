@@ -1,29 +1,34 @@
 #!/usr/bin/env bash
-# Build the image from ./Dockerfile with buildah (Debian's package; vfs storage, chroot isolation: no daemon, no
-# privileges beyond root in this machine's sandbox), then prove it works by running inside it:
-#   gpuplugin --help, gpu-extender serve --help, and a standalone extender answering kube-scheduler's
-#   POST /filter (scripts/image_smoke.py).
-# Prints the build time and the image size. Takes minutes; tests/deploy/test_image_build.py runs it when
+# Build the two images, Dockerfile.plugin and Dockerfile.extender, with buildah (Debian's package; vfs storage, chroot
+# isolation: no daemon, no privileges beyond root in this machine's sandbox), then prove each works by running
+# inside it:
+#   plugin:   gpuplugin --help, gpuplugin run --help, gpuplugin topo on the bundled DGX-1, and no FastAPI/uvicorn;
+#   extender: gpu-extender serve --help, a standalone extender answering kube-scheduler's POST /filter
+#             (scripts/image_smoke.py), and no NVML/gRPC/protobuf.
+# Prints each image's build time and size. Takes minutes; tests/deploy/test_image_build.py runs it when
 # GPU_TOPOLOGY_IMAGE_TEST=1.
 #
-# Where the base image (the Dockerfile's PYTHON_IMAGE) cannot be pulled, a local stand-in of the same Debian release
-# and Python minor is made and tagged with its name: Debian bookworm (debootstrap, minbase, the shared libraries
-# CPython links) with this machine's own Python 3.11 build copied under /usr/local and pip from its ensurepip, the
-# layout of the official python:3.11-slim-bookworm. The stand-in is kept in the storage for the next run.
+# Where the base image (the Dockerfiles' PYTHON_IMAGE, one for both) cannot be pulled, a local stand-in of the same
+# Debian release and Python minor is made and tagged with its name: Debian bookworm (debootstrap, minbase, the shared
+# libraries CPython links) with this machine's own Python 3.11 build copied under /usr/local and pip from its
+# ensurepip, the layout of the official python:3.11-slim-bookworm. The stand-in is kept in the storage for the next
+# run.
 #
 # Behind a proxy, pip inside the build gets what a user there would hand in: the CA bundle as a build secret
 # (--ca-bundle, default /etc/ssl/certs/ca-certificates.crt when it exists) and, optionally, an index URL
 # (--index-url, passed as a secret since it may hold credentials).
 #
-# Usage: scripts/build_image.sh [--tag NAME] [--ca-bundle FILE] [--index-url URL] [--no-stand-in] [--keep-image]
-#                               [--layers]
+# Usage: scripts/build_image.sh [--repository PREFIX] [--only plugin|extender] [--ca-bundle FILE] [--index-url URL]
+#                               [--no-stand-in] [--keep-image] [--layers]
+# The images are PREFIX-plugin:dev and PREFIX-extender:dev (default PREFIX: localhost/gpu-topology).
 # --layers keeps each step as a cached layer for the next run; with vfs storage every layer is a full copy of the
-# file system, so a build without it (the default) is the faster one: about 75 s here, downloads included.
+# file system, so a build without it (the default) is the faster one: about 75 s per image here, downloads included.
 # Environment: GPU_TOPOLOGY_IMAGE_STATE (default /var/tmp/gpu-topology-image): buildah storage and the stand-in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TAG=localhost/gpu-topology:dev
+REPOSITORY=localhost/gpu-topology
+COMPONENTS=(plugin extender)
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 INDEX_URL=""
 STAND_IN=1
@@ -31,7 +36,10 @@ KEEP_IMAGE=0
 CACHE=(--layers=false)
 while [ $# -gt 0 ]; do
   case "$1" in
-    --tag) TAG=$2; shift 2 ;;
+    --repository) REPOSITORY=$2; shift 2 ;;
+    --only)
+      case "$2" in plugin|extender) COMPONENTS=("$2") ;; *) echo "--only plugin|extender" >&2; exit 2 ;; esac
+      shift 2 ;;
     --ca-bundle) CA_BUNDLE=$2; shift 2 ;;
     --index-url) INDEX_URL=$2; shift 2 ;;
     --no-stand-in) STAND_IN=0; shift ;;
@@ -60,7 +68,11 @@ need() {  # need COMMAND DEBIAN_PACKAGE: install from Debian's packages when we 
 }
 need buildah buildah
 
-BASE=$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile)
+BASE=$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile.plugin)
+if [ "$BASE" != "$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile.extender)" ]; then
+  echo "Dockerfile.plugin and Dockerfile.extender name different base images" >&2
+  exit 1
+fi
 case "$BASE" in */*) BASE_REF=$BASE ;; *) BASE_REF=docker.io/library/$BASE ;; esac
 
 make_stand_in() {
@@ -140,36 +152,74 @@ if [ -n "$INDEX_URL" ]; then
   args+=(--secret "id=pip_index_url,src=$secrets_dir/index-url")
 fi
 
-step "building $TAG (buildah $(buildah --version | awk '{print $3}'), vfs storage, chroot isolation)"
-start=$(date +%s)
-"${BUILDAH[@]}" build --pull=never "${CACHE[@]}" --isolation chroot -f Dockerfile -t "$TAG" "${args[@]}" . \
-  >"$STATE/build.log" 2>&1 || { tail -40 "$STATE/build.log" >&2; exit 1; }
-build_s=$(( $(date +%s) - start ))
-grep -E '^(pruned |imports: )' "$STATE/build.log" || true
-
 # Sizes from the manifests (uncompressed layer tars): the whole image, and what it adds to the base.
 layer_bytes() { "${BUILDAH[@]}" inspect --type image --format '{{.Manifest}}' "$1" \
   | python3 -c 'import json, sys; print(sum(l["size"] for l in json.load(sys.stdin)["layers"]))'; }
-size=$(layer_bytes "$TAG")
 base_size=$(layer_bytes "$BASE_REF")
-label=$("${BUILDAH[@]}" inspect --type image --format '{{index .OCIv1.Config.Labels "org.opencontainers.image.source"}}' "$TAG")
 
-step "running both binaries inside $TAG"
-ctr=$("${BUILDAH[@]}" from --pull=never "$TAG")
+containers=()
+images=()
 cleanup() {
-  "${BUILDAH[@]}" rm "$ctr" >/dev/null 2>&1 || true
-  if [ "$KEEP_IMAGE" = 0 ]; then "${BUILDAH[@]}" rmi "$TAG" >/dev/null 2>&1 || true; fi
+  for ctr in "${containers[@]}"; do "${BUILDAH[@]}" rm "$ctr" >/dev/null 2>&1 || true; done
+  if [ "$KEEP_IMAGE" = 0 ]; then
+    for image in "${images[@]}"; do "${BUILDAH[@]}" rmi "$image" >/dev/null 2>&1 || true; done
+  fi
   rm -rf "$secrets_dir"
 }
 trap cleanup EXIT
-in_image() { "${BUILDAH[@]}" run --isolation chroot "$ctr" -- "$@"; }
-in_image id -u | grep -qx 10001 || { echo "the image does not run as uid 10001" >&2; exit 1; }
-in_image gpuplugin --help | grep -q 'run' || { echo "gpuplugin --help lacks 'run'" >&2; exit 1; }
-echo "gpuplugin --help: ok"
-in_image gpu-extender serve --help | grep -q -- '--inventory' || { echo "serve --help lacks --inventory" >&2; exit 1; }
-echo "gpu-extender serve --help: ok"
-in_image python -c "$(cat scripts/image_smoke.py)"
 
-printf 'image %s: %d MB (%d bytes; %d MB on top of the %d MB base), built in %d s\n' "$TAG" \
-  "$((size / 1000000))" "$size" "$(((size - base_size) / 1000000))" "$((base_size / 1000000))" "$build_s"
-printf 'org.opencontainers.image.source=%s\n' "$label"
+# in_image CONTAINER COMMAND...: run inside a working container of the image (chroot isolation, as the build).
+in_image() { local ctr=$1; shift; "${BUILDAH[@]}" run --isolation chroot "$ctr" -- "$@"; }
+# Exits non-zero when any of the named modules can be found in the image's environment (a parent package first).
+NONE_OF='import importlib.util as u, sys; found = [m for m in sys.argv[1:] if all(u.find_spec(".".join(m.split(".")[:i + 1])) for i in range(m.count(".") + 1))]; print("present: " + " ".join(found) if found else "absent: " + " ".join(sys.argv[1:])); sys.exit(bool(found))'
+# Exits non-zero when any of the named commands is on the image's PATH.
+NO_COMMAND='import shutil, sys; found = [c for c in sys.argv[1:] if shutil.which(c)]; print("on PATH: " + " ".join(found) if found else "no command: " + " ".join(sys.argv[1:])); sys.exit(bool(found))'
+
+smoke_plugin() {
+  local ctr=$1
+  in_image "$ctr" gpuplugin --help | grep -q 'run' || { echo "gpuplugin --help lacks 'run'" >&2; exit 1; }
+  echo "gpuplugin --help: ok"
+  in_image "$ctr" gpuplugin run --help | grep -q -- '--device-list-strategy' \
+    || { echo "gpuplugin run --help lacks --device-list-strategy" >&2; exit 1; }
+  echo "gpuplugin run --help: ok"
+  in_image "$ctr" gpuplugin topo | grep -q 'NVLink islands' || { echo "gpuplugin topo failed" >&2; exit 1; }
+  echo "gpuplugin topo (bundled DGX-1): ok"
+  in_image "$ctr" python -c "$NONE_OF" fastapi uvicorn starlette
+  in_image "$ctr" python -c "$NO_COMMAND" gpu-extender
+}
+
+smoke_extender() {
+  local ctr=$1
+  in_image "$ctr" gpu-extender serve --help | grep -q -- '--inventory' \
+    || { echo "serve --help lacks --inventory" >&2; exit 1; }
+  echo "gpu-extender serve --help: ok"
+  in_image "$ctr" gpu-extender webhook --help | grep -q -- '--tls-cert' \
+    || { echo "webhook --help lacks --tls-cert" >&2; exit 1; }
+  echo "gpu-extender webhook --help: ok"
+  in_image "$ctr" python -c "$(cat scripts/image_smoke.py)"
+  in_image "$ctr" python -c "$NONE_OF" pynvml grpc google.protobuf watchdog
+  in_image "$ctr" python -c "$NO_COMMAND" gpuplugin
+}
+
+for component in "${COMPONENTS[@]}"; do
+  tag="$REPOSITORY-$component:dev"
+  step "building $tag from Dockerfile.$component (buildah $(buildah --version | awk '{print $3}'), vfs storage, chroot isolation)"
+  start=$(date +%s)
+  "${BUILDAH[@]}" build --pull=never "${CACHE[@]}" --isolation chroot -f "Dockerfile.$component" -t "$tag" "${args[@]}" . \
+    >"$STATE/build-$component.log" 2>&1 || { tail -40 "$STATE/build-$component.log" >&2; exit 1; }
+  build_s=$(( $(date +%s) - start ))
+  images+=("$tag")
+  grep -E '^(pruned |imports: )' "$STATE/build-$component.log" || true
+  size=$(layer_bytes "$tag")
+  label=$("${BUILDAH[@]}" inspect --type image --format '{{index .OCIv1.Config.Labels "org.opencontainers.image.source"}}' "$tag")
+
+  step "running $component inside $tag"
+  ctr=$("${BUILDAH[@]}" from --pull=never "$tag")
+  containers+=("$ctr")
+  in_image "$ctr" id -u | grep -qx 10001 || { echo "$tag does not run as uid 10001" >&2; exit 1; }
+  "smoke_$component" "$ctr"
+
+  printf 'image %s: %d MB (%d bytes; %d MB on top of the %d MB base), built in %d s\n' "$tag" \
+    "$((size / 1000000))" "$size" "$(((size - base_size) / 1000000))" "$((base_size / 1000000))" "$build_s"
+  printf 'org.opencontainers.image.source=%s\n' "$label"
+done

@@ -1,4 +1,4 @@
-"""The kube-scheduler's DRA allocator as documented for 1.36 (../shared/reference/dra-api.md, section 6), over
+"""The kube-scheduler's DRA allocator as documented for 1.36 (docs/reference/dra-api.md, section 6), over
 ResourceSlice dicts: what the tests and bench/dra.py put the published slices through.
 
 - Per pool (driver, pool name) only the highest generation counts; a pool whose slices at that generation number

@@ -1,4 +1,4 @@
-"""A DRA kubelet stand-in: the kubelet's side of DRA drivers, over real unix sockets (../shared/reference/dra-api.md
+"""A DRA kubelet stand-in: the kubelet's side of DRA drivers, over real unix sockets (docs/reference/dra-api.md
 sections 1-3 and the publishing rules of section 2).
 
 - At start it deletes every ResourceSlice with its nodeName (all drivers), as the kubelet does.

@@ -1,7 +1,7 @@
-"""Fixtures the whole suite shares (helpers to import are in tests/helpers/): `shared_dir` is the read-only fixture
-tree (../shared next to the repository); `fake` is an in-process kube-apiserver and `api` the official client
+"""Fixtures the whole suite shares (helpers to import are in tests/helpers/): `fixtures_dir` is the read-only tree of
+recorded facts (fixtures/ in the repository); `fake` is an in-process kube-apiserver and `api` the official client
 pointed at it; `kubelet` is the kubelet simulator serving on `plugin_dir` (a directory short enough for unix socket
-paths)."""
+paths). Every run ends by checking that no test wrote under fixtures/."""
 
 import threading
 from collections.abc import Iterator
@@ -13,12 +13,23 @@ import pytest
 from gputopo.kube import make_api_client
 from sim.kubelet import KubeletSimulator
 from tests.fakes.kubeapi import FakeKubeApi
-from tests.helpers.paths import SHARED, short_dir
+from tests.helpers.paths import SHARED, fixture_changes, fixture_manifest, short_dir
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fixtures_untouched() -> Iterator[None]:
+    """The recordings are facts: a test that edits, adds or removes one fails the run (at its end, since the damage
+    can come from any test), instead of quietly changing what every later test checks against. Root ignores file
+    modes, so read-only permissions could not enforce this on CI's containers; the content hashes can."""
+    before = fixture_manifest()
+    yield
+    changes = fixture_changes(before, fixture_manifest())
+    assert not changes, f"tests wrote under {SHARED} (recorded facts, read-only): {changes}"
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    assert SHARED.is_dir(), f"shared fixtures not found at {SHARED}"
+def fixtures_dir() -> Path:
+    assert SHARED.is_dir(), f"recorded fixtures not found at {SHARED}"
     return SHARED
 
 

@@ -7,7 +7,7 @@ another scheduler's pod, a pod without GPUs, a pod labelled `<prefix>/webhook: d
 (`spec.nodeName`), an operation or kind it does not manage. The webhook never refuses a pod: what it cannot read it
 leaves alone, with a warning the client sees (`kubectl` prints it), since the API server then validates the pod.
 
-The answer's shape is the one a real kube-apiserver v1.36 accepted (../shared/recordings/kube-apiserver-admission):
+The answer's shape is the one a real kube-apiserver v1.36 accepted (fixtures/recordings/kube-apiserver-admission):
 `{"apiVersion", "kind": "AdmissionReview", "response": {"uid", "allowed": true, "patchType": "JSONPatch",
 "patch": <base64 JSON>}}`, the uid copied from the request.
 """

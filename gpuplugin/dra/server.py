@@ -1,5 +1,5 @@
 """The kubelet-facing side of the DRA driver: plugin registration, DRA v1 and dra-health v1alpha1 over gRPC on
-unix sockets, as the Go helper lays them out (../shared/reference/dra-api.md sections 1-3):
+unix sockets, as the Go helper lays them out (docs/reference/dra-api.md sections 1-3):
 
 - `<registry>/<driver>-reg.sock` serves Registration (GetInfo: type DRAPlugin, our name, the DRA socket's absolute
   path, versions v1.DRAPlugin [+ v1alpha1.DRAResourceHealth]); the kubelet finds it by watching the registry;

@@ -1,6 +1,6 @@
 """The one table of link bandwidth estimates, in GB/s per direction, with where each figure comes from.
 
-Sources (collected in ../shared/topologies/SOURCES.md):
+Sources (collected in fixtures/topologies/SOURCES.md):
 - NVLink per-link figures are NCCL's own effective model (NVIDIA/nccl src/graph/topo.h: SM60 18.0, SM70 20.0,
   SM80 20.0, SM90 20.6, SM100 40.1), which predicts all-reduce bus bandwidth better than the 25/50 GB/s line rate:
   18 x 20.6 = 370.8 GB/s is what NCCL logs on H100 (nccl#1519), and 328 GB/s was measured on the 2x H200 recording.
@@ -11,7 +11,7 @@ Sources (collected in ../shared/topologies/SOURCES.md):
   SYS is further capped by the socket interconnect (NCCL: Intel UPI 10, AMD xGMI Zen3/4 24; default 16 here).
 
 Between pods and nodes (the job model, gputopo.core.jobs); which figures were measured here is said at each:
-- Host path between two pods on one node: MEASURED HERE, 2x H200 (../shared/recordings/README.md).
+- Host path between two pods on one node: MEASURED HERE, 2x H200 (fixtures/recordings/README.md).
 - NIC path of a GPU: GPUDirect RDMA at the NIC's line rate when the NIC is an RDMA device on the GPU's PCIe switch
   (PIX/PXB); otherwise staged through host memory. Not measured here (no multi-node machine).
 - Oversubscription per network locality level crossed: an assumption, configurable; not measured.
@@ -111,7 +111,7 @@ def pair_bandwidth_mbps(link: Link | None, pcie_generation: int, socket_link_gbp
 
 # Two pods on one node each see only their own GPUs: CUDA IPC needs the peer GPU visible, so NCCL falls back to
 # shared memory through the host (NCCL issues #324, #945). MEASURED HERE: NCCL all-reduce bus bandwidth, 2 ranks,
-# 1 GiB, NCCL_P2P_DISABLE=1 on 2x H200 = 25.8 GB/s (../shared/recordings/README.md); a later run of bench/nccl.py
+# 1 GiB, NCCL_P2P_DISABLE=1 on 2x H200 = 25.8 GB/s (fixtures/recordings/README.md); a later run of bench/nccl.py
 # gave 27.4 (bench/results/nccl-h200x2.md). The lower figure is kept. Until the pod-to-pod calibration lands it
 # stands for every machine, whatever its PCIe generation, and for pods of any size.
 HOST_PATH_GBPS = 25.8
@@ -123,7 +123,7 @@ HOST_PATH_GBPS = 25.8
 GDR_CLASSES = frozenset({"PIX", "PXB"})
 
 # ASSUMED when a NIC's line rate is unknown (`nvidia-smi topo -m` text names NICs but not their rate): 100 Gb/s,
-# the slowest NIC among the shared fixtures that document theirs (../shared/topologies/SOURCES.md: DGX-1 4x EDR
+# the slowest NIC among the shared fixtures that document theirs (fixtures/topologies/SOURCES.md: DGX-1 4x EDR
 # 100 Gb/s, deepep13 8x 100G RoCE). A DGX H100 has 400 Gb/s per GPU (the issue's 50 GB/s per GPU).
 DEFAULT_NIC_GBIT = 100.0
 

@@ -1,6 +1,6 @@
 """Build the core Topology from what NVML says: one code path for live NVML and for replayed recordings.
 
-How NVML's answers become links (the facts behind each rule are in ../shared/DESIGN.md "Discovery facts that
+How NVML's answers become links (the facts behind each rule are in docs/DESIGN.md "Discovery facts that
 bite"):
 - Direct NVLink: an active link whose remote PCI bus id is another visible GPU. Lanes = active links to that
   peer; links that are down simply do not count, which lowers the pair's bandwidth.

@@ -41,7 +41,7 @@ NVML_P2P_STATUS_OK = 0
 NVML_DEVICE_MIG_ENABLE = 1
 nvmlEventTypeXidCriticalError = 0x0000000000000008
 
-# The bus id NVML reports for the far end of a link that ends in an NVSwitch (see ../shared/recordings/).
+# The bus id NVML reports for the far end of a link that ends in an NVSwitch (see fixtures/recordings/).
 NVSWITCH_REMOTE_BUS_ID = "FFFFFFFF:FF:FF.0"
 
 # Error names callers branch on.

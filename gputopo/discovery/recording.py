@@ -33,7 +33,7 @@ input is read as "ERR:NotRecorded:absent from the recording".
         "common_ancestor": 30,             # nvmlDeviceGetTopologyCommonAncestor(a, b)
         "p2p_nvlink": 0}}}                 # nvmlDeviceGetP2PStatus(a, b, NVML_P2P_CAPS_INDEX_NVLINK)
 
-Also read: the probe format of ../shared/recordings/h200x2-vm-nvml-probe.json (keys "pci", "mem", "cc",
+Also read: the probe format of fixtures/recordings/h200x2-vm-nvml-probe.json (keys "pci", "mem", "cc",
 "numa", "mig", "nvlinks" with "ver"/"remote"/"rtype", pairs with NVML_P2P_CAPS_INDEX_*), converted on load;
 its cpu_affinity is a Python repr, not data, and is read as not recorded.
 """

@@ -1,4 +1,4 @@
-"""Reading our Dockerfile and .dockerignore the way `docker build` does, for the image tests.
+"""Reading our Dockerfiles and .dockerignore the way `docker build` does, for the image tests.
 
 Only the Dockerfile syntax the image uses is understood (FROM ... AS, COPY src dst, COPY --from); the
 .dockerignore matcher follows Docker's rules (patterns relative to the context root, `**` for any number of
@@ -14,7 +14,8 @@ from pathlib import Path
 
 from tests.deploy.rendering import ROOT
 
-DOCKERFILE = ROOT / "Dockerfile"
+# One image per component: the device plugin's (gpuplugin) and the extender's (gpu-extender, webhook included).
+DOCKERFILES = {"plugin": ROOT / "Dockerfile.plugin", "extender": ROOT / "Dockerfile.extender"}
 
 
 @dataclass(frozen=True)

@@ -85,10 +85,11 @@ CHART_VARIANTS: dict[str, ChartVariant] = {
         {
             "resourceName": "acme.example/gpu",
             "annotationPrefix": "topo.acme.example",
-            "image": {"repository": "registry.acme.example/gpu-topology", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
+            "image": {"tag": "0.1.0-rc1", "pullPolicy": "Always"},
             "imagePullSecrets": [{"name": "acme-registry"}],
             "namespace": {"name": "gpu-topology-prod", "create": True},
             "plugin": {
+                "image": {"repository": "registry.acme.example/gpu-topology-plugin"},
                 "deviceListStrategy": "cdi-cri",
                 "deviceIdStrategy": "index",
                 "metricsPort": 9400,
@@ -105,6 +106,7 @@ CHART_VARIANTS: dict[str, ChartVariant] = {
                 "extraVolumeMounts": [{"name": "acme-ca", "mountPath": "/etc/acme-ca", "readOnly": True}],
             },
             "extender": {
+                "image": {"repository": "registry.acme.example/gpu-topology-extender", "tag": "0.1.0-rc2"},
                 "reservationTimeout": 120,
                 "islandPenalty": 0.5,
                 "islandSpare": 2,

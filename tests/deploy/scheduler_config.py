@@ -1,4 +1,4 @@
-"""Checks of a KubeSchedulerConfiguration against ../shared/reference/scheduler-extender-api.md.
+"""Checks of a KubeSchedulerConfiguration against docs/reference/scheduler-extender-api.md.
 
 kube-scheduler decodes its configuration strictly (an unknown field is a startup error), so the known field names
 of config/v1 are listed here too: a typo fails the test instead of the scheduler pod.

@@ -2,7 +2,7 @@
 
 The one exception is declared here, not hidden in the manifests: the device plugin's container runs as uid 0
 (no capabilities, no privilege escalation) because it must create its socket in the host's root-owned
-/var/lib/kubelet/device-plugins; see Dockerfile and deploy/README.md.
+/var/lib/kubelet/device-plugins; see Dockerfile.plugin and deploy/README.md.
 """
 
 from __future__ import annotations

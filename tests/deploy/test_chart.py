@@ -59,7 +59,7 @@ def test_custom_values_reach_their_objects() -> None:
     assert pod["runtimeClassName"] == "nvidia"
     assert pod["nodeSelector"] == values["plugin"]["nodeSelector"]
     assert pod["tolerations"] == values["plugin"]["tolerations"]
-    assert plugin["image"] == "registry.acme.example/gpu-topology:0.1.0-rc1"
+    assert plugin["image"] == "registry.acme.example/gpu-topology-plugin:0.1.0-rc1", "image.tag, no tag of its own"
     assert plugin["imagePullPolicy"] == "Always"
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert all(any(e["key"] == "topo.acme.example/device-plugin" for e in t["matchExpressions"]) for t in terms)
@@ -68,7 +68,7 @@ def test_custom_values_reach_their_objects() -> None:
     assert deployment["spec"]["replicas"] == 3
     images = {c["name"]: c["image"] for _, c in containers(deployment)}
     assert images == {"kube-scheduler": "registry.k8s.io/kube-scheduler:v1.35.4",
-                      "extender": "registry.acme.example/gpu-topology:0.1.0-rc1"}
+                      "extender": "registry.acme.example/gpu-topology-extender:0.1.0-rc2"}
     extender = next(c for _, c in containers(deployment) if c["name"] == "extender")
     assert extender["imagePullPolicy"] == "Always"
     assert "--reservation-timeout=120" in extender["args"] and "--metrics-port=18889" in extender["args"]

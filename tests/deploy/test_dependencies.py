@@ -1,6 +1,6 @@
-"""pyproject.toml's runtime dependencies are compatible ranges that `pip install .` can resolve next to other pins,
-the lock (deploy/requirements-runtime.txt) is one point inside them, and the generated gRPC/protobuf code's own
-minimum versions are the ranges' floors."""
+"""pyproject.toml's runtime dependencies (the base and the halves' extras) are compatible ranges that `pip install .`
+can resolve next to other pins, the lock (deploy/requirements-runtime.txt) is one point inside them, the base holds
+neither half's libraries, and the generated gRPC/protobuf code's own minimum versions are the ranges' floors."""
 
 from __future__ import annotations
 
@@ -15,7 +15,11 @@ from tests.deploy import runtime_lock
 from tests.deploy.rendering import ROOT
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-RUNTIME = {canonicalize_name(r.name): r for r in map(Requirement, PYPROJECT["project"]["dependencies"])}
+# The base and every runtime extra (plugin, extender, demo), the project's references to its own extras expanded.
+RUNTIME = {canonicalize_name(r.name): r
+           for r in runtime_lock.direct_requirements(ROOT / "pyproject.toml", runtime_lock.LOCKS["runtime"][0])}
+BASE = {canonicalize_name(Requirement(spec).name) for spec in PYPROJECT["project"]["dependencies"]}
+EXTRAS = PYPROJECT["project"]["optional-dependencies"]
 GENERATED = ROOT / "gpuplugin" / "proto"
 
 
@@ -38,6 +42,17 @@ def test_the_lock_lies_inside_the_ranges_and_pins_the_whole_closure() -> None:
     for name, requirement in RUNTIME.items():
         assert requirement.specifier.contains(locked[name]), f"lock {name}=={locked[name]} outside {requirement}"
     assert set(RUNTIME) <= set(locked)
+
+
+def test_the_base_holds_neither_half_and_each_extra_its_own() -> None:
+    """`pip install gpu-topology-scheduling` gets the shared library only; `[plugin]` adds gRPC and NVML, `[extender]`
+    the web framework, `[demo]` both, so each image's closure is its half."""
+    names = {extra: {canonicalize_name(Requirement(spec).name) for spec in specs} for extra, specs in EXTRAS.items()}
+    assert names["plugin"] == {"grpcio", "protobuf", "nvidia-ml-py", "watchdog"}
+    assert names["extender"] == {"fastapi", "uvicorn"}
+    assert not (names["plugin"] | names["extender"]) & BASE
+    assert "gpu-topology-scheduling[plugin,extender]" in EXTRAS["demo"]
+    assert "gpu-topology-scheduling[demo]" in EXTRAS["test"], "the tests run both halves"
 
 
 def test_a_neighbour_pin_inside_a_range_resolves() -> None:

@@ -1,14 +1,17 @@
-"""The image's install steps work: the build stage's COPY set builds a wheel, which installs into a fresh
-environment holding the locked runtime dependencies, and both console scripts run from there.
+"""The images' install steps work: the build stage's COPY set builds a wheel, which installs into a fresh
+environment holding the locked runtime dependencies; both console scripts run from there, and after prune.py drops
+the other half (per image) the one left still runs, with no entry point naming what is gone.
 
-This is the fast, offline replay run by every suite; scripts/build_image.sh builds the real image with buildah and
-runs both binaries inside it (tests/deploy/test_image_build.py, when GPU_TOPOLOGY_IMAGE_TEST=1). Here the steps are
-replayed, not executed by a container engine: the context is the
-Dockerfile's COPY set from the build context (after .dockerignore), the wheel is built with --no-build-isolation
-(the Dockerfile builds it isolated with setuptools fetched from the index), and the fresh virtual environment
-sees the locked dependencies through a .pth line onto the tested environment's site-packages (the Dockerfile
-installs the same versions from wheels built from deploy/requirements-runtime.txt). The test then checks that the
-packages really come from the wheel and that every pin satisfies the wheel's own requirements.
+This is the fast, offline replay run by every suite; scripts/build_image.sh builds the real images with buildah and
+runs each one's binary inside it (tests/deploy/test_image_build.py, when GPU_TOPOLOGY_IMAGE_TEST=1). Here the steps
+are replayed, not executed by a container engine: the context is the Dockerfiles' COPY set (the same for both
+images but for the lock, which tests/deploy/test_dockerfiles.py proves) from the build context (after
+.dockerignore), the wheel is built with --no-build-isolation (the Dockerfiles build it isolated with setuptools
+fetched from the index), and the fresh virtual environment sees the locked dependencies through a .pth line onto the
+tested environment's site-packages (the Dockerfiles install the same versions from deploy/requirements-plugin.txt
+or -extender.txt). The test then checks that the packages really come from the wheel and that every pin satisfies
+the wheel's own requirements. The libraries each image must lack are proven absent by the real build (prune.py's
+check and scripts/build_image.sh), since this replay's environment sees the tested one's.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.image import prune
 from tests.deploy import dockerfiles, runtime_lock
 from tests.deploy.rendering import ROOT
 
@@ -37,11 +41,11 @@ def _run(*args: str | Path, cwd: Path | None = None) -> str:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Replay the build stage of the Dockerfile."""
+    """Replay the build stage of Dockerfile.plugin (Dockerfile.extender's copies the same sources)."""
     tmp = tmp_path_factory.mktemp("image")
     context = dockerfiles.build_context(ROOT)
     src = tmp / "src"
-    for copy in dockerfiles.copies(dockerfiles.DOCKERFILE):
+    for copy in dockerfiles.copies(dockerfiles.DOCKERFILES["plugin"]):
         if copy.stage != "build" or copy.from_stage:
             continue
         for source in copy.sources:
@@ -98,20 +102,54 @@ def test_demo_runs_from_the_fresh_environment(built: dict[str, Path], tmp_path: 
     assert "processes and sockets left behind: none" in out
 
 
-def test_locked_versions_satisfy_the_wheels_requirements(built: dict[str, Path]) -> None:
-    """What the image installs (the lock) is what the fresh environment sees and what the wheel asks for."""
+@pytest.mark.parametrize("component", sorted(prune.COMPONENTS))
+def test_each_half_runs_after_the_other_is_dropped(built: dict[str, Path], component: str, tmp_path: Path) -> None:
+    """prune.py's removal of the other half, replayed on a copy of the fresh environment: the image's own console
+    script and its subcommands still load (`gpuplugin --help` lists every subcommand, so a `demo` entry point left
+    naming the removed simulator would fail it), the other script and packages are gone."""
+    venv = tmp_path / "venv"
+    shutil.copytree(built["venv"], venv, symlinks=True)
+    site = Path(_run(venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip())
+    # The venv's scripts name their interpreter by absolute path: point them at the copy.
+    for script in (venv / "bin").iterdir():
+        if script.is_file() and not script.is_symlink() and script.read_bytes().startswith(b"#!"):
+            script.write_text(script.read_text().replace(str(built["venv"]), str(venv)))
+    prune._drop_other_half(venv, site, prune.COMPONENTS[component])
+    kept = prune.COMPONENTS[component].packages
+    assert sorted(p.name for p in site.iterdir() if p.name in prune.PRODUCT_PACKAGES) == sorted(kept)
+    bin_dir = venv / "bin"
+    if component == "plugin":
+        assert not (bin_dir / "gpu-extender").exists()
+        help_text = _run(bin_dir / "gpuplugin", "--help")
+        assert "run" in help_text and "dra" in help_text and "demo" not in help_text
+        assert "NVLink islands" in _run(bin_dir / "gpuplugin", "topo")
+    else:
+        assert not (bin_dir / "gpuplugin").exists()
+        assert "--inventory" in _run(bin_dir / "gpu-extender", "serve", "--help")
+        assert "--tls-cert" in _run(bin_dir / "gpu-extender", "webhook", "--help")
+    names = ", ".join(kept)
+    where = _run(bin_dir / "python", "-c", f"import {names}\nfor m in ({names},): print(m.__file__)", cwd=venv).split()
+    assert all(Path(p).is_relative_to(site) for p in where), where
+
+
+@pytest.mark.parametrize("component", sorted(prune.COMPONENTS))
+def test_locked_versions_satisfy_the_wheels_requirements(built: dict[str, Path], component: str) -> None:
+    """What an image installs (its lock) is what the fresh environment sees and what the wheel asks for: the base
+    requirements and those of the image's extra, nothing missing."""
     code = (
         "import importlib.metadata as m, json, sys\n"
         "from packaging.requirements import Requirement\n"
         "from packaging.utils import canonicalize_name as c\n"
-        "locked = json.loads(sys.argv[1])\n"
+        "locked, extra = json.loads(sys.argv[1]), sys.argv[2]\n"
         "bad = [f'{n}: sees {m.version(n)}, lock {v}' for n, v in locked.items() if m.version(n) != v]\n"
         "for spec in m.distribution('gpu-topology-scheduling').requires or []:\n"
         "    r = Requirement(spec)\n"
-        "    if r.marker is None and not r.specifier.contains(locked.get(c(r.name), ''), prereleases=True):\n"
+        "    if r.marker is not None and not r.marker.evaluate({'extra': extra}):\n"
+        "        continue\n"
+        "    if not r.specifier.contains(locked.get(c(r.name), ''), prereleases=True):\n"
         "        bad.append(f'wheel wants {spec}, lock has {locked.get(c(r.name))}')\n"
         "print('\\n'.join(bad))\n"
     )
-    locked = runtime_lock.parse_lock(runtime_lock.LOCK_FILE.read_text())
-    out = _run(built["venv"] / "bin" / "python", "-c", code, json.dumps(locked), cwd=built["venv"])
+    locked = runtime_lock.parse_lock(runtime_lock.lock_file(component).read_text())
+    out = _run(built["venv"] / "bin" / "python", "-c", code, json.dumps(locked), component, cwd=built["venv"])
     assert out.strip() == ""

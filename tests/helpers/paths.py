@@ -1,8 +1,11 @@
-"""Where things are: the repository, its read-only tree of recorded facts (fixtures/), and short temporary
-directories for unix sockets."""
+"""Where things are: the repository, its read-only tree of recorded facts (fixtures/: SHARED, every part of the suite
+reads it; tests/conftest.py fails the run that writes there, by the manifest below), the protocol references
+(docs/reference/), and short temporary directories for unix sockets. Everything is inside the repository: a clone
+alone runs the suite (tests/architecture/test_standalone.py proves it from a copy with nothing beside it)."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -24,3 +27,16 @@ def short_dir(prefix: str) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def fixture_manifest(root: Path = SHARED) -> dict[str, str]:
+    """Every file under `root` by its path relative to it, with the SHA-256 of its bytes (253 files, 2 MB: 20 ms)."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def fixture_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """What differs between two manifests, one entry per file: `changed x`, `added x`, `removed x`."""
+    return ([f"changed {name}" for name in sorted(before.keys() & after.keys()) if before[name] != after[name]]
+            + [f"added {name}" for name in sorted(after.keys() - before.keys())]
+            + [f"removed {name}" for name in sorted(before.keys() - after.keys())])

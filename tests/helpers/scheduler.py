@@ -1,4 +1,4 @@
-"""The bodies kube-scheduler sends the extender, from the recordings in ../shared/recordings/kube-scheduler with
+"""The bodies kube-scheduler sends the extender, from the recordings in fixtures/recordings/kube-scheduler with
 the test's pod, nodes and names substituted, so every test speaks the scheduler's exact JSON."""
 
 from __future__ import annotations

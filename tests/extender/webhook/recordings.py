@@ -1,4 +1,4 @@
-"""The real kube-apiserver v1.36.2 admission recordings (../shared/recordings/kube-apiserver-admission/)."""
+"""The real kube-apiserver v1.36.2 admission recordings (fixtures/recordings/kube-apiserver-admission/)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ not managed, closed connections past the read deadlines, nothing on plain HTTP; 
 without a restart.
 
 What the API server does when the webhook is down or hangs (fail open under failurePolicy Ignore, after waiting
-the whole timeoutSeconds) is recorded in ../shared/recordings/kube-apiserver-admission/; the configuration that
+the whole timeoutSeconds) is recorded in fixtures/recordings/kube-apiserver-admission/; the configuration that
 relies on it is tested in tests/deploy/test_webhook_deploy.py.
 """
 

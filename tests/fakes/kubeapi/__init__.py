@@ -1,7 +1,7 @@
 """An in-process kube-apiserver for tests: real HTTP on 127.0.0.1, real Kubernetes JSON.
 
 Shapes (Status bodies, list metadata, watch events, bookmarks, 410 inside a watch, chunked bodies over 2 KiB) copy
-the kube-apiserver v1.36.2 exchanges recorded in ../shared/recordings/kube-apiserver. Tests drive it through the
+the kube-apiserver v1.36.2 exchanges recorded in fixtures/recordings/kube-apiserver. Tests drive it through the
 official client (never by patching the client), set state with add_*/update_*/delete_*, read `requests` for RBAC
 proofs, and inject faults (fail_next, delay_next, expire_history, drop_watches, send_raw_watch_line).
 

@@ -1,7 +1,7 @@
 """resource.k8s.io/v1 on the in-process kube-apiserver: ResourceSlices, ResourceClaims and DeviceClasses.
 
 A subclass of FakeKubeApi that adds routes, the way to serve another API group on the fake.
-Shapes follow the kube-apiserver v1.36.2 bodies recorded in ../shared/recordings/kube-apiserver-dra: objects with
+Shapes follow the kube-apiserver v1.36.2 bodies recorded in fixtures/recordings/kube-apiserver-dra: objects with
 kind/apiVersion, `metadata.generation`, a created claim with `"status": {}`, lists `ResourceSliceList`, and the
 422 Status bodies for slices over the limits (64 counter-consuming / 128 devices per slice, 2 counter sets per
 device, a counter set twice, `devices` and `sharedCounters` together). Slices take `generateName`; field selectors

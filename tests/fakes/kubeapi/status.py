@@ -1,6 +1,6 @@
 """Status bodies as the kube-apiserver writes them (key order included), and the exception that answers with one.
 
-Wording and shapes follow the recorded exchanges in ../shared/recordings/kube-apiserver.
+Wording and shapes follow the recorded exchanges in fixtures/recordings/kube-apiserver.
 """
 
 from __future__ import annotations

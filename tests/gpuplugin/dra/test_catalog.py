@@ -43,7 +43,7 @@ def rendered(cat: Catalog, used=(), unhealthy=()) -> list[dict]:
 
 
 def limit_problems(slices: list[dict]) -> list[str]:
-    """The validation rules of ../shared/reference/dra-api.md section 5 that a schema cannot express."""
+    """The validation rules of docs/reference/dra-api.md section 5 that a schema cannot express."""
     found = []
     names: set[str] = set()
     for s in slices:

@@ -1,4 +1,4 @@
-"""A generated message field written the way ../shared/reference/*.md writes it (type and label), so the proto tests
+"""A generated message field written the way docs/reference/*.md writes it (type and label), so the proto tests
 compare the committed descriptors with the kubelet's wire contract."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The committed generated code is current, and its descriptors match the kubelet's wire contract as written in
-../shared/reference/kubelet-device-plugin-api.md (method paths, packages, field names, numbers, types)."""
+docs/reference/kubelet-device-plugin-api.md (method paths, packages, field names, numbers, types)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The DRA-side protos (plugin registration, DRA v1, dra-health v1alpha1) match the kubelet's wire contract as written
-in ../shared/reference/dra-api.md: method paths, message and field names, numbers, labels and types, and the health
+in docs/reference/dra-api.md: method paths, message and field names, numbers, labels and types, and the health
 enum's values. (That the generated code is current is tests/gpuplugin/proto/test_deviceplugin.py's job: it regenerates
 every proto.)"""
 

@@ -36,8 +36,8 @@ def test_text_files_load_as_parsed(path: Path) -> None:
     assert load_topology_file(str(path)) == topo
 
 
-def test_partial_file_error_names_the_path(shared_dir: Path) -> None:
-    path = shared_dir / "topologies" / "pcie-8gpu-2socket-pix-phb-k8s53497-PARTIAL.txt"
+def test_partial_file_error_names_the_path(fixtures_dir: Path) -> None:
+    path = fixtures_dir / "topologies" / "pcie-8gpu-2socket-pix-phb-k8s53497-PARTIAL.txt"
     with pytest.raises(TopologyParseError, match="missing row GPU5") as err:
         load_topology_file(path)
     assert str(path) in str(err.value) and err.value.row == "GPU5"
@@ -73,8 +73,8 @@ def test_compact_json_of_a_newer_version_names_the_file(tmp_path: Path) -> None:
     assert str(path) in str(err.value)
 
 
-def test_recording_json_goes_to_the_recording_loader(shared_dir: Path, tmp_path: Path) -> None:
-    probe = shared_dir / "recordings" / "h200x2-vm-nvml-probe.json"
+def test_recording_json_goes_to_the_recording_loader(fixtures_dir: Path, tmp_path: Path) -> None:
+    probe = fixtures_dir / "recordings" / "h200x2-vm-nvml-probe.json"
     data = json.loads(probe.read_text())
     try:
         from gputopo.discovery.recording import load_recording_dict

@@ -26,9 +26,13 @@ app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 {{- default .Release.Namespace .Values.namespace.name -}}
 {{- end -}}
 
-{{/* The one image of both halves. */}}
+{{/* A component's image, called with (list . "plugin") or (list . "extender"): the plugin's runs the device plugin
+     and the DRA driver, the extender's the extender and the webhook. Tag: the component's, else image.tag, else the
+     chart's appVersion. */}}
 {{- define "gpu-topology.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- $root := index . 0 -}}
+{{- $image := index $root.Values (index . 1) "image" -}}
+{{- printf "%s:%s" $image.repository (default (default $root.Chart.AppVersion $root.Values.image.tag) $image.tag) -}}
 {{- end -}}
 
 {{/* kube-scheduler's image: the tag given, else the cluster's own version (vMAJOR.MINOR.PATCH of the API server, with
