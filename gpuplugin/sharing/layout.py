@@ -82,7 +82,8 @@ def resolve(config: SharingConfig, topology: Topology, whole_resource: str) -> L
         where = f"{base}.resources[{n}]"
         if entry.name != whole_resource:
             raise SharingConfigError(f"only {whole_resource} (this plugin's resource) can be shared; "
-                                     f"{entry.name!r} is not served here (MIG resources are not shared)", f"{where}.name")
+                                     f"{entry.name!r} is not served here (MIG resources are not shared)",
+                                     f"{where}.name")
         if entry.devices == "all":
             indices = list(range(topology.size))
         elif isinstance(entry.devices, int):

@@ -118,7 +118,8 @@ BAD_ON_NODE = [
 
 @pytest.mark.parametrize(("devices", "field", "message"), BAD_ON_NODE)
 def test_bad_devices_and_rename_clash(eight: Topology, devices: str, field: str, message: str) -> None:
-    text = f"version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - {{name: nvidia.com/gpu, replicas: 2, {devices}}}\n"
+    text = ("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+            f"    - {{name: nvidia.com/gpu, replicas: 2, {devices}}}\n")
     with pytest.raises(SharingConfigError) as e:
         resolve(parse_config(text), eight, GPU)
     assert e.value.field == field and message in str(e.value)
@@ -132,7 +133,7 @@ def test_two_entries_on_one_gpu_and_unshared_resource_are_refused(eight: Topolog
         resolve(parse_config(text), eight, GPU)
     assert e.value.field == "sharing.timeSlicing.resources[1].devices"
     mig = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/mig-1g.5gb, replicas: 2}\n"
-    with pytest.raises(SharingConfigError, match="only nvidia.com/gpu") as e:
+    with pytest.raises(SharingConfigError, match=r"only nvidia\.com/gpu") as e:
         resolve(parse_config(mig), eight, GPU)
     assert e.value.field == "sharing.timeSlicing.resources[0].name"
 
