@@ -56,12 +56,22 @@ class DeviceNode:
     permissions: str = "rw"
 
 
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """A host directory for the container (the MPS pipe directory of a shared GPU)."""
+
+    container_path: str
+    host_path: str
+    read_only: bool = False
+
+
 @dataclass(frozen=True)
 class ContainerAllocation:
     envs: dict[str, str] = field(default_factory=dict)
     device_nodes: tuple[DeviceNode, ...] = ()
     annotations: dict[str, str] = field(default_factory=dict)
     cdi_devices: tuple[str, ...] = ()
+    mounts: tuple[Mount, ...] = ()
 
 
 def visible_devices(devices: Sequence[Device], id_strategy: IdStrategy) -> str:

@@ -123,13 +123,16 @@ class ResourceManager:
         nvml_indices: Mapping[int, int] | None = None,
         plans: PlanSource | None = None,
         metrics: PluginMetrics | None = None,
+        gpus: Iterable[int] | None = None,
     ) -> None:
         self.topology = topology
         self.id_strategy = IdStrategy(id_strategy)
         self.list_strategy = ListStrategy(list_strategy)
         self.keys = keys
         self.dev_root = Path(dev_root)
-        self.devices = build_devices(topology, self.id_strategy, minors, nvml_indices)
+        self.all_devices = build_devices(topology, self.id_strategy, minors, nvml_indices)
+        served = None if gpus is None else frozenset(gpus)
+        self.devices = tuple(d for d in self.all_devices if served is None or d.index in served)
         self.metrics = metrics if metrics is not None else PluginMetrics()
         self._plans = plans
         self._by_id = {d.id: d for d in self.devices}
@@ -210,6 +213,21 @@ class ResourceManager:
         for sub in subs:
             sub.close()
 
+    def set_gpus(self, gpus: Iterable[int]) -> None:
+        """Serve these GPUs (topology indices) from now on: a sharing config moved GPUs between whole and shared.
+        Health is kept for GPUs served before; every stream gets the new complete list at once."""
+        served = frozenset(gpus)
+        with self._lock:
+            self.devices = tuple(d for d in self.all_devices if d.index in served)
+            self._by_id = {d.id: d for d in self.devices}
+            self._by_uuid = {d.uuid: d for d in self.devices}
+            self._healthy = {d.id: self._healthy.get(d.id, True) for d in self.devices}
+            snap = tuple(DeviceState(d, self._healthy[d.id]) for d in self.devices)
+            subs = list(self._subs)
+        self._update_gauge()
+        for sub in subs:
+            sub.offer(snap)
+
     # ---- allocation ----
 
     def set_plan_source(self, plans: PlanSource | None) -> None:
@@ -276,6 +294,14 @@ class ResourceManager:
         return alloc
 
     def _allocate(self, ids: Sequence[str]) -> ContainerAllocation:
+        devices = self._checked(ids)
+        return container_allocation(
+            self.topology, devices, self.list_strategy, self.id_strategy, self.keys, self.dev_root
+        )
+
+    def _checked(self, ids: Sequence[str]) -> list[Device]:
+        """The devices of an Allocate request; raises AllocationRequestError for empty, repeated, unknown or
+        unhealthy ids."""
         if not ids:
             raise AllocationRequestError("allocate request names no devices")
         dups = sorted(x for x, n in Counter(ids).items() if n > 1)  # linear: a request may hold 100k+ ids
@@ -289,9 +315,7 @@ class ResourceManager:
             sick = [d.id for d in devices if not self._healthy[d.id]]
         if sick:
             raise AllocationRequestError(f"unhealthy device ids: {brief_ids(sick)}")
-        return container_allocation(
-            self.topology, devices, self.list_strategy, self.id_strategy, self.keys, self.dev_root
-        )
+        return devices
 
 
 def brief_ids(ids: Sequence[str], most: int = 8, width: int = 64) -> str:
