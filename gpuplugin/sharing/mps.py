@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -116,8 +117,14 @@ Runner = Callable[[Sequence[str], str, dict[str, str], float], subprocess.Comple
 
 def run_command(argv: Sequence[str], stdin: str, env: dict[str, str],
                 timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), input=stdin, env={**os.environ, **env}, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    """Output goes to files, not pipes: `-d` forks a daemon that may keep the inherited descriptors open, and a
+    pipe would then never reach end-of-file."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        done = subprocess.run(list(argv), input=stdin, env={**os.environ, **env}, stdout=out, stderr=err, text=True,
+                              timeout=timeout, check=False)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(done.args, done.returncode, out.read(64 * 1024), err.read(64 * 1024))
 
 
 class MpsDaemon(Worker):
