@@ -19,6 +19,7 @@ hand-started processes: MPS through the plugin's environment should reach >= 0.9
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -94,10 +95,10 @@ def _allocations(mode: str, n: int, topo: Any, minors: dict[int, int], root: Pat
     from gpuplugin.sharing.mps import MpsDaemon, MpsGpu, MpsShare
 
     replicas = max(n, 2)
-    strategy = "mps" if mode == "mps" else "time-slicing"
+    strategy = "time-slicing" if mode == "time-slicing" else "mps"
     shared = SharedSet(RESOURCE, strategy, True, True, ((0, replicas),))
     gpu = topo.gpus[0]
-    share = MpsShare(RESOURCE, root, (MpsGpu(gpu.id, replicas, gpu.memory_mib),)) if mode == "mps" else None
+    share = MpsShare(RESOURCE, root, (MpsGpu(gpu.id, replicas, gpu.memory_mib),)) if strategy == "mps" else None
     manager = SharedResourceManager(topo, shared, mps=share, minors=minors)
     daemon = None
     if share is not None:
@@ -105,6 +106,8 @@ def _allocations(mode: str, n: int, topo: Any, minors: dict[int, int], root: Pat
         daemon.step()  # starts the real control daemon and applies the defaults
         if not daemon.healthy:
             raise SystemExit(f"MPS daemon did not answer under {share.pipe_dir}")
+        if mode == "mps-nolimit":  # a diagnosis, not the product: what the compute limit costs
+            daemon.send("set_default_active_thread_percentage 100")
     free = [s.device.id for s in manager.snapshot() if s.healthy]
     if len(free) < replicas:
         raise SystemExit(f"{len(free)} healthy replicas, {replicas} expected")
@@ -112,6 +115,9 @@ def _allocations(mode: str, n: int, topo: Any, minors: dict[int, int], root: Pat
     for _ in range(n):
         pref = manager.preferred(free, [], 1)
         alloc = manager.allocate(list(pref.ids))
+        if mode == "mps-nolimit":
+            alloc = dataclasses.replace(alloc, envs={k: v for k, v in alloc.envs.items()
+                                                     if k != "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"})
         free = [x for x in free if x not in pref.ids]
         out.append(alloc)
     return out, manager, daemon
@@ -197,6 +203,10 @@ def report(path: Path) -> None:
                       f"{anchor} ({r['total_ips'] / anchor:.2f})" if anchor else "-"])
     mps_ratios = [r["total_ips"] / ANCHOR[("mps", r["n"], r["bs"])] for r in rows
                   if r["mode"] == "mps" and ("mps", r["n"], r["bs"]) in ANCHOR]
+    free = {(r["n"], r["bs"]): r["total_ips"] for r in rows if r["mode"] == "mps-nolimit"}
+    limited = {(r["n"], r["bs"]): r["total_ips"] for r in rows if r["mode"] == "mps"}  # the last run of each wins
+    same = [f"N={n} batch {bs}: {limited[(n, bs)] / v:.2f}" for (n, bs), v in sorted(free.items())
+            if (n, bs) in limited]
     env = next((r["env"] for r in rows if r["mode"] == "mps"), {})
     mounts = next((r["mounts"] for r in rows if r["mode"] == "mps"), [])
     text = "\n".join([
@@ -215,8 +225,14 @@ def report(path: Path) -> None:
         f"MPS via the plugin's environment vs the anchor's MPS figures: min ratio "
         f"{min(mps_ratios):.2f}, mean {sum(mps_ratios) / len(mps_ratios):.2f} (target >= 0.95)." if mps_ratios else "",
         "",
+        ("Same machine, same harness, MPS with the plugin's limits vs MPS with no compute limit (mode mps-nolimit: "
+         "the daemon default set to 100% and the client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE dropped): "
+         + "; ".join(same) + ".") if same else "",
+        "",
         f"An MPS worker's environment (N={next((r['n'] for r in rows if r['mode'] == 'mps'), '-')}): "
         f"`{json.dumps(env)}`; mounts `{mounts}`.",
+        "",
+        f"Runs: {data['note']}." if data.get("note") else "",
         "",
         "![images/s per N](sharing.png)",
         "",
@@ -257,7 +273,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("sharing.json"), help="where the measured JSON goes")
     ap.add_argument("--counts", default=",".join(map(str, COUNTS)))
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
-    ap.add_argument("--modes", default="time-slicing,mps")
+    ap.add_argument("--modes", default="time-slicing,mps",
+                    help="time-slicing, mps, mps-nolimit (MPS without the compute limit: what it costs)")
     ap.add_argument("--seconds", type=float, default=6.0, help="measured seconds per batch size")
     ap.add_argument("--warmup", type=int, default=30, help="warm-up batches per batch size")
     ap.add_argument("--mps-root", type=Path, default=Path("/tmp/mps-bench"),
