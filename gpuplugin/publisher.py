@@ -384,7 +384,7 @@ def start_publisher(
         cfg.node_name or "",
         cfg.keys,
         manager.topology,
-        [d.id for d in getattr(manager, "all_devices", manager.devices)],
+        [d.id for d in (manager.all_devices if hasattr(manager, "all_devices") else manager.devices)],
         lambda: pods.used_ids(resource),
         manager.unhealthy_ids,
         **options,

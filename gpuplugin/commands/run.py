@@ -91,7 +91,8 @@ def start_health(cfg: PluginConfig, found: Discovered, manager: Any) -> Any:
         return None
     from gpuplugin.health import HealthMonitor
 
-    devices = {d.nvml_index: d.uuid for d in getattr(manager, "all_devices", manager.devices)}
+    served = manager.all_devices if hasattr(manager, "all_devices") else manager.devices
+    devices = {d.nvml_index: d.uuid for d in served}
     monitor = HealthMonitor(found.backend, devices, manager.set_health, ignored_xids=cfg.ignored_xids,
                             probe_interval_s=cfg.health_probe_interval, recovery_s=cfg.health_recovery_s)
     monitor.start()
