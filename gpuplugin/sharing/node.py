@@ -68,10 +68,12 @@ class _Problems:
 
     said: set[str] = field(default_factory=set)
 
-    def say(self, event: str, message: str, **kw: Any) -> None:
-        if message not in self.said:
-            self.said.add(message)
-            log.warning(event, error=message, **kw)
+    def first(self, message: str) -> bool:
+        """True the first time `message` is seen since the last clear()."""
+        if message in self.said:
+            return False
+        self.said.add(message)
+        return True
 
     def clear(self) -> None:
         self.said.clear()
@@ -195,8 +197,10 @@ class SharingNode(Worker):
             try:
                 self._label = self.source.read_label()
             except Exception as e:  # the API is down: keep the last label read
-                self._problems.say("plugin.sharing.label_unreadable", f"{type(e).__name__}: {e}"[:300],
-                                   action="keeping the last label read", label=self._label)
+                message = f"{type(e).__name__}: {e}"[:300]
+                if self._problems.first(message):
+                    log.warning("plugin.sharing.label_unreadable", error=message, label=self._label,
+                                action="keeping the last label read")
         try:
             choice = choose_config(self.source.directory, self._label, self.source.default)
             if choice.path is None:
@@ -204,8 +208,9 @@ class SharingNode(Worker):
             config = read_config(choice.path)
             return resolve(config, self.topology, self.whole_resource)
         except SharingConfigError as e:
-            self._problems.say("plugin.sharing.config_refused", str(e), field=e.field,
-                               action="serving the last good config")
+            if self._problems.first(str(e)):
+                log.warning("plugin.sharing.config_refused", error=str(e), field=e.field,
+                            action="serving the last good config")
             return None
 
     def _blocked(self, layout: Layout, in_use: Mapping[str, Iterable[str]]) -> list[str]:
@@ -233,13 +238,16 @@ class SharingNode(Worker):
                 try:
                     in_use = self._in_use()
                 except Exception as e:
-                    self._problems.say("plugin.sharing.podresources_failed", f"{type(e).__name__}: {e}"[:300],
-                                       action="config change waits until the kubelet says what is in use")
+                    message = f"{type(e).__name__}: {e}"[:300]
+                    if self._problems.first(message):
+                        log.warning("plugin.sharing.podresources_failed", error=message,
+                                    action="the config change waits until the kubelet says what is in use")
                     return self._poll
             blocked = self._blocked(layout, in_use) if in_use is not None else []
             if blocked:
-                self._problems.say("plugin.sharing.deferred", f"devices in use would be dropped: {blocked[:8]}",
-                                   held=len(blocked), action="applied when the pods holding them end")
+                if self._problems.first(f"deferred {blocked}"):
+                    log.warning("plugin.sharing.deferred", in_use=blocked[:8], held=len(blocked),
+                                action="applied when the pods holding them end")
                 return self._poll
         self.apply(layout)
         self._problems.clear()
