@@ -19,6 +19,7 @@ from gputopo.core.topology import Topology
 from gputopo.discovery.loader import load_topology_file
 from sim.kubelet import AdmissionError, KubeletSimulator
 from tests.gpuplugin.deviceplugin.conftest import DGX1, DGX_A100
+from tests.helpers.paths import SHARED as SHARED_FIXTURES
 
 SHARED = "nvidia.com/gpu.shared"
 WAIT = 10.0
@@ -182,3 +183,19 @@ def test_mps_replicas_wait_for_the_daemon_and_get_its_environment(
         kubelet.wait_until(SHARED, lambda ds: not any(d.healthy for d in ds), WAIT)
     finally:
         runner.stop()
+
+
+def test_a_fresh_replica_breaks_an_island_already_broken_rather_than_a_whole_one() -> None:
+    pairs = load_topology_file(
+        SHARED_FIXTURES / "topologies" / "pcie-8x-a100-nv12-bridge-pairs-2socket-nccltests178.txt")
+    assert pairs.nvlink_islands() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    manager = SharedResourceManager(pairs, _set(pairs, 2))
+    # GPU 5 is fully taken (both replicas held): its island [4, 5] is no longer whole, so GPU 4 is the cheap one
+    held = {replica_id(pairs.gpus[5].id, 0), replica_id(pairs.gpus[5].id, 1)}
+    available = [d.id for d in manager.devices if d.id not in held]
+    pref = manager.preferred(available, [], 1)
+    assert [replica_parent(x)[0] for x in pref.ids] == [pairs.gpus[4].id]
+    # nothing held: every island is whole; a 2-replica request still gets an NVLink pair (the best ring)
+    pref = manager.preferred([d.id for d in manager.devices], [], 2)
+    parents = sorted(pairs.index_of(replica_parent(x)[0]) for x in pref.ids)
+    assert parents in ([0, 1], [2, 3], [4, 5], [6, 7])
