@@ -220,8 +220,15 @@ class SharingNode(Worker):
                                            for s in layout.shared}
         if layout.whole:
             advertised.setdefault(self.whole_resource, set()).update(ids[i] for i in layout.whole)
-        return sorted(x for resource, held in in_use.items() for x in held
-                      if x not in advertised.get(resource, set()) and self._ours(x))
+        dropped = sorted(x for resource, held in in_use.items() for x in held
+                         if x not in advertised.get(resource, set()) and self._ours(x))
+        # an MPS set replaced or removed restarts its daemon, which ends its clients' server: wait for them too
+        wanted = {s.name: s for s in layout.shared}
+        served = self.layout.shared if self.layout is not None else ()
+        for old in served:
+            if old.strategy == "mps" and wanted.get(old.name) != old:
+                dropped += sorted(x for x in in_use.get(old.name, ()) if self._ours(x) and x not in dropped)
+        return dropped
 
     def _ours(self, device_id: str) -> bool:
         gpu = device_id.split("::", 1)[0]

@@ -177,3 +177,29 @@ def test_mps_set_runs_its_daemon_and_hands_out_its_pipe(
             node.stop()
             client.close()
         assert not (root / GPU / "pipe" / "control").exists()  # the daemon was told to quit
+
+
+def test_an_mps_set_in_use_is_not_replaced_under_its_clients(
+    kubelet: KubeletSimulator, plugin_dir: Path, tmp_path: Path, dgx1: Topology, pods: PodResourcesServer
+) -> None:
+    mps = "version: v1\nsharing:\n  mps:\n    renameByDefault: true\n    resources:\n" \
+          "    - {{name: nvidia.com/gpu, replicas: {n}, devices: [0, 1]}}\n"
+    (tmp_path / "mps").write_text(mps.format(n=2))
+    with short_dir("mps-") as root:
+        node, client = _node(dgx1, plugin_dir, tmp_path, Label(), pods, mps_root=root, mps_command=FAKE_MPS,
+                             mps_interval_s=0.05)
+        node.start()
+        try:
+            kubelet.wait_for_devices(SHARED, 4, 15.0)
+            pods.service.set_pod("default", "infer", {"c": {SHARED: [replica_id(dgx1.gpus[0].id, 0)]}})
+            (tmp_path / "mps").write_text(mps.format(n=4))  # more replicas: the ids in use stay, the daemon not
+            applied = node.applied
+            node.step()
+            assert node.applied == applied
+            pods.service.remove_pod("default", "infer")
+            node.step()
+            assert node.applied == applied + 1
+            kubelet.wait_for_devices(SHARED, 8, 15.0)
+        finally:
+            node.stop()
+            client.close()
