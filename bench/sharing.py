@@ -213,7 +213,7 @@ def report(path: Path) -> None:
         "# Sharing one GPU: time-slicing and MPS through the plugin's Allocate",
         "",
         f"Measured with `python -m bench.sharing` on the lent {data['gpu']} (one GPU), report by "
-        f"`python -m bench.sharing --report {path.name}`. ResNet-50 inference, bf16, synthetic input; every process "
+        f"`python -m bench.sharing --report {path}`. ResNet-50 inference, bf16, synthetic input; every process "
         "started with the environment the plugin's Allocate returned for its replica (replicas = max(N, 2), "
         "failRequestsGreaterThanOne). Columns: total and per-process images/s, worst process's p50 / p99 latency of "
         "one batch, worst peak memory reserved by PyTorch vs the per-client pinned-memory limit, thread percentage, "
