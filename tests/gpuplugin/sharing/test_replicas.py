@@ -3,10 +3,13 @@ NUMA of the parent, preferences on distinct best-connected GPUs, packing of sing
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuplugin.deviceplugin.lifecycle import PluginRunner
 from gpuplugin.deviceplugin.plans import PlanSource
@@ -14,7 +17,7 @@ from gpuplugin.sharing.layout import SharedSet
 from gpuplugin.sharing.manager import SharedResourceManager
 from gpuplugin.sharing.mps import MpsGpu, MpsShare
 from gputopo.contract import replica_id, replica_parent
-from gputopo.core.allocator import best_subset
+from gputopo.core.allocator import allreduce_gbps, best_subset
 from gputopo.core.topology import Topology
 from gputopo.discovery.loader import load_topology_file
 from sim.kubelet import AdmissionError, KubeletSimulator
@@ -23,6 +26,8 @@ from tests.helpers.paths import SHARED as SHARED_FIXTURES
 
 SHARED = "nvidia.com/gpu.shared"
 WAIT = 10.0
+_DGX1 = load_topology_file(DGX1)
+_MANAGERS: dict[str, SharedResourceManager] = {}
 
 
 @pytest.fixture(scope="module")
@@ -199,3 +204,19 @@ def test_a_fresh_replica_breaks_an_island_already_broken_rather_than_a_whole_one
     pref = manager.preferred([d.id for d in manager.devices], [], 2)
     parents = sorted(pairs.index_of(replica_parent(x)[0]) for x in pref.ids)
     assert parents in ([0, 1], [2, 3], [4, 5], [6, 7])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_k_replicas_are_always_distinct_and_as_good_as_exhaustive_search(data: st.DataObject) -> None:
+    topo = _DGX1
+    manager = _MANAGERS.setdefault("dgx1x3", SharedResourceManager(topo, _set(topo, 3)))
+    free = data.draw(st.lists(st.sampled_from([d.id for d in manager.devices]), unique=True, min_size=1))
+    parents = sorted({topo.index_of(replica_parent(x)[0]) for x in free})
+    k = data.draw(st.integers(1, len(parents)))
+    pref = manager.preferred(free, [], k)
+    chosen = [topo.index_of(replica_parent(x)[0]) for x in pref.ids]
+    assert len(chosen) == k == len(set(chosen)) and set(pref.ids) <= set(free)
+    if k > 1:
+        best = max(allreduce_gbps(topo, list(c)) for c in itertools.combinations(parents, k))
+        assert allreduce_gbps(topo, chosen) == pytest.approx(best)
