@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gpuplugin.deviceplugin.allocation import ListStrategy
 from gpuplugin.deviceplugin.devices import IdStrategy
 from gpuplugin.deviceplugin.lifecycle import DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME
+from gpuplugin.sharing.config import DEFAULT_CONFIG_LABEL
+from gpuplugin.sharing.mps import DEFAULT_CONTROL, DEFAULT_MPS_ROOT
 from gputopo.contract import DEFAULT_PREFIX, Keys
 from gputopo.settings import (
     AnnotationPrefix,
@@ -75,6 +77,22 @@ class PluginConfig(BaseModel):
                           "up advertising no GPUs, healthy, until restarted.")
     health_recovery: Annotated[float | Literal["never"], Cli(metavar="SECONDS|never")] = Field(
         DEFAULT_RECOVERY_S, description="Seconds of passing probes before an unhealthy GPU is healthy again, or never.")
+    sharing_config_dir: Path | None = Field(
+        None, description="Directory of GPU sharing configs in NVIDIA's device plugin format (version: v1, "
+                          "sharing.timeSlicing / sharing.mps), one file per name: a mounted ConfigMap. Unset: no "
+                          "sharing.")
+    sharing_config_default: str | None = Field(
+        None, description="Config served when the node label names none (else one named 'default', else the only "
+                          "one).")
+    sharing_config_label: str = Field(DEFAULT_CONFIG_LABEL, description="Node label naming this node's config.")
+    sharing_poll_interval: float = Field(10.0, description="Seconds between re-reads of the sharing config and the "
+                                                           "node label.")
+    sharing_labels: bool = Field(True, description="Write the GFD labels of the shared layout (nvidia.com/gpu."
+                                                   "replicas, .sharing-strategy, .product) when sharing is "
+                                                   "configured; turn off where GFD writes them.")
+    mps_root: Path = Field(DEFAULT_MPS_ROOT, description="Host directory of the MPS pipe, log and shm directories "
+                                                         "(a hostPath mounted at the same path).")
+    mps_control: str = Field(DEFAULT_CONTROL, description="The MPS control program run per shared set.")
 
     @field_validator("socket_name")
     @classmethod
@@ -99,7 +117,7 @@ class PluginConfig(BaseModel):
                 raise ValueError(f"{v!r} is not a comma-separated list of Xid numbers") from None
         return v
 
-    @field_validator("health_probe_interval")
+    @field_validator("health_probe_interval", "sharing_poll_interval")
     @classmethod
     def _probe_interval(cls, v: float) -> float:
         if not v > 0:

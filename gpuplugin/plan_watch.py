@@ -17,13 +17,14 @@ The plan annotation codec is part of the shared contract (gputopo.contract).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import kubernetes.client
 import structlog
 
+from gpuplugin.deviceplugin.plans import PlanSource
 from gpuplugin.metrics import PluginMetrics
 from gputopo.contract import DEFAULT_KEYS, DEFAULT_RESOURCE, Keys, Plan, PlanFormatError, parse_plan
 from gputopo.kube.watching import SYNC, Watcher
@@ -70,11 +71,14 @@ class PlanWatch:
         backoff_max_s: float = 30.0,
         metrics: PluginMetrics | None = None,
         on_device_pod_ended: Callable[[], None] | None = None,
+        shared_resources: Callable[[], Collection[str]] | None = None,
     ) -> None:
         if not node_name:
             raise ValueError("node name must not be empty")
         self.node_name = node_name
         self.resource_name = resource_name
+        # the shared resources served now (issue 22): their plans list parent GPU ids, asked through for_resource
+        self._shared = shared_resources or (lambda: ())
         self.plan_key = keys.plan
         self._lock = threading.Lock()
         self._pending: dict[str, PendingPlan] = {}
@@ -129,9 +133,18 @@ class PlanWatch:
         self, available_ids: Sequence[str], must_include_ids: Sequence[str], size: int
     ) -> list[str] | None:
         """A pending container plan of exactly `size` ids inside `available_ids` holding `must_include_ids`."""
+        return self._plan_for(self.resource_name, available_ids, must_include_ids, size)
+
+    def for_resource(self, resource: str) -> PlanSource:
+        """The plan source of one shared resource: its plans' ids are parent GPUs (docs/contracts.md)."""
+        return _ResourcePlans(self, resource)
+
+    def _plan_for(
+        self, resource: str, available_ids: Sequence[str], must_include_ids: Sequence[str], size: int
+    ) -> list[str] | None:
         available = set(available_ids)
         must = set(must_include_ids)
-        pending_now = self.pending()
+        pending_now = [p for p in self.pending() if p.plan.resource == resource]
         furthest = 1 if pending_now else 0
         for pending in pending_now:
             for _container, ids in pending.plan.containers:
@@ -160,7 +173,7 @@ class PlanWatch:
         if spec.get("nodeName") != self.node_name or status.get("phase") in ("Succeeded", "Failed"):
             return False
         try:
-            return pod_device_count(pod, self.resource_name) > 0
+            return any(pod_device_count(pod, r) > 0 for r in (self.resource_name, *self._shared()))
         except PodSpecError:
             return False
 
@@ -259,6 +272,19 @@ class PlanWatch:
             return None, f"garbage: {e}"
         if plan.node != self.node_name:
             return None, f"other_node: plan is for node {plan.node!r}"
-        if plan.resource != self.resource_name:
+        if plan.resource != self.resource_name and plan.resource not in self._shared():
             return None, f"other_resource: plan is for {plan.resource!r}"
         return plan, ""
+
+
+class _ResourcePlans:
+    """PlanWatch's plans of one shared resource, as a PlanSource."""
+
+    def __init__(self, watch: PlanWatch, resource: str) -> None:
+        self._watch = watch
+        self.resource = resource
+
+    def pending_plan(
+        self, available_ids: Sequence[str], must_include_ids: Sequence[str], size: int
+    ) -> list[str] | None:
+        return self._watch._plan_for(self.resource, available_ids, must_include_ids, size)

@@ -90,6 +90,13 @@ class PodResourcesClient:
             raise self._fail("GetAllocatableResources", e) from None
         return frozenset(i for d in reply.devices if d.resource_name == resource for i in d.device_ids)
 
+    def in_use(self) -> dict[str, set[str]]:
+        """Device ids held per resource over every pod's containers (what a sharing config change must keep)."""
+        out: dict[str, set[str]] = {}
+        for c in self.list():
+            out.setdefault(c.resource, set()).update(c.device_ids)
+        return out
+
     def used_ids(self, resource: str) -> frozenset[str]:
         """The union of `resource` device ids over every pod's containers: the node's GPUs in use."""
         return frozenset(i for c in self.list() if c.resource == resource for i in c.device_ids)

@@ -47,7 +47,7 @@ import structlog
 
 from gpuplugin.podresources import PodResourcesError
 from gputopo.contract import Keys
-from gputopo.core.codec import NodeState, state_from_json, state_to_json, topology_to_json
+from gputopo.core.codec import NodeState, Sharing, state_from_json, state_to_json, topology_to_json
 from gputopo.core.errors import TopologyFormatError
 from gputopo.core.topology import Topology
 from gputopo.kube.errors import Conflict, KubeApiError, NotFound
@@ -102,6 +102,8 @@ class NodePublisher(Worker):
         backoff_max_s: float = 60.0,
         resync_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        sharing: Callable[[], Sharing | None] | None = None,
+        extra_labels: Callable[[], Mapping[str, str | None]] | None = None,
     ) -> None:
         if not node_name:
             raise ValueError("node name is required to publish (set NODE_NAME from the downward API)")
@@ -122,6 +124,8 @@ class NodePublisher(Worker):
         self._resync = resync_s
         self._clock = clock
         self._follow_until: float | None = None
+        self._sharing = sharing  # the state's "sharing" member, from PodResources (issue 22)
+        self._extra_labels = extra_labels  # the GFD labels of the shared layout
 
         self.topology_key = keys.topology
         self.state_key = keys.state
@@ -166,10 +170,17 @@ class NodePublisher(Worker):
                 previous = state_from_json(current)
             except TopologyFormatError as e:
                 log.warning("plugin.publish.state_unreadable", node=self.node_name, error=str(e), action="overwrite")
-        if previous is not None and previous.used == used and previous.unhealthy == unhealthy:
+        sharing = self._sharing() if self._sharing is not None else None
+        used -= sharing.shared_gpus if sharing is not None else frozenset()
+        if (previous is not None and previous.used == used and previous.unhealthy == unhealthy
+                and previous.sharing == sharing):
             return current or "", previous
-        state = NodeState((previous.generation if previous else 0) + 1, used, unhealthy)
+        state = NodeState((previous.generation if previous else 0) + 1, used, unhealthy, sharing)
         return state_to_json(state), state
+
+    def _all_labels(self) -> dict[str, str | None]:
+        extra = dict(self._extra_labels()) if self._extra_labels is not None else {}
+        return {**self._labels, **extra}
 
     # --- one step -----------------------------------------------------------------------------------------------
 
@@ -181,7 +192,7 @@ class NodePublisher(Worker):
             self.topology_key: annotations.get(self.topology_key),
             self.state_key: annotations.get(self.state_key),
         }
-        observed.update({k: labels.get(k) for k in self._labels})
+        observed.update({k: labels.get(k) for k in self._all_labels()})
         self._observed = observed
         self._observed_at = self._clock()
 
@@ -193,7 +204,7 @@ class NodePublisher(Worker):
         state_json, state = self._desired_state(self._observed.get(self.state_key))
         annotations = {self.topology_key: self._topology_json, self.state_key: state_json}
         ann_diff = {k: v for k, v in annotations.items() if self._observed.get(k) != v}
-        label_diff = {k: v for k, v in self._labels.items() if self._observed.get(k) != v}
+        label_diff = {k: v for k, v in self._all_labels().items() if self._observed.get(k) != v}
         if not ann_diff and not label_diff:
             self._set_state(state)
             return False
@@ -383,7 +394,7 @@ def start_publisher(
         cfg.node_name or "",
         cfg.keys,
         manager.topology,
-        [d.id for d in manager.devices],
+        [d.id for d in (manager.all_devices if hasattr(manager, "all_devices") else manager.devices)],
         lambda: pods.used_ids(resource),
         manager.unhealthy_ids,
         **options,

@@ -92,7 +92,8 @@ def start_health(cfg: PluginConfig, found: Discovered, manager: Any) -> Any:
         return None
     from gpuplugin.health import HealthMonitor
 
-    devices = {d.nvml_index: d.id for d in manager.devices}
+    served = manager.all_devices if hasattr(manager, "all_devices") else manager.devices
+    devices = {d.nvml_index: d.uuid for d in served}
     monitor = HealthMonitor(found.backend, devices, manager.set_health, ignored_xids=cfg.ignored_xids,
                             probe_interval_s=cfg.health_probe_interval, recovery_s=cfg.health_recovery_s)
     monitor.start()
@@ -113,7 +114,7 @@ def no_cluster_reason(cfg: PluginConfig) -> str | None:
     return None
 
 
-def start_publication(cfg: PluginConfig, manager: Any) -> Any:
+def start_publication(cfg: PluginConfig, manager: Any, **options: Any) -> Any:
     """The node publisher when publication is wanted and possible; otherwise say once why it is off."""
     reason = no_cluster_reason(cfg)
     if reason is not None:
@@ -122,7 +123,30 @@ def start_publication(cfg: PluginConfig, manager: Any) -> Any:
         return None
     from gpuplugin.publisher import start_publisher
 
-    return start_publisher(cfg, manager)
+    return start_publisher(cfg, manager, **options)
+
+
+def label_reader(cfg: PluginConfig) -> tuple[Callable[[], str | None] | None, Callable[[], None] | None]:
+    """Reads this node's sharing config label from the API (and the client's close), or (None, None) without a
+    cluster: the default config is served then."""
+    if cfg.sharing_config_dir is None or no_cluster_reason(cfg) is not None:
+        return None, None
+    from gputopo.kube.client import KubeConfigError, make_api_client
+    from gputopo.kube.fetching import get_node
+
+    try:
+        api = make_api_client()
+    except KubeConfigError as e:
+        log.warning("plugin.sharing.label_off", reason=str(e))
+        return None, None
+    node_name, key = cfg.node_name or "", cfg.sharing_config_label
+
+    def read() -> str | None:
+        labels = (get_node(api, node_name).get("metadata") or {}).get("labels") or {}
+        value = labels.get(key)
+        return value if isinstance(value, str) and value else None
+
+    return read, api.close
 
 
 def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], None] | None = None) -> None:
@@ -132,6 +156,8 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
     from gpuplugin.deviceplugin.lifecycle import PluginRunner
     from gpuplugin.deviceplugin.resource import ResourceManager
     from gpuplugin.metrics import MetricsServer, PluginMetrics
+    from gpuplugin.podresources import PodResourcesClient
+    from gpuplugin.sharing.node import ConfigSource, SharingNode
     from gputopo.metrics import process_registry
 
     if cfg.device_list_strategy is ListStrategy.CDI:
@@ -155,36 +181,56 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
                 metrics=metrics,
             )
             teardown.undo(manager.close)
-            runner = PluginRunner(manager, cfg.device_plugin_dir, cfg.resource_name, cfg.socket_name).start()
+            pods = PodResourcesClient(str(cfg.pod_resources_socket))
+            teardown.undo(pods.close)
+            read_label, close_label = label_reader(cfg)
+            if close_label is not None:
+                teardown.undo(close_label)
+
+            def serve(m: ResourceManager, resource: str, socket: str) -> PluginRunner:
+                return PluginRunner(m, cfg.device_plugin_dir, resource, socket).start()
+
+            node = SharingNode(
+                manager, cfg.resource_name, cfg.socket_name, serve,
+                ConfigSource(cfg.sharing_config_dir, cfg.sharing_config_default, read_label),
+                in_use=pods.in_use, mps_root=cfg.mps_root, mps_command=(cfg.mps_control,),
+                poll_interval_s=cfg.sharing_poll_interval,
+            ).start()
         except DevicePluginError as e:
             raise StartupError(str(e)) from None
-        teardown.undo(runner.stop)
+        teardown.undo(node.stop)
         log.info(
             "plugin.server.started",
             resource=cfg.resource_name,
-            socket=str(runner.socket_path),
+            socket=str(cfg.device_plugin_dir / cfg.socket_name),
             gpus=len(manager.devices),
+            shared=node.shared_names(),
             fabric=found.topology.fabric,
         )
         threading.Thread(target=manager.prewarm, name="allocator-prewarm", daemon=True).start()
-        monitor = start_health(cfg, found, manager)
+        monitor = start_health(cfg, found, node)
         if monitor is not None:
             teardown.undo(monitor.stop)
         if cfg.metrics_port:
             try:
-                server = MetricsServer(metrics.registry, runner.ready, cfg.metrics_port).start()
+                server = MetricsServer(metrics.registry, node.ready, cfg.metrics_port).start()
             except OSError as e:
                 raise StartupError(f"cannot serve metrics on port {cfg.metrics_port}: {e.strerror or e}") from None
             teardown.undo(server.stop)
             log.info("plugin.metrics.on", port=server.port)
-        publisher = start_publication(cfg, manager)
+        sharing_options: dict[str, Any] = {}
+        if cfg.sharing_config_dir is not None:
+            sharing_options["sharing"] = lambda: node.sharing(pods.in_use())
+            if cfg.sharing_labels:
+                sharing_options["extra_labels"] = node.labels
+        publisher = start_publication(cfg, node, **sharing_options)
         if publisher is not None and hasattr(publisher, "stop"):
             teardown.undo(publisher.stop)
         refresh = None
         if publisher is not None:
             # a GPU pod ended: publish its devices free as soon as the kubelet lets go of them (it may lag the API)
             refresh = lambda: publisher.publisher.trigger(follow_s=POD_END_FOLLOW_S)  # noqa: E731
-        plans = start_plan_watch(cfg, manager, refresh)
+        plans = start_plan_watch(cfg, node, refresh)
         if plans is not None:
             teardown.undo(plans)
         if on_ready is not None:
@@ -211,8 +257,10 @@ def start_plan_watch(cfg: PluginConfig, manager: Any,
         return None
     from gpuplugin.plan_watch import PlanWatch
 
-    watch = PlanWatch(api, cfg.node_name, keys=cfg.keys, metrics=manager.metrics,
-                      resource_name=cfg.resource_name, on_device_pod_ended=on_device_pod_ended).start()
+    shared = getattr(manager, "shared_names", None)
+    watch = PlanWatch(api, cfg.node_name, keys=cfg.keys, metrics=manager.whole.metrics if shared else manager.metrics,
+                      resource_name=cfg.resource_name, on_device_pod_ended=on_device_pod_ended,
+                      shared_resources=shared).start()
     manager.set_plan_source(watch)
     log.info("plugin.plans.on", node=cfg.node_name)
 

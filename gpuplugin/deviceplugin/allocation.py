@@ -52,6 +52,15 @@ class DeviceNode:
     permissions: str = "rw"
 
 
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """A host directory for the container (the MPS pipe directory of a shared GPU)."""
+
+    container_path: str
+    host_path: str
+    read_only: bool = False
+
+
 @dataclass(frozen=True)
 class ContainerAllocation:
     envs: dict[str, str] = field(default_factory=dict)
@@ -60,6 +69,7 @@ class ContainerAllocation:
     cdi_devices: tuple[str, ...] = ()
     # GPU device nodes left out because the host lacks them (the resource manager logs it, rate-limited)
     missing_nodes: tuple[str, ...] = ()
+    mounts: tuple[Mount, ...] = ()
 
 
 def visible_devices(devices: Sequence[Device], id_strategy: IdStrategy) -> str:

@@ -126,13 +126,16 @@ class ResourceManager:
         metrics: PluginMetrics | None = None,
         log_interval_s: float = REPEAT_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        gpus: Iterable[int] | None = None,
     ) -> None:
         self.topology = topology
         self.id_strategy = IdStrategy(id_strategy)
         self.list_strategy = ListStrategy(list_strategy)
         self.keys = keys
         self.dev_root = Path(dev_root)
-        self.devices = build_devices(topology, self.id_strategy, minors, nvml_indices)
+        self.all_devices = build_devices(topology, self.id_strategy, minors, nvml_indices)
+        served = None if gpus is None else frozenset(gpus)
+        self.devices = tuple(d for d in self.all_devices if served is None or d.index in served)
         self.metrics = metrics if metrics is not None else PluginMetrics()
         self._plans = plans
         self._by_id = {d.id: d for d in self.devices}
@@ -217,6 +220,21 @@ class ResourceManager:
         for sub in subs:
             sub.close()
 
+    def set_gpus(self, gpus: Iterable[int]) -> None:
+        """Serve these GPUs (topology indices) from now on: a sharing config moved GPUs between whole and shared.
+        Health is kept for GPUs served before; every stream gets the new complete list at once."""
+        served = frozenset(gpus)
+        with self._lock:
+            self.devices = tuple(d for d in self.all_devices if d.index in served)
+            self._by_id = {d.id: d for d in self.devices}
+            self._by_uuid = {d.uuid: d for d in self.devices}
+            self._healthy = {d.id: self._healthy.get(d.id, True) for d in self.devices}
+            snap = tuple(DeviceState(d, self._healthy[d.id]) for d in self.devices)
+            subs = list(self._subs)
+        self._update_gauge()
+        for sub in subs:
+            sub.offer(snap)
+
     # ---- allocation ----
 
     def set_plan_source(self, plans: PlanSource | None) -> None:
@@ -283,6 +301,21 @@ class ResourceManager:
         return alloc
 
     def _allocate(self, ids: Sequence[str]) -> ContainerAllocation:
+        return self._container_allocation(self._checked(ids))
+
+    def _container_allocation(self, devices: Sequence[Device]) -> ContainerAllocation:
+        """What the container gets for these GPUs; device nodes the host lacks are logged, rate-limited."""
+        alloc = container_allocation(
+            self.topology, devices, self.list_strategy, self.id_strategy, self.keys, self.dev_root
+        )
+        if alloc.missing_nodes and (quiet := self._missing_nodes.admit()) is not None:
+            log.warning("plugin.allocate.device_nodes_missing", missing=list(alloc.missing_nodes),
+                        dev_root=str(self.dev_root), not_logged_since_last=quiet)
+        return alloc
+
+    def _checked(self, ids: Sequence[str]) -> list[Device]:
+        """The devices of an Allocate request; raises AllocationRequestError for empty, repeated, unknown or
+        unhealthy ids."""
         if not ids:
             raise AllocationRequestError("allocate request names no devices")
         dups = sorted(x for x, n in Counter(ids).items() if n > 1)  # linear: a request may hold 100k+ ids
@@ -296,13 +329,7 @@ class ResourceManager:
             sick = [d.id for d in devices if not self._healthy[d.id]]
         if sick:
             raise AllocationRequestError(f"unhealthy device ids: {brief_ids(sick)}")
-        alloc = container_allocation(
-            self.topology, devices, self.list_strategy, self.id_strategy, self.keys, self.dev_root
-        )
-        if alloc.missing_nodes and (quiet := self._missing_nodes.admit()) is not None:
-            log.warning("plugin.allocate.device_nodes_missing", missing=list(alloc.missing_nodes),
-                        dev_root=str(self.dev_root), not_logged_since_last=quiet)
-        return alloc
+        return devices
 
 
 def brief_ids(ids: Sequence[str], most: int = 8, width: int = 64) -> str:

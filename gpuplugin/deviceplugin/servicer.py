@@ -153,6 +153,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                         for n in alloc.device_nodes
                     ],
                     cdi_devices=[pb.CDIDevice(name=name) for name in alloc.cdi_devices],
+                    mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                            for m in alloc.mounts],
                 )
             )
         return pb.AllocateResponse(container_responses=responses)

@@ -1,0 +1,134 @@
+"""Which GPU of this node is served how: whole under the plugin's resource, or as replicas of a shared resource.
+
+A pure function of a SharingConfig and the node's GPUs, so the reload loop can compare the layout a file asks for
+with the one it serves, and tests can check NVIDIA's examples without a kubelet. Errors name the config field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuplugin.sharing.config import SHARED_SUFFIX, SharingConfig, SharingConfigError
+from gputopo.core.topology import Topology
+
+
+@dataclass(frozen=True)
+class SharedSet:
+    """One shared resource: its advertised name and the replicas of each of its GPUs (topology index order)."""
+
+    name: str
+    strategy: str  # "time-slicing" | "mps"
+    fail_requests_greater_than_one: bool
+    distinct_gpus: bool
+    replicas: tuple[tuple[int, int], ...]  # (GPU index, replicas)
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(i for i, _ in self.replicas)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """GPUs served whole, and the shared sets. Every GPU of the node is in exactly one of them."""
+
+    whole: tuple[int, ...]
+    shared: tuple[SharedSet, ...] = ()
+
+    @property
+    def strategy(self) -> str | None:
+        return self.shared[0].strategy if self.shared else None
+
+    def role(self, index: int) -> tuple[str, int] | None:
+        """(shared resource, replicas) of a GPU, or None when it is served whole."""
+        for s in self.shared:
+            for i, n in s.replicas:
+                if i == index:
+                    return s.name, n
+        return None
+
+
+def whole_layout(topology: Topology) -> Layout:
+    return Layout(tuple(range(topology.size)))
+
+
+def _gpu_index(ref: object, topology: Topology, where: str) -> int:
+    if isinstance(ref, bool):
+        raise SharingConfigError(f"{ref!r} is not a GPU index or UUID", where)
+    if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
+        index = int(ref)
+        if not 0 <= index < topology.size:
+            raise SharingConfigError(f"GPU index {index} is not on this node ({topology.size} GPUs: "
+                                     f"0-{topology.size - 1})", where)
+        return index
+    text = str(ref)
+    if text.startswith("MIG-") or ":" in text:
+        raise SharingConfigError(f"{text!r} is a MIG device; sharing MIG devices is not supported here", where)
+    for gpu in topology.gpus:
+        if gpu.id == text:
+            return gpu.index
+    raise SharingConfigError(f"no GPU {text[:80]!r} on this node", where)
+
+
+def resolve(config: SharingConfig, topology: Topology, whole_resource: str) -> Layout:
+    """The layout `config` asks for on a node of `topology` whose whole GPUs are `whole_resource`."""
+    section = config.section
+    if config.strategy is None or section is None:
+        return whole_layout(topology)
+    base = "sharing.mps" if config.strategy == "mps" else "sharing.timeSlicing"
+    owner: dict[int, int] = {}  # GPU index -> entry number
+    per_name: dict[str, list[tuple[int, int]]] = {}
+    for n, entry in enumerate(section.resources):
+        where = f"{base}.resources[{n}]"
+        if entry.name != whole_resource:
+            raise SharingConfigError(f"only {whole_resource} (this plugin's resource) can be shared; "
+                                     f"{entry.name!r} is not served here (MIG resources are not shared)",
+                                     f"{where}.name")
+        if entry.devices == "all":
+            indices = list(range(topology.size))
+        elif isinstance(entry.devices, int):
+            if entry.devices > topology.size:
+                raise SharingConfigError(f"asks for {entry.devices} GPUs; this node has {topology.size}",
+                                         f"{where}.devices")
+            indices = list(range(entry.devices))
+        else:
+            indices = []
+            for k, ref in enumerate(entry.devices):
+                index = _gpu_index(ref, topology, f"{where}.devices[{k}]")
+                if index in indices:
+                    raise SharingConfigError(f"GPU {index} is listed twice", f"{where}.devices[{k}]")
+                indices.append(index)
+        for index in indices:
+            if index in owner:
+                raise SharingConfigError(f"GPU {index} is already shared by resources[{owner[index]}]; a GPU "
+                                         "belongs to one entry", f"{where}.devices")
+            owner[index] = n
+        advertised = entry.rename or (entry.name + SHARED_SUFFIX if section.rename_by_default else entry.name)
+        per_name.setdefault(advertised, []).extend((i, entry.replicas) for i in indices)
+    whole = tuple(i for i in range(topology.size) if i not in owner)
+    if whole and whole_resource in per_name:
+        n = next(k for k, e in enumerate(section.resources)
+                 if (e.rename or (e.name + SHARED_SUFFIX if section.rename_by_default else e.name)) == whole_resource)
+        raise SharingConfigError(
+            f"rename clash: replicas would be advertised as {whole_resource}, the name of the {len(whole)} GPUs "
+            f"left whole ({', '.join(map(str, whole))}); set rename or renameByDefault, or share every GPU",
+            f"{base}.resources[{n}].rename")
+    fail = config.fail_requests_greater_than_one
+    shared = tuple(
+        SharedSet(name, config.strategy, fail, section.distinct_gpus, tuple(sorted(entries)))
+        for name, entries in sorted(per_name.items())
+    )
+    return Layout(whole, shared)
+
+
+def advertised_counts(layout: Layout, whole_resource: str) -> dict[str, int]:
+    """Devices per resource name, as the node's capacity shows them (NVIDIA: 8 GPUs x replicas 10 -> 80)."""
+    counts = {s.name: sum(n for _, n in s.replicas) for s in layout.shared}
+    if layout.whole:
+        counts[whole_resource] = len(layout.whole)
+    return counts
+
+
+def describe(layout: Layout) -> Sequence[str]:
+    return [f"{s.name}: {s.strategy} GPUs {list(s.gpus)} x {sorted({n for _, n in s.replicas})}"
+            for s in layout.shared]

@@ -1,0 +1,82 @@
+"""The chart's GPU sharing values: NVIDIA's config files land unchanged in a ConfigMap the plugin reads, the plugin
+gets the MPS hostPath volumes and flags, bad values fail naming them, and with sharing off nothing changes."""
+
+from __future__ import annotations
+
+import helm_python
+import pytest
+
+from gpuplugin.config import SETTINGS
+from gpuplugin.sharing.config import parse_config
+from tests.deploy.rendering import ChartVariant, containers, find, render_chart, render_chart_files
+
+NVIDIA_TS = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 10\n"
+NVIDIA_MPS = "version: v1\nsharing:\n  mps:\n    renameByDefault: true\n    resources:\n    - name: nvidia.com/gpu\n" \
+             "      replicas: 4\n"
+
+
+def _plugin(objects: list[dict]) -> tuple[dict, dict]:
+    (ds,) = find(objects, "DaemonSet", "gpu-topology-plugin")
+    (_, container), *_ = list(containers(ds))
+    return ds, container
+
+
+def test_sharing_configs_reach_the_plugin_unchanged() -> None:
+    values = {"plugin": {"sharing": {"enabled": True, "default": "ts", "configs": {"ts": NVIDIA_TS,
+                                                                                  "mps": NVIDIA_MPS}}}}
+    objects = render_chart(ChartVariant("gpu-topology", "gpu-topology", values))
+    (cm,) = find(objects, "ConfigMap", "gpu-topology-plugin-sharing")
+    assert cm["data"]["ts"].strip() == NVIDIA_TS.strip() and cm["data"]["mps"].strip() == NVIDIA_MPS.strip()
+    assert parse_config(cm["data"]["mps"]).strategy == "mps"
+    ds, container = _plugin(objects)
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    args = container["args"]
+    flags = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if "=" in a}
+    assert flags["--sharing-config-dir"] == "/etc/gpu-topology/sharing"
+    assert flags["--sharing-config-default"] == "ts"
+    assert flags["--sharing-config-label"] == "nvidia.com/device-plugin.config"
+    assert flags["--mps-root"] == "/run/nvidia/mps"
+    # every flag the chart passes is one gpuplugin run knows
+    known = {f"--{s.flag}" for s in SETTINGS.settings} | {f"--no-{s.flag}" for s in SETTINGS.settings if s.is_bool}
+    assert {a.split("=", 1)[0] for a in args if a.startswith("--")} <= known
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["mps-root"] == "/run/nvidia/mps" and mounts["mps-shm"] == "/dev/shm"
+    assert mounts["sharing-config"] == "/etc/gpu-topology/sharing"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["mps-root"]["hostPath"] == {"path": "/run/nvidia/mps", "type": "DirectoryOrCreate"}
+    assert volumes["mps-shm"]["hostPath"]["path"] == "/run/nvidia/mps/shm"
+    assert volumes["sharing-config"]["configMap"]["name"] == "gpu-topology-plugin-sharing"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+
+
+def test_an_existing_configmap_and_gfd_labels_off() -> None:
+    values = {"plugin": {"sharing": {"enabled": True, "configMapName": "team-configs", "gfdLabels": False,
+                                     "mps": {"root": "/run/mps", "hostPID": False}}}}
+    objects = render_chart(ChartVariant("gpu-topology", "gpu-topology", values))
+    assert not find(objects, "ConfigMap", "gpu-topology-plugin-sharing")
+    ds, container = _plugin(objects)
+    assert "hostPID" not in ds["spec"]["template"]["spec"]
+    assert "--no-sharing-labels" in container["args"] and "--mps-root=/run/mps" in container["args"]
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["sharing-config"]["configMap"]["name"] == "team-configs"
+
+
+def test_sharing_off_changes_nothing() -> None:
+    ds, container = _plugin(render_chart(ChartVariant("gpu-topology", "gpu-topology", {})))
+    assert not any(a.startswith("--sharing") or a.startswith("--mps") for a in container["args"])
+    assert "hostPID" not in ds["spec"]["template"]["spec"]
+    assert {e["name"]: e.get("value") for e in container["env"]}["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+
+
+@pytest.mark.parametrize(("sharing", "named"), [
+    ({"enabled": True}, "plugin.sharing.configs"),
+    ({"enabled": True, "configs": {"a": NVIDIA_TS}, "default": "b"}, '"b" is not among'),
+    ({"enabled": True, "configs": {"a": NVIDIA_TS}, "mps": {"root": "run/mps"}}, "/plugin/sharing/mps/root"),
+    ({"enabled": True, "colour": "red"}, "colour"),
+])
+def test_bad_sharing_values_fail_naming_them(sharing: dict, named: str) -> None:
+    with pytest.raises(helm_python.HelmError) as caught:
+        render_chart_files(ChartVariant("gpu-topology", "gpu-topology", {"plugin": {"sharing": sharing}}))
+    assert named in str(caught.value)
