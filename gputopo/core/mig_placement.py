@@ -26,7 +26,7 @@ from gputopo.core.mig import MigError, Placement, parse_profile_name
 
 @dataclass(frozen=True, slots=True)
 class MigSlot:
-    """One MIG device of a static partition: its MIG UUID, device name (`1g.18gb`), placement, whether a pod holds it."""
+    """One MIG device of a static partition: MIG UUID, device name (`1g.18gb`), placement, whether a pod holds it."""
 
     uuid: str
     profile: str
@@ -62,12 +62,29 @@ class MigChoice:
 
     uuids: tuple[str, ...]
     gpus: tuple[int, ...]
-    key: tuple[int, int, int, int, int, tuple[int, ...]]
+    key: Key
 
 
-def _key(
-    subset: Sequence[MigGpuState], islands_in_use: frozenset[int]
-) -> tuple[int, int, int, int, int, tuple[int, ...]]:
+Key = tuple[int, int, int, int, int, tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """A GPU's facts the order reads, computed once per request."""
+
+    index: int
+    numa: int | None
+    island: int | None
+    in_use: bool
+    used_slices: int
+    free: tuple[str, ...]  # free instances of the asked profile, lowest start first
+
+
+def _candidate(g: MigGpuState, profile: str) -> _Candidate:
+    return _Candidate(g.index, g.numa, g.island, g.in_use, g.used_slices, tuple(s.uuid for s in g.free(profile)))
+
+
+def _key(subset: Sequence[_Candidate], islands_in_use: frozenset[int]) -> Key:
     numa = len({g.numa for g in subset})
     untouched = [g for g in subset if not g.in_use]
     broken = len({g.island for g in untouched if g.island is not None and g.island not in islands_in_use})
@@ -75,15 +92,9 @@ def _key(
             tuple(sorted(g.index for g in subset)))
 
 
-def _take(subset: Sequence[MigGpuState], profile: str, count: int) -> tuple[str, ...]:
+def _take(subset: Sequence[_Candidate], count: int) -> tuple[str, ...]:
     order = sorted(subset, key=lambda g: (not g.in_use, -g.used_slices, g.index))
-    out: list[str] = []
-    for g in order:
-        for slot in g.free(profile):
-            if len(out) == count:
-                return tuple(out)
-            out.append(slot.uuid)
-    return tuple(out)
+    return tuple(u for g in order for u in g.free)[:count]
 
 
 def islands_busy(gpus: Iterable[MigGpuState], whole_in_use: Iterable[int | None] = ()) -> frozenset[int]:
@@ -112,25 +123,24 @@ def choose_mig(
     if len(set(indices)) != len(indices):
         raise MigError(f"GPU indices listed twice: {sorted(indices)}")
     busy = islands_busy(gpus) if islands_in_use is None else islands_in_use
-    candidates = [g for g in gpus if g.free(profile)]
-    counts = sorted((len(g.free(profile)) for g in candidates), reverse=True)
+    candidates = [c for c in (_candidate(g, profile) for g in gpus) if c.free]
+    counts = sorted((len(c.free) for c in candidates), reverse=True)
     if sum(counts) < count:
         return None
     need, reached = 0, 0
     while reached < count:
         reached += counts[need]
         need += 1
-    best: tuple[tuple[int, int, int, int, int, tuple[int, ...]], tuple[MigGpuState, ...]] | None = None
+    best: tuple[Key, tuple[_Candidate, ...]] | None = None
     for subset in combinations(candidates, need):
-        if sum(len(g.free(profile)) for g in subset) < count:
+        if sum(len(c.free) for c in subset) < count:
             continue
         key = _key(subset, busy)
         if best is None or key < best[0]:
             best = (key, subset)
     assert best is not None  # the `need` largest counts reach `count`
     key, subset = best
-    uuids = _take(subset, profile, count)
-    return MigChoice(uuids, tuple(sorted(g.index for g in subset)), key)
+    return MigChoice(_take(subset, count), tuple(sorted(c.index for c in subset)), key)
 
 
 def first_fit(gpus: Sequence[MigGpuState], profile: str, count: int = 1) -> MigChoice | None:
@@ -147,5 +157,5 @@ def first_fit(gpus: Sequence[MigGpuState], profile: str, count: int = 1) -> MigC
     if len(taken) < count:
         return None
     chosen = tuple(sorted({i for i, _ in taken}))
-    subset = [g for g in gpus if g.index in chosen]
+    subset = [_candidate(g, profile) for g in gpus if g.index in chosen]
     return MigChoice(tuple(u for _, u in taken), chosen, _key(subset, islands_busy(gpus)))

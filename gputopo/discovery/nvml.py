@@ -175,7 +175,7 @@ def discover_node(backend: NvmlBackend) -> NodeDiscovery:
     try:
         topo = Topology.build(gpus, links, pcie_generation=pcie)
     except CoreError as e:
-        raise DiscoveryError(f"NVML answers do not form a valid topology: {e}", excluded=excluded) from e
+        raise DiscoveryError(f"NVML answers do not form a valid topology: {e}", excluded=excluded, mig=mig_gpus) from e
     devices = tuple(DiscoveredGpu(f.nvml_index, f.uuid, f.minor, f.bus, f.compute_capability) for f in facts)
     log.info(
         "discovery.nvml.done",
