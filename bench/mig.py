@@ -20,6 +20,7 @@ Policies for MIG requests:
              default scoring (NodeResourcesFit scores cpu and memory), so among the feasible nodes the tie is
              broken at random; then the first free instances.
   core:      gputopo.core.mig_placement.choose_mig on every node; the node whose choice has the best key.
+  core + node packing: the same, with the node's idle GPUs as a node-level term after the GPU-level ones.
 An idle MIG GPU is re-partitioned only when that lets the request in (enough idle GPUs on one node).
 
 Reported: requests served; requests that waited while enough free slices existed (on one node: k x the
@@ -157,6 +158,21 @@ Policy = Callable[[list[Node], Request, list[float], random.Random], tuple[Node,
 def core_policy(
     nodes: list[Node], req: Request, timings: list[float], rng: random.Random
 ) -> tuple[Node, MigChoice] | None:
+    return _core(nodes, req, timings, pack_nodes=False)
+
+
+def core_packing_policy(
+    nodes: list[Node], req: Request, timings: list[float], rng: random.Random
+) -> tuple[Node, MigChoice] | None:
+    return _core(nodes, req, timings, pack_nodes=True)
+
+
+def _core(
+    nodes: list[Node], req: Request, timings: list[float], *, pack_nodes: bool
+) -> tuple[Node, MigChoice] | None:
+    """choose_mig on every node; the best key wins. With `pack_nodes`, a node-level term the extender's score
+    would add: right after the GPU-level terms (GPUs, NUMA, untouched, islands), the node with the fewest idle
+    GPUs, so MIG use gathers on few nodes and whole nodes stay for 4- and 8-GPU pods."""
     best: tuple[tuple, Node, MigChoice] | None = None
     for node in nodes:
         if node.table.model != req.model:
@@ -166,8 +182,12 @@ def core_policy(
         t0 = time.perf_counter()
         choice = choose_mig(states, req.profile or "", req.count, islands_in_use=busy)
         timings.append(time.perf_counter() - t0)
-        if choice is not None and (best is None or (choice.key, node.index) < (best[0], best[1].index)):
-            best = (choice.key, node, choice)
+        if choice is None:
+            continue
+        idle = sum(1 for g in node.gpus if g.idle()) if pack_nodes else 0
+        rank = (*choice.key[:4], idle, *choice.key[4:], node.index)
+        if best is None or rank < best[0]:
+            best = (rank, node, choice)
     return (best[1], best[2]) if best else None
 
 
@@ -405,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     totals: dict[str, dict[str, float]] = {}
     policies = (("first-fit", first_fit_policy, False), ("random-fit", random_fit_policy, False),
-                ("core", core_policy, True))
+                ("core", core_policy, True), ("core + node packing", core_packing_policy, True))
     for seed, (name, policy, prefer) in ((s, p) for s in range(args.seed, args.seed + args.seeds) for p in policies):
         nodes = build_fleet(args.nodes, random.Random(seed))
         requests = make_requests(args.requests, args.nodes, args.load, random.Random(seed + 1))

@@ -10,6 +10,7 @@ import pytest
 from bench.mig import (
     Policy,
     build_fleet,
+    core_packing_policy,
     core_policy,
     first_fit_policy,
     make_requests,
@@ -18,11 +19,12 @@ from bench.mig import (
 )
 
 
-@pytest.mark.parametrize("policy", [first_fit_policy, random_fit_policy, core_policy])
+@pytest.mark.parametrize("policy", [first_fit_policy, random_fit_policy, core_policy, core_packing_policy])
 def test_short_churn_keeps_the_fleet_consistent(policy: Policy) -> None:
     nodes = build_fleet(4, random.Random(3))
     requests = make_requests(400, 4, 0.9, random.Random(4))
-    out = simulate(requests, nodes, policy, policy is core_policy, 0.5, 5)  # asserts each hold's size
+    core = policy in (core_policy, core_packing_policy)
+    out = simulate(requests, nodes, policy, core, 0.5, 5)  # asserts each hold's size
     assert 0 < out["served"] <= len(requests)
     assert out["waited_mig"] <= out["waited"]
     assert out["waited_with_room_mig"] <= out["waited_with_room"] <= len(requests)
