@@ -11,8 +11,17 @@ Why each rule:
 - Recovery, which NVIDIA's plugin lacks: a GPU whose probe passes continuously for `recovery_s` turns Healthy
   again (any new critical Xid or failed probe restarts that clock). `recovery_s=None` keeps Unhealthy for good.
 
+MIG instances (`mig_instances`, keyed by MIG UUID, the id MIG resources advertise):
+- An Xid carrying a GPU instance id (nvmlEventData_t gpuInstanceId != 0xFFFFFFFF) marks that instance Unhealthy
+  (only its compute instance when the CI id is given too), not the GPU: the other instances keep serving. An Xid
+  without instance ids is GPU-wide and marks the GPU, hence every instance on it.
+- An instance is healthy when it is and its GPU is; it recovers as a GPU does, after `recovery_s` of passing probes
+  of its GPU with no new Xid on it. A parent GPU that is not itself advertised is watched (Xid, probe) but never
+  reported through `on_change`.
+
 Transitions are reported through `on_change(ids, healthy)` (the device plugin's `ResourceManager.set_health`),
-in batches: events already queued are drained before reporting, so an Xid storm is one transition.
+and those of MIG instances through `on_instance_change(uuids, healthy)`, in batches: events already queued are
+drained before reporting, so an Xid storm is one transition.
 """
 
 from __future__ import annotations
@@ -49,6 +58,16 @@ class _GpuHealth:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class MigInstanceWatch:
+    """A MIG device to watch: its parent GPU's NVML index, its GPU and compute instance ids, its MIG UUID."""
+
+    gpu: int
+    gpu_instance: int
+    compute_instance: int
+    uuid: str
+
+
 class HealthMonitor(Worker):
     """Watches GPUs (NVML index -> advertised device id) in a thread; see the module docstring for the rules."""
 
@@ -65,6 +84,8 @@ class HealthMonitor(Worker):
         clock: Callable[[], float] = time.monotonic,
         wait_ms: int = 1000,
         error_backoff_s: float = 1.0,
+        mig_instances: Iterable[MigInstanceWatch] = (),
+        on_instance_change: OnChange | None = None,
     ) -> None:
         if probe_interval_s <= 0:
             raise ValueError(f"probe interval must be positive, got {probe_interval_s}")
@@ -82,18 +103,42 @@ class HealthMonitor(Worker):
         # NVML's wait cannot be interrupted: stop() takes effect within one wait.
         self._wait_ms = max(1, min(wait_ms, int(probe_interval_s * 1000)))
         self._error_backoff = error_backoff_s
-        self._state = {gpu: _GpuHealth() for gpu in self._devices}
+        self._instances: dict[str, MigInstanceWatch] = {}
+        for inst in mig_instances:
+            if inst.uuid in self._instances:
+                raise ValueError(f"MIG device {inst.uuid} listed twice")
+            self._instances[inst.uuid] = inst
+        self._on_instance_change = on_instance_change
+        watched = dict.fromkeys([*self._devices, *(i.gpu for i in self._instances.values())])
+        self._state = {gpu: _GpuHealth() for gpu in watched}
+        self._inst_state = {uuid: _GpuHealth() for uuid in self._instances}
         self._lock = threading.Lock()
 
     # --- public -------------------------------------------------------------------------------------------------
 
     def unhealthy_ids(self) -> frozenset[str]:
         with self._lock:
-            return frozenset(self._devices[g] for g, s in self._state.items() if not s.healthy)
+            return frozenset(self._devices[g] for g, s in self._state.items() if not s.healthy and g in self._devices)
 
     def is_healthy(self, device_id: str) -> bool:
         with self._lock:
-            return all(s.healthy for g, s in self._state.items() if self._devices[g] == device_id)
+            return all(s.healthy for g, s in self._state.items() if self._devices.get(g) == device_id)
+
+    def unhealthy_instances(self) -> frozenset[str]:
+        """MIG UUIDs that are unhealthy, by their own Xids or because their GPU is."""
+        with self._lock:
+            return frozenset(u for u in self._instances if not self._instance_healthy(u))
+
+    def is_instance_healthy(self, uuid: str) -> bool:
+        """Unknown UUIDs are healthy: health knows faults, not inventory."""
+        with self._lock:
+            return uuid not in self._instances or self._instance_healthy(uuid)
+
+    def _instance_healthy(self, uuid: str) -> bool:
+        return self._inst_state[uuid].healthy and self._state[self._instances[uuid].gpu].healthy
+
+    def _label(self, gpu: int) -> str:
+        return self._devices.get(gpu, f"nvml-index-{gpu}")
 
     # --- the loop -----------------------------------------------------------------------------------------------
 
@@ -104,6 +149,8 @@ class HealthMonitor(Worker):
         try:
             while not self.stopping:
                 changes: dict[int, bool] = {}
+                with self._lock:
+                    before = {u for u in self._instances if not self._instance_healthy(u)}
                 probe_now = False
                 if events is not None:
                     try:
@@ -124,6 +171,7 @@ class HealthMonitor(Worker):
                     self._probe_all(now, changes)
                     next_probe = now + self._probe_interval
                 self._report(changes)
+                self._report_instances(before)
         except Exception:  # the thread must not die silently: say so, the plugin keeps serving
             log.exception("plugin.health.monitor_crashed")
         finally:
@@ -135,14 +183,14 @@ class HealthMonitor(Worker):
 
     def _open_events(self) -> XidEventSet | None:
         try:
-            events = self._backend.xid_event_set(self._devices)
+            events = self._backend.xid_event_set(self._state)
         except NvmlError as e:
             log.warning("plugin.health.xid_unavailable", error=e.name, message=e.message, fallback="health probe only")
             return None
         for gpu, err in events.failed.items():
             log.warning(
                 "plugin.health.xid_not_registered",
-                device=self._devices[gpu],
+                device=self._label(gpu),
                 nvml_index=gpu,
                 error=err.name,
                 fallback="health probe only",
@@ -171,9 +219,37 @@ class HealthMonitor(Worker):
         else:
             log.debug("plugin.health.xid_unwatched_gpu", nvml_index=event.gpu, xid=event.xid)
             return
+        if event.gpu is not None and event.gpu_instance is not None and self._on_instance_xid(event):
+            return
         for gpu in targets:
-            log.warning("plugin.health.xid_critical", device=self._devices[gpu], nvml_index=gpu, xid=event.xid)
+            log.warning("plugin.health.xid_critical", device=self._label(gpu), nvml_index=gpu, xid=event.xid)
             self._mark_bad(gpu, f"Xid {event.xid}", changes)
+
+    def _on_instance_xid(self, event: XidEvent) -> bool:
+        """An Xid inside one MIG instance: mark the instances it names. False when the GPU has no watched
+        instance at all, so the Xid is taken as GPU-wide (what a whole-GPU watch always did)."""
+        on_gpu = [i for i in self._instances.values() if i.gpu == event.gpu]
+        if not on_gpu:
+            return False
+        hit = [
+            i
+            for i in on_gpu
+            if i.gpu_instance == event.gpu_instance
+            and (event.compute_instance is None or i.compute_instance == event.compute_instance)
+        ]
+        if not hit:
+            log.warning("plugin.health.xid_unknown_instance", nvml_index=event.gpu, xid=event.xid,
+                        gpu_instance=event.gpu_instance, compute_instance=event.compute_instance,
+                        action="no advertised instance there; nothing marked")
+            return True
+        with self._lock:
+            for inst in hit:
+                s = self._inst_state[inst.uuid]
+                s.healthy, s.passing_since, s.reason = False, None, f"Xid {event.xid}"
+        for inst in hit:
+            log.warning("plugin.health.xid_instance", device=inst.uuid, nvml_index=inst.gpu, xid=event.xid,
+                        gpu_instance=inst.gpu_instance, compute_instance=inst.compute_instance)
+        return True
 
     def _probe_all(self, now: float, changes: dict[int, bool]) -> None:
         for gpu in self._state:
@@ -181,9 +257,10 @@ class HealthMonitor(Worker):
                 self._probe(self._backend, gpu)
             except NvmlError as e:
                 if self._state[gpu].healthy:
-                    log.warning("plugin.health.probe_failed", device=self._devices[gpu], nvml_index=gpu, error=e.name)
+                    log.warning("plugin.health.probe_failed", device=self._label(gpu), nvml_index=gpu, error=e.name)
                 self._mark_bad(gpu, e.name, changes)
                 continue
+            self._recover_instances(gpu, now)
             with self._lock:
                 s = self._state[gpu]
                 if s.healthy or self._recovery is None:
@@ -195,7 +272,26 @@ class HealthMonitor(Worker):
                     changes[gpu] = True
                 else:
                     continue
-            log.info("plugin.health.gpu_recovered", device=self._devices[gpu], nvml_index=gpu, after=reason,
+            log.info("plugin.health.gpu_recovered", device=self._label(gpu), nvml_index=gpu, after=reason,
+                     passing_s=self._recovery)
+
+    def _recover_instances(self, gpu: int, now: float) -> None:
+        """A passing probe of `gpu` counts towards the recovery of its unhealthy instances."""
+        if self._recovery is None:
+            return
+        recovered = []
+        with self._lock:
+            for uuid, inst in self._instances.items():
+                s = self._inst_state[uuid]
+                if inst.gpu != gpu or s.healthy:
+                    continue
+                if s.passing_since is None:
+                    s.passing_since = now
+                if now - s.passing_since >= self._recovery:
+                    s.healthy, s.passing_since = True, None
+                    recovered.append((uuid, s.reason))
+        for uuid, reason in recovered:
+            log.info("plugin.health.instance_recovered", device=uuid, nvml_index=gpu, after=reason,
                      passing_s=self._recovery)
 
     def _mark_bad(self, gpu: int, reason: str, changes: dict[int, bool]) -> None:
@@ -209,10 +305,24 @@ class HealthMonitor(Worker):
 
     def _report(self, changes: dict[int, bool]) -> None:
         for healthy in (False, True):
-            ids = sorted(self._devices[g] for g, h in changes.items() if h is healthy)
+            ids = sorted(self._devices[g] for g, h in changes.items() if h is healthy and g in self._devices)
             if not ids:
                 continue
             try:
                 self._on_change(ids, healthy)
+            except Exception:
+                log.exception("plugin.health.callback_failed", devices=ids, healthy=healthy)
+
+    def _report_instances(self, before: set[str]) -> None:
+        """Report the instances whose effective health (own and GPU's) changed since `before` was taken."""
+        if not self._instances:
+            return
+        with self._lock:
+            after = {u for u in self._instances if not self._instance_healthy(u)}
+        for healthy, ids in ((False, sorted(after - before)), (True, sorted(before - after))):
+            if not ids or self._on_instance_change is None:
+                continue
+            try:
+                self._on_instance_change(ids, healthy)
             except Exception:
                 log.exception("plugin.health.callback_failed", devices=ids, healthy=healthy)

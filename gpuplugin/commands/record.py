@@ -17,6 +17,7 @@ import sys
 import click
 
 from gputopo.discovery.nvml_backend import LiveNvmlBackend, NvmlBackend, NvmlError, NvmlUnavailableError
+from gputopo.discovery.nvml_mig import discover_mig
 from gputopo.discovery.recording import (
     RecordingFormatError,
     discover_recording,
@@ -36,18 +37,29 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _mig_summary(rec: dict) -> str:
+    """The MIG GPUs of a recording and their devices, for the person recording to check at a glance."""
+    gpus = [(g["index"], g["uuid"]) for g in rec["gpus"] if isinstance(g.get("uuid"), str) and "mig" in g]
+    lines = []
+    for m in discover_mig(replay_backend(rec), gpus):
+        names = ", ".join(d.name or "?" for d in m.devices) or "no MIG devices"
+        pending = "" if not m.mode_change_pending else f" (mode change pending: {m.pending_mode})"
+        lines.append(f"; MIG GPU {m.nvml_index}{pending}: {names}")
+    return "".join(lines)
+
+
 def _summary(rec: dict) -> str:
     try:
         found = discover_recording(rec)
     except RecordingFormatError as e:
-        return f"recorded {len(rec['gpus'])} GPU(s), but they replay to no usable topology: {e}"
+        return f"recorded {len(rec['gpus'])} GPU(s), but they replay to no usable topology: {e}{_mig_summary(rec)}"
     topo = found.topology
     links = sorted({topo.link(i, j).label for i in range(topo.size) for j in range(i + 1, topo.size)})
     models = sorted({g.model or "?" for g in topo.gpus})
     excluded = "".join(f"; excluded NVML GPU {x.nvml_index} ({x.reason})" for x in found.excluded)
     return (
         f"recorded {topo.size} GPU(s) ({', '.join(models)}), fabric {topo.fabric}, links {', '.join(links) or '-'}, "
-        f"PCIe Gen{topo.pcie_generation}, NUMA {[g.numa_node for g in topo.gpus]}{excluded}"
+        f"PCIe Gen{topo.pcie_generation}, NUMA {[g.numa_node for g in topo.gpus]}{excluded}{_mig_summary(rec)}"
     )
 
 

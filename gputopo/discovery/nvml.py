@@ -9,7 +9,9 @@ bite"):
   fabric at the smaller of their switch-link counts, unless NVML's P2P status over NVLink says they cannot
   (fabric partitions); an unknown P2P status does not veto.
 - Everything else: the PCIe common ancestor (NVML's topology level, the same scale as `nvidia-smi topo -m`).
-- MIG-enabled GPUs are left out (their slices are not whole devices) and reported in `NodeDiscovery.excluded`.
+- MIG-enabled GPUs are left out of the topology (their slices are not whole devices) and reported in
+  `NodeDiscovery.excluded`; what NVML says about their MIG devices is in `NodeDiscovery.mig` (and in
+  `DiscoveryError.mig` when no whole GPU is left), from `gputopo.discovery.nvml_mig`.
 
 Any single failed call means "unknown" and degrades that fact alone (NUMA None, PCIe SYS, generation from the
 model name); only a failed device count, or no usable GPU at all, stops discovery.
@@ -46,6 +48,7 @@ from gputopo.discovery.nvml_backend import (
     NvmlError,
     normalize_bus_id,
 )
+from gputopo.discovery.nvml_mig import MigGpu, discover_mig
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -54,8 +57,9 @@ T = TypeVar("T")
 class DiscoveryError(Exception):
     """Discovery cannot give a topology at all (NVML has no device count, or no GPU is usable)."""
 
-    def __init__(self, message: str, *, excluded: Sequence[ExcludedGpu] = ()) -> None:
+    def __init__(self, message: str, *, excluded: Sequence[ExcludedGpu] = (), mig: Sequence[MigGpu] = ()) -> None:
         self.excluded = tuple(excluded)
+        self.mig = tuple(mig)
         super().__init__(message)
 
 
@@ -86,6 +90,7 @@ class NodeDiscovery:
     devices: tuple[DiscoveredGpu, ...]
     excluded: tuple[ExcludedGpu, ...] = ()
     driver_version: str | None = None
+    mig: tuple[MigGpu, ...] = ()  # GPUs with MIG enabled or pending (enabled ones are also in `excluded`)
 
     def nvml_index_to_id(self) -> dict[int, str]:
         return {d.nvml_index: g.id for d, g in zip(self.devices, self.topology.gpus, strict=True)}
@@ -134,6 +139,7 @@ def discover_node(backend: NvmlBackend) -> NodeDiscovery:
     driver = _try(backend.driver_version)
     facts: list[_GpuFacts] = []
     excluded: list[ExcludedGpu] = []
+    mig_candidates: list[tuple[int, str]] = []
     for i in range(count):
         uuid = _try(backend.uuid, i)
         bus = _try(backend.pci_bus_id, i)
@@ -142,7 +148,9 @@ def discover_node(backend: NvmlBackend) -> NodeDiscovery:
             excluded.append(ExcludedGpu(i, None, bus, "uuid unavailable"))
             log.warning("discovery.gpu.excluded", nvml_index=i, pci_bus_id=bus, reason="uuid unavailable")
             continue
-        mig = _try(backend.mig_mode, i)
+        mig = _try(backend.mig_mode, i, expected=(ERR_NOT_SUPPORTED,))
+        if mig is not None and NVML_DEVICE_MIG_ENABLE in mig:
+            mig_candidates.append((i, uuid))
         if mig is not None and mig[0] == NVML_DEVICE_MIG_ENABLE:
             excluded.append(ExcludedGpu(i, uuid, bus, "MIG enabled"))
             log.warning(
@@ -155,8 +163,11 @@ def discover_node(backend: NvmlBackend) -> NodeDiscovery:
             )
             continue
         facts.append(_gpu_facts(backend, i, uuid, bus))
+    mig_gpus = discover_mig(backend, mig_candidates)
     if not facts:
-        raise DiscoveryError(f"no usable GPU among {count} ({len(excluded)} excluded)", excluded=excluded)
+        raise DiscoveryError(
+            f"no usable GPU among {count} ({len(excluded)} excluded)", excluded=excluded, mig=mig_gpus
+        )
 
     links = _pair_links(backend, facts)
     gpus = [Gpu(k, f.uuid, f.bus, f.name, f.memory_mib, f.numa, f.affinity) for k, f in enumerate(facts)]
@@ -164,7 +175,7 @@ def discover_node(backend: NvmlBackend) -> NodeDiscovery:
     try:
         topo = Topology.build(gpus, links, pcie_generation=pcie)
     except CoreError as e:
-        raise DiscoveryError(f"NVML answers do not form a valid topology: {e}", excluded=excluded) from e
+        raise DiscoveryError(f"NVML answers do not form a valid topology: {e}", excluded=excluded, mig=mig_gpus) from e
     devices = tuple(DiscoveredGpu(f.nvml_index, f.uuid, f.minor, f.bus, f.compute_capability) for f in facts)
     log.info(
         "discovery.nvml.done",
@@ -173,7 +184,7 @@ def discover_node(backend: NvmlBackend) -> NodeDiscovery:
         excluded=len(excluded),
         links=sorted({topo.link(i, j).label for i in range(topo.size) for j in range(i + 1, topo.size)}),
     )
-    return NodeDiscovery(topo, devices, tuple(excluded), driver)
+    return NodeDiscovery(topo, devices, tuple(excluded), driver, mig_gpus)
 
 
 def _gpu_facts(backend: NvmlBackend, i: int, uuid: str, bus: str | None) -> _GpuFacts:

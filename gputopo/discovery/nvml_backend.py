@@ -38,7 +38,13 @@ NVML_TOPOLOGY_NODE = 40
 NVML_TOPOLOGY_SYSTEM = 50
 NVML_P2P_CAPS_INDEX_NVLINK = 2
 NVML_P2P_STATUS_OK = 0
+NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
+NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12  # GI profile indices 0..17 (1_SLICE .. 3_SLICE_GFX) in nvidia-ml-py 13.x
+NVML_COMPUTE_INSTANCE_PROFILE_COUNT = 0x9
+NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0
+# What nvmlEventData_t carries in gpuInstanceId / computeInstanceId when the event belongs to no one instance.
+NVML_INSTANCE_ID_ANY = 0xFFFFFFFF
 nvmlEventTypeXidCriticalError = 0x0000000000000008
 
 # The bus id NVML reports for the far end of a link that ends in an NVSwitch (see fixtures/recordings/).
@@ -49,6 +55,11 @@ ERR_NOT_SUPPORTED = "NVMLError_NotSupported"
 ERR_INVALID_ARGUMENT = "NVMLError_InvalidArgument"
 ERR_GPU_IS_LOST = "NVMLError_GpuIsLost"
 ERR_TIMEOUT = "NVMLError_Timeout"
+ERR_NOT_FOUND = "NVMLError_NotFound"
+ERR_NO_PERMISSION = "NVMLError_NoPermission"
+
+# Where the driver lists the capability device minors of every possible MIG GPU/compute instance.
+MIG_MINORS_PATH = "/proc/driver/nvidia-caps/mig-minors"
 
 
 class NvmlError(Exception):
@@ -69,10 +80,87 @@ class NvmlUnavailableError(NvmlError):
 
 @dataclass(frozen=True, slots=True)
 class XidEvent:
-    """An Xid critical error event. `gpu` is the NVML index, None when NVML named a device we cannot map."""
+    """An Xid critical error event. `gpu` is the NVML index, None when NVML named a device we cannot map.
+
+    `gpu_instance` / `compute_instance`: the MIG instance the Xid belongs to (nvmlEventData_t gpuInstanceId,
+    computeInstanceId), None when NVML gave 0xFFFFFFFF, i.e. the Xid is GPU-wide (always so without MIG)."""
 
     gpu: int | None
     xid: int
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+
+
+def instance_id(raw: int | None) -> int | None:
+    """nvmlEventData_t's instance id as XidEvent keeps it: None for 'no one instance' (0xFFFFFFFF)."""
+    if raw is None or int(raw) == NVML_INSTANCE_ID_ANY:
+        return None
+    return int(raw)
+
+
+# --- MIG answers (plain values, so replay and discovery need no pynvml) -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInstanceProfileInfo:
+    """nvmlDeviceGetGpuInstanceProfileInfoV (nvmlGpuInstanceProfileInfo_v2_t): one GI profile of a GPU. `id` is the
+    profile id nvidia-smi prints (19 for 1g on A100/H100), not the profile index the call was asked with."""
+
+    id: int
+    slice_count: int
+    instance_count: int
+    multiprocessor_count: int
+    copy_engine_count: int
+    decoder_count: int
+    encoder_count: int
+    jpeg_count: int
+    ofa_count: int
+    memory_size_mb: int
+    name: str = ""  # "MIG 1g.18gb" in v2; empty from the v1 call
+    is_p2p_supported: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeInstanceProfileInfo:
+    """nvmlGpuInstanceGetComputeInstanceProfileInfoV: one CI profile inside a GPU instance."""
+
+    id: int
+    slice_count: int
+    instance_count: int
+    multiprocessor_count: int
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInstanceInfo:
+    """nvmlGpuInstanceGetInfo: id, GI profile id and placement (memory slices [start, start + size))."""
+
+    id: int
+    profile_id: int
+    start: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeInstanceInfo:
+    """nvmlComputeInstanceGetInfo: id, CI profile id and placement (compute slices inside its GI)."""
+
+    id: int
+    profile_id: int
+    start: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class MigDeviceInfo:
+    """The MIG device in slot `index` of a GPU (nvmlDeviceGetMigDeviceHandleByIndex, then on that handle
+    nvmlDeviceGetUUID, nvmlDeviceGetGpuInstanceId, nvmlDeviceGetComputeInstanceId, nvmlDeviceGetMemoryInfo)."""
+
+    index: int
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    memory_total: int
 
 
 @dataclass
@@ -127,6 +215,18 @@ class NvmlBackend(Protocol):
     def topology_common_ancestor(self, gpu1: int, gpu2: int) -> int: ...
     def p2p_status(self, gpu1: int, gpu2: int, caps_index: int) -> int: ...
     def xid_event_set(self, gpus: Iterable[int]) -> XidEventSet: ...
+    # MIG (read only: nothing here creates, destroys or switches anything)
+    def max_mig_device_count(self, gpu: int) -> int: ...
+    def mig_device(self, gpu: int, index: int) -> MigDeviceInfo: ...
+    def gpu_instance_profile(self, gpu: int, profile_index: int) -> GpuInstanceProfileInfo: ...
+    def gpu_instance_possible_placements(self, gpu: int, profile_id: int) -> tuple[tuple[int, int], ...]: ...
+    def gpu_instance_remaining_capacity(self, gpu: int, profile_id: int) -> int: ...
+    def gpu_instance(self, gpu: int, gpu_instance_id: int) -> GpuInstanceInfo: ...
+    def compute_instance(self, gpu: int, gpu_instance_id: int, compute_instance_id: int) -> ComputeInstanceInfo: ...
+    def compute_instance_profile(
+        self, gpu: int, gpu_instance_id: int, profile_index: int
+    ) -> ComputeInstanceProfileInfo: ...
+    def mig_minors(self) -> str: ...
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -160,8 +260,15 @@ T = TypeVar("T")
 class LiveNvmlBackend:
     """NVML through nvidia-ml-py (module pynvml). Construct, then `init()`; `shutdown()` when done."""
 
-    def __init__(self, *, sysfs_root: str | Path = "/sys", cpu_words: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        sysfs_root: str | Path = "/sys",
+        cpu_words: int | None = None,
+        mig_minors_path: str | Path = MIG_MINORS_PATH,
+    ) -> None:
         self._sysfs_root = Path(sysfs_root)
+        self._mig_minors_path = Path(mig_minors_path)
         # nvmlDeviceGetCpuAffinity fills one 64-bit word per 64 CPUs; ask for enough for every CPU of the host.
         self._cpu_words = cpu_words or max(1, -(-(os.cpu_count() or 1) // 64))
         self._pynvml: Any = None
@@ -348,9 +455,120 @@ class LiveNvmlBackend:
             if not int(data.eventType) & nvmlEventTypeXidCriticalError:
                 return None
             gpu = by_address.get(ctypes.cast(data.device, ctypes.c_void_p).value)
-            return XidEvent(gpu=gpu, xid=int(data.eventData))
+            return XidEvent(
+                gpu=gpu,
+                xid=int(data.eventData),
+                gpu_instance=instance_id(getattr(data, "gpuInstanceId", None)),
+                compute_instance=instance_id(getattr(data, "computeInstanceId", None)),
+            )
 
         def close() -> None:
             self._nvml("nvmlEventSetFree", event_set)
 
         return XidEventSet(frozenset(registered), failed, wait, close)
+
+    # --- MIG ----------------------------------------------------------------------------------------------------
+
+    def max_mig_device_count(self, gpu: int) -> int:
+        return int(self._dev("nvmlDeviceGetMaxMigDeviceCount", gpu))
+
+    def mig_device(self, gpu: int, index: int) -> MigDeviceInfo:
+        """Slot `index` of the GPU's MIG devices; NVMLError_NotFound (or InvalidArgument) for an empty slot."""
+        handle = self._dev("nvmlDeviceGetMigDeviceHandleByIndex", gpu, index)
+        return MigDeviceInfo(
+            index=index,
+            uuid=_text(self._nvml("nvmlDeviceGetUUID", handle, gpu=gpu)),
+            gpu_instance_id=int(self._nvml("nvmlDeviceGetGpuInstanceId", handle, gpu=gpu)),
+            compute_instance_id=int(self._nvml("nvmlDeviceGetComputeInstanceId", handle, gpu=gpu)),
+            memory_total=int(self._nvml("nvmlDeviceGetMemoryInfo", handle, gpu=gpu).total),
+        )
+
+    def gpu_instance_profile(self, gpu: int, profile_index: int) -> GpuInstanceProfileInfo:
+        """nvmlDeviceGetGpuInstanceProfileInfoV (the v2 struct, with the name); the v1 call where V is missing."""
+        try:
+            info = self._dev("nvmlDeviceGetGpuInstanceProfileInfo", gpu, profile_index, 2)
+        except NvmlError as e:
+            if e.name not in ("NVMLError_FunctionNotFound", "TypeError"):
+                raise
+            info = self._dev("nvmlDeviceGetGpuInstanceProfileInfo", gpu, profile_index, 1)
+        return GpuInstanceProfileInfo(
+            id=int(info.id),
+            slice_count=int(info.sliceCount),
+            instance_count=int(info.instanceCount),
+            multiprocessor_count=int(info.multiprocessorCount),
+            copy_engine_count=int(info.copyEngineCount),
+            decoder_count=int(info.decoderCount),
+            encoder_count=int(info.encoderCount),
+            jpeg_count=int(info.jpegCount),
+            ofa_count=int(info.ofaCount),
+            memory_size_mb=int(info.memorySizeMB),
+            name=_text(getattr(info, "name", b"")),
+            is_p2p_supported=int(info.isP2pSupported),
+        )
+
+    def gpu_instance_possible_placements(self, gpu: int, profile_id: int) -> tuple[tuple[int, int], ...]:
+        """nvmlDeviceGetGpuInstancePossiblePlacements_v2: every (start, size) NVML would create `profile_id` at,
+        whatever exists already. pynvml leaves the ctypes arrays to the caller: ask for the count, then the list."""
+        nvml = self._pynvml
+        if nvml is None:
+            raise NvmlError("NVMLError_Uninitialized", "init() was not called", call="placements", gpu=gpu)
+        handle = self._handle(gpu)
+        count = ctypes.c_uint(0)
+        call = "nvmlDeviceGetGpuInstancePossiblePlacements"
+        try:
+            self._nvml(call, handle, profile_id, None, ctypes.byref(count), gpu=gpu)
+        except NvmlError as e:
+            if e.name != "NVMLError_InsufficientSize":
+                raise
+        if count.value == 0:
+            return ()
+        array = (nvml.c_nvmlGpuInstancePlacement_t * count.value)()
+        self._nvml(call, handle, profile_id, array, ctypes.byref(count), gpu=gpu)
+        return tuple((int(array[k].start), int(array[k].size)) for k in range(count.value))
+
+    def gpu_instance_remaining_capacity(self, gpu: int, profile_id: int) -> int:
+        return int(self._dev("nvmlDeviceGetGpuInstanceRemainingCapacity", gpu, profile_id))
+
+    def gpu_instance(self, gpu: int, gpu_instance_id: int) -> GpuInstanceInfo:
+        """nvmlDeviceGetGpuInstanceById, then nvmlGpuInstanceGetInfo."""
+        gi = self._dev("nvmlDeviceGetGpuInstanceById", gpu, gpu_instance_id)
+        info = self._nvml("nvmlGpuInstanceGetInfo", gi, gpu=gpu)
+        return GpuInstanceInfo(
+            int(info.id), int(info.profileId), int(info.placement.start), int(info.placement.size)
+        )
+
+    def compute_instance(self, gpu: int, gpu_instance_id: int, compute_instance_id: int) -> ComputeInstanceInfo:
+        """nvmlDeviceGetGpuInstanceById, nvmlGpuInstanceGetComputeInstanceById, nvmlComputeInstanceGetInfo."""
+        gi = self._dev("nvmlDeviceGetGpuInstanceById", gpu, gpu_instance_id)
+        ci = self._nvml("nvmlGpuInstanceGetComputeInstanceById", gi, compute_instance_id, gpu=gpu)
+        info = self._nvml("nvmlComputeInstanceGetInfo", ci, gpu=gpu)
+        return ComputeInstanceInfo(
+            int(info.id), int(info.profileId), int(info.placement.start), int(info.placement.size)
+        )
+
+    def compute_instance_profile(
+        self, gpu: int, gpu_instance_id: int, profile_index: int
+    ) -> ComputeInstanceProfileInfo:
+        """nvmlGpuInstanceGetComputeInstanceProfileInfoV with the shared engine profile, as go-nvlib asks."""
+        gi = self._dev("nvmlDeviceGetGpuInstanceById", gpu, gpu_instance_id)
+        info = self._nvml(
+            "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+            gi,
+            profile_index,
+            NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+            gpu=gpu,
+        )
+        return ComputeInstanceProfileInfo(
+            id=int(info.id),
+            slice_count=int(info.sliceCount),
+            instance_count=int(info.instanceCount),
+            multiprocessor_count=int(info.multiprocessorCount),
+            name=_text(getattr(info, "name", b"")),
+        )
+
+    def mig_minors(self) -> str:
+        """The text of /proc/driver/nvidia-caps/mig-minors (capability device minor per GPU/GI/CI)."""
+        try:
+            return self._mig_minors_path.read_text()
+        except OSError as e:
+            raise NvmlError(type(e).__name__, f"{self._mig_minors_path}: {e}", call="read mig-minors") from e

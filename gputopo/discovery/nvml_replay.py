@@ -11,6 +11,7 @@ Event stream format (JSON; `load_event_stream` validates it):
      "events": [
        {"t": 1.0, "type": "xid", "gpu": 0, "xid": 79},        # nvmlEventSetWait delivers Xid 79 for NVML index 0
        {"t": 1.0, "type": "xid", "gpu": null, "xid": 48},     # ... for a device NVML could not name
+       {"t": 2.0, "type": "xid", "gpu": 0, "xid": 94, "gpu_instance": 7, "compute_instance": 0},  # one MIG instance
        {"t": 1.0, "type": "fail", "gpu": 0, "error": "NVMLError_GpuIsLost"},  # every call on GPU 0 fails from t
        {"t": 30.0, "type": "restore", "gpu": 0},              # GPU 0 answers again from t
        {"t": 31.0, "type": "wait_error", "error": "NVMLError_Unknown"}]}      # one nvmlEventSetWait call fails
@@ -30,8 +31,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gputopo.core.errors import TopologyFormatError
+from gputopo.discovery.mig_minors import format_mig_minors
 from gputopo.discovery.nvml_backend import (
     ERR_INVALID_ARGUMENT,
+    ERR_NOT_FOUND,
+    ComputeInstanceInfo,
+    ComputeInstanceProfileInfo,
+    GpuInstanceInfo,
+    GpuInstanceProfileInfo,
+    MigDeviceInfo,
     NvmlError,
     XidEvent,
     XidEventSet,
@@ -55,6 +63,8 @@ class StreamEvent(BaseModel):
     type: Literal["xid", "fail", "restore", "wait_error"]
     gpu: int | None = Field(default=None, ge=0)
     xid: int | None = Field(default=None, ge=0)
+    gpu_instance: int | None = Field(default=None, ge=0, lt=2**32)  # absent: GPU-wide (NVML's 0xFFFFFFFF)
+    compute_instance: int | None = Field(default=None, ge=0, lt=2**32)
     error: str | None = None
 
     @model_validator(mode="after")
@@ -157,7 +167,12 @@ class ReplayNvmlBackend:
                 if ev.type == "wait_error":
                     raise NvmlError(ev.error or "NVMLError_Unknown", "replayed", call="nvmlEventSetWait")
                 if ev.type == "xid" and (ev.gpu is None or ev.gpu in registered):
-                    return XidEvent(gpu=ev.gpu, xid=int(ev.xid or 0))
+                    return XidEvent(
+                        gpu=ev.gpu,
+                        xid=int(ev.xid or 0),
+                        gpu_instance=ev.gpu_instance,
+                        compute_instance=ev.compute_instance,
+                    )
                 self._apply(ev)
             if self._next < len(self._events):  # the next event lies beyond this wait
                 self._now = deadline
@@ -285,6 +300,74 @@ class ReplayNvmlBackend:
         if caps_index != 2:  # NVML_P2P_CAPS_INDEX_NVLINK: the only index recordings keep
             raise NvmlError(ERR_NOT_RECORDED, f"P2P index {caps_index}", call="nvmlDeviceGetP2PStatus", gpu=gpu1)
         return int(self._pair(gpu1, gpu2, "p2p_nvlink", "nvmlDeviceGetP2PStatus"))
+
+    # --- MIG ----------------------------------------------------------------------------------------------------
+
+    def _mig(self, gpu: int, call: str) -> Mapping[str, Any]:
+        mig = self._check(call, gpu).get("mig")
+        if mig is None:
+            raise NvmlError(ERR_NOT_RECORDED, "no MIG answers in the recording", call=call, gpu=gpu)
+        return mig
+
+    def _mig_entry(self, gpu: int, section: str, key: str, call: str, missing: str = ERR_NOT_RECORDED) -> Any:
+        value = (self._mig(gpu, call).get(section) or {}).get(key)
+        if value is None:
+            raise NvmlError(missing, f"{section}[{key}] not in the recording", call=call, gpu=gpu)
+        return self._answer(value, call, gpu)
+
+    def max_mig_device_count(self, gpu: int) -> int:
+        call = "nvmlDeviceGetMaxMigDeviceCount"
+        return int(self._answer(self._mig(gpu, call).get("max_devices"), call, gpu))
+
+    def mig_device(self, gpu: int, index: int) -> MigDeviceInfo:
+        call = "nvmlDeviceGetMigDeviceHandleByIndex"
+        devices = self._mig(gpu, call).get("devices") or []
+        if not 0 <= index < len(devices):
+            raise NvmlError(ERR_NOT_FOUND, f"no MIG device slot {index}", call=call, gpu=gpu)
+        d = self._answer(devices[index], call, gpu)
+        return MigDeviceInfo(
+            int(d["index"]), str(d["uuid"]), int(d["gpu_instance_id"]), int(d["compute_instance_id"]),
+            int(d["memory_total"]),
+        )
+
+    def gpu_instance_profile(self, gpu: int, profile_index: int) -> GpuInstanceProfileInfo:
+        call = "nvmlDeviceGetGpuInstanceProfileInfoV"
+        d = self._mig_entry(gpu, "gi_profiles", str(profile_index), call)
+        return GpuInstanceProfileInfo(**d)
+
+    def gpu_instance_possible_placements(self, gpu: int, profile_id: int) -> tuple[tuple[int, int], ...]:
+        call = "nvmlDeviceGetGpuInstancePossiblePlacements"
+        d = self._mig_entry(gpu, "placements", str(profile_id), call)
+        return tuple((int(a), int(b)) for a, b in d)
+
+    def gpu_instance_remaining_capacity(self, gpu: int, profile_id: int) -> int:
+        call = "nvmlDeviceGetGpuInstanceRemainingCapacity"
+        return int(self._mig_entry(gpu, "remaining", str(profile_id), call))
+
+    def gpu_instance(self, gpu: int, gpu_instance_id: int) -> GpuInstanceInfo:
+        call = "nvmlDeviceGetGpuInstanceById"
+        return GpuInstanceInfo(**self._mig_entry(gpu, "gpu_instances", str(gpu_instance_id), call, ERR_NOT_FOUND))
+
+    def compute_instance(self, gpu: int, gpu_instance_id: int, compute_instance_id: int) -> ComputeInstanceInfo:
+        call = "nvmlGpuInstanceGetComputeInstanceById"
+        key = f"{gpu_instance_id}/{compute_instance_id}"
+        return ComputeInstanceInfo(**self._mig_entry(gpu, "compute_instances", key, call, ERR_NOT_FOUND))
+
+    def compute_instance_profile(
+        self, gpu: int, gpu_instance_id: int, profile_index: int
+    ) -> ComputeInstanceProfileInfo:
+        call = "nvmlGpuInstanceGetComputeInstanceProfileInfoV"
+        per_gi = (self._mig(gpu, call).get("ci_profiles") or {}).get(str(gpu_instance_id))
+        if per_gi is None:
+            raise NvmlError(ERR_NOT_FOUND, f"no GPU instance {gpu_instance_id}", call=call, gpu=gpu)
+        value = per_gi.get(str(profile_index))
+        if value is None:
+            raise NvmlError(ERR_NOT_RECORDED, f"CI profile {profile_index} not recorded", call=call, gpu=gpu)
+        return ComputeInstanceProfileInfo(**self._answer(value, call, gpu))
+
+    def mig_minors(self) -> str:
+        value = self._answer(self._rec.get("mig_minors"), "read mig-minors", None)
+        return format_mig_minors(dict(value))
 
     def xid_event_set(self, gpus: Iterable[int]) -> XidEventSet:
         if not self._initialized:

@@ -28,7 +28,23 @@ input is read as "ERR:NotRecorded:absent from the recording".
           {"link": 0, "state": 1,          # nvmlDeviceGetNvLinkState (1 = active)
            "version": 6,                   # nvmlDeviceGetNvLinkVersion (NVML enum: 6 = NVLink 4)
            "remote_bus_id": "FFFFFFFF:FF:FF.0",  # nvmlDeviceGetNvLinkRemotePciInfo().busId
-           "remote_type": 2}]}],          # nvmlDeviceGetNvLinkRemoteDeviceType (0 GPU, 1 IBM NPU, 2 NVSwitch)
+           "remote_type": 2}],            # nvmlDeviceGetNvLinkRemoteDeviceType (0 GPU, 1 IBM NPU, 2 NVSwitch)
+        "mig": {                           # optional: what NVML says about MIG on this GPU (absent: not recorded)
+          "max_devices": 7,                # nvmlDeviceGetMaxMigDeviceCount
+          "gi_profiles": {"0": {           # nvmlDeviceGetGpuInstanceProfileInfoV by profile index 0..17
+             "id": 19, "slice_count": 1, "instance_count": 7, "multiprocessor_count": 16, "copy_engine_count": 1,
+             "decoder_count": 1, "encoder_count": 0, "jpeg_count": 1, "ofa_count": 0, "memory_size_mb": 16384,
+             "name": "MIG 1g.18gb", "is_p2p_supported": 0}, "5": "ERR:NVMLError_NotSupported:Not Supported"},
+          "placements": {"19": [[0, 1], [1, 1]]},  # nvmlDeviceGetGpuInstancePossiblePlacements by profile id
+          "remaining": {"19": 6},          # nvmlDeviceGetGpuInstanceRemainingCapacity by profile id
+          "devices": [{"index": 0, "uuid": "MIG-...", "gpu_instance_id": 7, "compute_instance_id": 0,
+                       "memory_total": 17179869184}, "ERR:NVMLError_NotFound:Not Found"],  # by MIG slot
+          "gpu_instances": {"7": {"id": 7, "profile_id": 19, "start": 0, "size": 1}},  # by GI id
+          "compute_instances": {"7/0": {"id": 0, "profile_id": 0, "start": 0, "size": 1}},  # by "GI/CI"
+          "ci_profiles": {"7": {"0": {"id": 0, "slice_count": 1, "instance_count": 1,
+                                     "multiprocessor_count": 16, "name": "1c.1g.18gb"}}}}}],  # by GI, CI index
+     "mig_minors": {"config": 1, "monitor": 2, "gpu0/gi7/access": 66},  # /proc/driver/nvidia-caps/mig-minors,
+                                           # the lines of the MIG-enabled GPUs' minors (optional)
      "pairs": {"0-1": {                    # every ordered pair "a-b" of NVML indices
         "common_ancestor": 30,             # nvmlDeviceGetTopologyCommonAncestor(a, b)
         "p2p_nvlink": 0}}}                 # nvmlDeviceGetP2PStatus(a, b, NVML_P2P_CAPS_INDEX_NVLINK)
@@ -47,10 +63,14 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from gputopo.core.errors import TopologyParseError
 from gputopo.core.topology import Topology
+from gputopo.discovery.mig_minors import parse_mig_minors
 from gputopo.discovery.nvml import DiscoveryError, NodeDiscovery, discover_node
 from gputopo.discovery.nvml_backend import (
     ERR_INVALID_ARGUMENT,
     ERR_NOT_SUPPORTED,
+    NVML_COMPUTE_INSTANCE_PROFILE_COUNT,
+    NVML_DEVICE_MIG_ENABLE,
+    NVML_GPU_INSTANCE_PROFILE_COUNT,
     NVML_NVLINK_MAX_LINKS,
     NVML_P2P_CAPS_INDEX_NVLINK,
     NvmlBackend,
@@ -86,6 +106,61 @@ class LinkRecord(_Strict):
     remote_type: IntOrErr = NOT_RECORDED
 
 
+Count = Annotated[int, Field(ge=0, lt=2**32)]
+Key = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}$")]
+
+
+class GiProfileRecord(_Strict):
+    id: Count
+    slice_count: Count
+    instance_count: Count
+    multiprocessor_count: Count
+    copy_engine_count: Count
+    decoder_count: Count
+    encoder_count: Count
+    jpeg_count: Count
+    ofa_count: Count
+    memory_size_mb: Annotated[int, Field(ge=0, lt=2**64)]
+    name: Text = ""
+    is_p2p_supported: Count = 0
+
+
+class CiProfileRecord(_Strict):
+    id: Count
+    slice_count: Count
+    instance_count: Count
+    multiprocessor_count: Count
+    name: Text = ""
+
+
+class InstanceRecord(_Strict):
+    id: Count
+    profile_id: Count
+    start: Count
+    size: Count
+
+
+class MigDeviceRecord(_Strict):
+    index: Count
+    uuid: Text
+    gpu_instance_id: Count
+    compute_instance_id: Count
+    memory_total: Annotated[int, Field(ge=0, lt=2**64)]
+
+
+class MigRecord(_Strict):
+    max_devices: IntOrErr = NOT_RECORDED
+    gi_profiles: dict[Key, GiProfileRecord | Err] = Field(default_factory=dict, max_length=64)
+    placements: dict[Key, Annotated[list[Annotated[list[Count], Field(min_length=2, max_length=2)]],
+                                    Field(max_length=64)] | Err] = Field(default_factory=dict, max_length=64)
+    remaining: dict[Key, IntOrErr] = Field(default_factory=dict, max_length=64)
+    devices: list[MigDeviceRecord | Err] = Field(default_factory=list, max_length=64)
+    gpu_instances: dict[Key, InstanceRecord | Err] = Field(default_factory=dict, max_length=64)
+    compute_instances: dict[Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}/[0-9]{1,10}$")],
+                            InstanceRecord | Err] = Field(default_factory=dict, max_length=512)
+    ci_profiles: dict[Key, dict[Key, CiProfileRecord | Err]] = Field(default_factory=dict, max_length=64)
+
+
 class GpuRecord(_Strict):
     index: int = Field(ge=0)
     uuid: Text = NOT_RECORDED
@@ -103,6 +178,7 @@ class GpuRecord(_Strict):
     pcie_max_width: IntOrErr = NOT_RECORDED
     pcie_cur_width: IntOrErr = NOT_RECORDED
     nvlinks: list[LinkRecord] = Field(default_factory=list, max_length=NVML_NVLINK_MAX_LINKS)
+    mig: MigRecord | None = None
 
     @model_validator(mode="after")
     def _unique_links(self) -> GpuRecord:
@@ -126,6 +202,9 @@ class Recording(_Strict):
     nvml: Text = NOT_RECORDED
     gpus: list[GpuRecord] = Field(min_length=1, max_length=1024)
     pairs: dict[str, PairRecord] = Field(default_factory=dict)
+    mig_minors: dict[Annotated[str, StringConstraints(max_length=64)], Count] | Err | None = Field(
+        default=None, max_length=65536
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Recording:
@@ -250,7 +329,14 @@ def parse_recording(data: Any) -> dict[str, Any]:
     except ValidationError as e:
         prefix = "NVML recording (converted from the probe format)" if converted else "NVML recording"
         raise RecordingFormatError(f"{prefix}: {_first_error(e)}") from None
-    return model.model_dump(mode="json")
+    out = model.model_dump(mode="json")
+    # Keep recordings without MIG answers as they were (no "mig": null members).
+    if out.get("mig_minors") is None:
+        out.pop("mig_minors", None)
+    for g in out["gpus"]:
+        if g.get("mig") is None:
+            g.pop("mig", None)
+    return out
 
 
 def replay_backend(data: Any) -> ReplayNvmlBackend:
@@ -283,6 +369,73 @@ def _ask(fn: Any, *args: Any) -> Any:
     except NvmlError as e:
         return _err(e)
     return list(value) if isinstance(value, tuple) else value
+
+
+def _as_dict(value: Any) -> Any:
+    """A backend answer (dataclass, tuple of pairs) as recording JSON."""
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: getattr(value, k) for k in value.__dataclass_fields__}
+    if isinstance(value, tuple):
+        return [_as_dict(v) for v in value]
+    return value
+
+
+def _ask_json(fn: Any, *args: Any) -> Any:
+    try:
+        return _as_dict(fn(*args))
+    except NvmlError as e:
+        return _err(e)
+
+
+def record_mig(backend: NvmlBackend, gpu: int) -> dict[str, Any]:
+    """Everything MIG discovery asks about one GPU: profiles and placements always (NVML answers them with MIG
+    disabled too), devices and their instances when there are any."""
+    profiles = {str(p): _ask_json(backend.gpu_instance_profile, gpu, p) for p in range(NVML_GPU_INSTANCE_PROFILE_COUNT)}
+    ids = sorted({v["id"] for v in profiles.values() if isinstance(v, dict)})
+    out: dict[str, Any] = {
+        "max_devices": _ask(backend.max_mig_device_count, gpu),
+        "gi_profiles": profiles,
+        "placements": {str(i): _ask_json(backend.gpu_instance_possible_placements, gpu, i) for i in ids},
+        "remaining": {str(i): _ask(backend.gpu_instance_remaining_capacity, gpu, i) for i in ids},
+        "devices": [],
+        "gpu_instances": {},
+        "compute_instances": {},
+        "ci_profiles": {},
+    }
+    slots = out["max_devices"] if isinstance(out["max_devices"], int) else 0
+    for slot in range(min(slots, 64)):
+        dev = _ask_json(backend.mig_device, gpu, slot)
+        out["devices"].append(dev)
+        if not isinstance(dev, dict):
+            continue
+        gi, ci = dev["gpu_instance_id"], dev["compute_instance_id"]
+        if str(gi) not in out["gpu_instances"]:
+            out["gpu_instances"][str(gi)] = _ask_json(backend.gpu_instance, gpu, gi)
+            out["ci_profiles"][str(gi)] = {
+                str(p): _ask_json(backend.compute_instance_profile, gpu, gi, p)
+                for p in range(NVML_COMPUTE_INSTANCE_PROFILE_COUNT)
+            }
+        out["compute_instances"][f"{gi}/{ci}"] = _ask_json(backend.compute_instance, gpu, gi, ci)
+    return out
+
+
+def _nothing_recorded(mig: dict[str, Any]) -> bool:
+    """True when a replayed recording had no MIG answers at all (re-recording it must not invent a MIG section)."""
+    answers = [mig["max_devices"], *mig["gi_profiles"].values()]
+    return all(is_err(a) and a.startswith(f"ERR:{ERR_NOT_RECORDED}:") for a in answers)
+
+
+def _record_minors(backend: NvmlBackend, mig_gpu_minors: set[int]) -> Any:
+    """The mig-minors lines of the MIG-enabled GPUs (and config/monitor); None when no GPU has MIG enabled."""
+    if not mig_gpu_minors:
+        return None
+    try:
+        text = backend.mig_minors()
+    except NvmlError as e:
+        return _err(e)
+    entries = parse_mig_minors(text).entries
+    keep = {f"gpu{m}/" for m in mig_gpu_minors}
+    return {k: v for k, v in entries.items() if "/" not in k or any(k.startswith(p) for p in keep)}
 
 
 def record(backend: NvmlBackend, meta: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -331,6 +484,17 @@ def record(backend: NvmlBackend, meta: dict[str, Any] | None = None) -> dict[str
                 "nvlinks": links,
             }
         )
+        if not is_err(gpus[-1]["mig_mode"]):  # MIG-capable: record what NVML says about MIG there
+            mig = record_mig(backend, i)
+            if not _nothing_recorded(mig):
+                gpus[-1]["mig"] = mig
+    mig_minors = {
+        g["minor"]
+        for g in gpus
+        if isinstance(g["minor"], int)
+        and isinstance(g["mig_mode"], list)
+        and g["mig_mode"][0] == NVML_DEVICE_MIG_ENABLE
+    }
     pairs = {
         f"{a}-{b}": {
             "common_ancestor": _ask(backend.topology_common_ancestor, a, b),
@@ -349,6 +513,9 @@ def record(backend: NvmlBackend, meta: dict[str, Any] | None = None) -> dict[str
         "gpus": gpus,
         "pairs": pairs,
     }
+    minors = _record_minors(backend, mig_minors)
+    if minors is not None:
+        out["mig_minors"] = minors
     return parse_recording(out)
 
 

@@ -289,9 +289,11 @@ def test_backend_constants_equal_pynvml() -> None:
                  "NVML_TOPOLOGY_INTERNAL", "NVML_TOPOLOGY_SINGLE", "NVML_TOPOLOGY_MULTIPLE",
                  "NVML_TOPOLOGY_HOSTBRIDGE", "NVML_TOPOLOGY_NODE", "NVML_TOPOLOGY_SYSTEM",
                  "NVML_P2P_CAPS_INDEX_NVLINK", "NVML_P2P_STATUS_OK", "NVML_DEVICE_MIG_ENABLE",
-                 "nvmlEventTypeXidCriticalError"):
+                 "NVML_DEVICE_MIG_DISABLE", "NVML_GPU_INSTANCE_PROFILE_COUNT", "NVML_COMPUTE_INSTANCE_PROFILE_COUNT",
+                 "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", "nvmlEventTypeXidCriticalError"):
         assert getattr(nb, name) == getattr(pynvml, name), name
-    for name in (nb.ERR_NOT_SUPPORTED, nb.ERR_INVALID_ARGUMENT, nb.ERR_GPU_IS_LOST, nb.ERR_TIMEOUT):
+    for name in (nb.ERR_NOT_SUPPORTED, nb.ERR_INVALID_ARGUMENT, nb.ERR_GPU_IS_LOST, nb.ERR_TIMEOUT, nb.ERR_NOT_FOUND,
+                 nb.ERR_NO_PERMISSION):
         assert issubclass(getattr(pynvml, name), pynvml.NVMLError), name
 
 
@@ -309,6 +311,11 @@ def test_every_pynvml_function_the_live_backend_calls_exists_with_that_arity() -
         "nvmlDeviceGetTopologyCommonAncestor": 2, "nvmlDeviceGetP2PStatus": 3, "nvmlDeviceRegisterEvents": 3,
         "nvmlEventSetWait": 2, "nvmlEventSetCreate": 0, "nvmlDeviceGetCount": 0, "nvmlDeviceGetHandleByIndex": 1,
         "nvmlInit": 0, "nvmlShutdown": 0, "nvmlSystemGetDriverVersion": 0, "nvmlSystemGetNVMLVersion": 0,
+        # MIG
+        "nvmlDeviceGetMigDeviceHandleByIndex": 2, "nvmlDeviceGetGpuInstanceProfileInfo": 3,
+        "nvmlDeviceGetGpuInstancePossiblePlacements": 4, "nvmlDeviceGetGpuInstanceRemainingCapacity": 2,
+        "nvmlDeviceGetGpuInstanceById": 2, "nvmlGpuInstanceGetComputeInstanceById": 2,
+        "nvmlGpuInstanceGetComputeInstanceProfileInfo": 3,
     }
     for name in calls:
         fn = getattr(pynvml, name)

@@ -201,3 +201,19 @@ def test_record_replay_of_nvidia_smi_text_names_the_right_command(cli: CliRunner
     other.write_text("hello")
     result = cli.invoke(main, ["record", "--replay", str(other)])
     assert result.exit_code == 1 and "is not an NVML recording" in result.stderr
+
+
+def test_record_command_keeps_mig_answers_and_summarises_the_mig_gpus(cli: CliRunner, tmp_path: Path) -> None:
+    from tests.fixtures.nvml import RECORDINGS
+
+    for name, says in (
+        ("synthetic-hgx-h100-80gb-8gpu-mig-mixed.json",
+         "MIG GPU 3 (mode change pending: 1): no MIG devices; MIG GPU 4: 1g.10gb"),
+        ("synthetic-hgx-a100-80gb-8gpu-mig-single.json", "replay to no usable topology"),
+    ):
+        out = tmp_path / name
+        result = cli.invoke(main, ["record", "--replay", str(RECORDINGS / name), "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        assert says in result.stderr
+        assert "MIG GPU 7: 1g." in result.stderr
+        assert without_meta(json.loads(out.read_text())) == without_meta(canonical(RECORDINGS / name))
