@@ -140,7 +140,7 @@ class JobPlans:
         if needs.size == 0:
             return None
         try:
-            membership = job_membership(pod, self.keys, self.cache.groups.sizes)
+            membership = job_membership(pod, self.keys, self.cache.groups.sizes, self.cache.owners)
         except MembershipError as e:
             return JobPod(needs.uid, needs.key, needs.size, None, reasons.pod_problem(needs.key, str(e)))
         if membership is None:
