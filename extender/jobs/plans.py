@@ -51,6 +51,7 @@ from extender.jobs.membership import (
     job_membership,
 )
 from extender.jobs.planner import JobPlan, JobPlanError, JobRequest, JobUnplaceable, Member, NodeSnapshot, plan_job
+from extender.jobs.spread import Claims, first_pod_nodes
 from extender.metrics import ExtenderMetrics
 from extender.placement.engine import FilterOutcome
 from extender.placement.reasons import Failed, Unresolvable
@@ -385,8 +386,17 @@ class JobPlans:
             request = JobRequest(str(state.ref), state.gpus_per_pod, size, tuple(placed), ROLE, jp.require_nvlink,
                                  jp.min_gbps)
             started = time.perf_counter()
-            plan = plan_job(request, self._snapshot(state.gpus_per_pod, names, {m.node for m in placed}),
-                            self.locality)
+            snaps = self._snapshot(state.gpus_per_pod, names, {m.node for m in placed})
+            if size is None and not placed:  # a first pod of unknown size: not where other such jobs grow
+                claims = self._open_ended_claims(state)
+                snaps = first_pod_nodes(snaps, claims, state.gpus_per_pod)
+                if not snaps:
+                    note = jp.membership.size_note if jp.membership is not None else None
+                    raise JobUnplaceable(reasons.bounded(
+                        f"job {state.ref}: size unknown ({note or 'nothing says it'}); the nodes with room for "
+                        f"{state.gpus_per_pod} GPUs hold {claims.count} other jobs of unknown size still growing, so "
+                        f"its first pod waits (set {self.keys.job_size}, or let the extender read the job's owner)"))
+            plan = plan_job(request, snaps, self.locality)
             self.metrics.job_plan_seconds.observe(time.perf_counter() - started)
             if self._reserve(state, plan, None if size is not None else jp.uid):
                 self.metrics.job_plans.labels("planned").inc()
@@ -397,6 +407,16 @@ class JobPlans:
                 return plan
         raise JobUnplaceable(f"job {state.ref}: the GPUs planned for it were taken while they were being reserved, "
                              f"{_RESERVE_ATTEMPTS} times in a row; it is planned again at its next attempt")
+
+    def _open_ended_claims(self, state: JobState) -> Claims:
+        """What other jobs of unknown size placed or planned within the reservation timeout hold, per node."""
+        cutoff = self.clock() - self.reservations.timeout_s
+        with self._state_lock:
+            others = [s for s in self._states.values()
+                      if s is not state and s.size is None and s.touched > cutoff]
+            held = [[*((n, len(g)) for n, g in s.members.values()), *((x.node, len(x.gpus)) for x in s.slots)]
+                    for s in others]
+        return Claims.of(held)
 
     def _snapshot(self, k: int, names: list[str] | None, member_nodes: set[str]) -> list[NodeSnapshot]:
         nodes = self.cache.nodes
