@@ -111,6 +111,9 @@ class JobState:
     slots: tuple[OpenSlot, ...] = ()
     members: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # bound by us: uid -> node, GPUs
     touched: float = 0.0
+    size_from: str | None = None  # where the size was read (membership), for explanations
+    size_note: str | None = None  # why it is unknown
+    outside: set[str] = field(default_factory=set)  # members bound by us without a slot of the plan
 
 
 class JobPlans:
@@ -230,6 +233,10 @@ class JobPlans:
                 return
             state.members[uid] = (node, tuple(gpus))
             state.touched = self.clock()
+            if claim is None:
+                state.outside.add(uid)
+            else:
+                state.outside.discard(uid)
             if claim is not None:
                 state.slots = tuple(s for s in state.slots if s is not claim.slot)
                 ended.append(claim.slot)
@@ -278,6 +285,28 @@ class JobPlans:
             for key in idle:
                 del self._states[key]
 
+    def describe(self, uid: str) -> str | None:
+        """The job's part of a bound pod's placement explanation (`<prefix>/placement`): the job, how its size is
+        known, where its plan puts it and the job's estimate with what limits it; None for a pod of no job."""
+        key = self._job_of(uid)
+        state = self._states.get(key) if key is not None else None
+        if state is None:
+            return None
+        ref, plan = state.ref, state.plan
+        if state.size is not None:
+            known = f"{state.size} {ROLE}s, from {state.size_from}" if state.size_from else f"{state.size} {ROLE}s"
+        else:
+            known = f"size unknown: {state.size_note or 'nothing says it'}; planned a pod at a time near the others"
+        if uid in state.outside:
+            return reasons.bounded(f"job {ref} ({known}): placed outside the job's plan (no slot of it on this "
+                                   "node); the rest of the job is planned again around it")
+        if plan is None:
+            return reasons.bounded(f"job {ref} ({known})")
+        nodes = sorted(plan.counts.items())
+        shown = ", ".join(f"{n} x{c}" for n, c in nodes[:4]) + (f" +{len(nodes) - 4} nodes" if len(nodes) > 4 else "")
+        return reasons.bounded(f"job {ref} ({known}): planned on {plan.where} ({shown}); job est. "
+                               f"{plan.estimate.gbps:.1f} GB/s all-reduce, {plan.limit_text}")
+
     def open_slots(self) -> int:
         return sum(len(s.slots) for s in list(self._states.values()))
 
@@ -320,6 +349,7 @@ class JobPlans:
                                          f"pods of {state.gpus_per_pod}; a job plan gives each member the same "
                                          "number of GPUs")
                 state.gpus_per_pod = k
+            state.size_from, state.size_note = m.size_from, m.size_note
             if m.size is not None and m.size != state.size:  # known now (its PodGroup arrived), or changed
                 stale, state.slots, state.plan, state.size = list(state.slots), (), None, m.size
             state.touched = now
@@ -353,6 +383,7 @@ class JobPlans:
             else:  # its bind failed, or it ended
                 with self._state_lock:
                     state.members.pop(uid, None)
+                    state.outside.discard(uid)
         return out
 
     def _usable(self, state: JobState, uid: str) -> list[OpenSlot] | None:

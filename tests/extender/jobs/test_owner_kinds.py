@@ -149,6 +149,7 @@ def test_each_owner_kind_is_planned_whole_from_its_first_pod(case: str) -> None:
             with cluster(api) as (ext, client):
                 assert ext.cache.wait_for(lambda: len(ext.cache.owners) == 2, WAIT), ext.cache.owners.shapes
                 _schedule_and_check(ext, str(client.base_url), created, first, gpu_pods, per_pod, names)
+                _check_explanations(fake, created, first)
         finally:
             api.close()
 
@@ -182,6 +183,19 @@ def _schedule_and_check(ext: Extender, url: str, created: list[dict[str, Any]], 
     for key, nodes in bound.items():  # whole and packed: as few nodes as the job's GPUs need
         assert len(set(nodes)) == -(-gpu_pods * per_pod // 8), (key, nodes)
     assert ext.jobs.open_slots() == 0
+
+
+def _check_explanations(fake: FakeJobsKubeApi, created: list[dict[str, Any]], first: dict[str, Any]) -> None:
+    """Each GPU pod's `<prefix>/placement` says its job, how its size is known, the planned nodes and the job's
+    estimate and limit; not the per-pod "not ranked" wording (the job's filter left it its node)."""
+    for pod in created:
+        if not pod["spec"]["containers"][0].get("resources"):
+            continue
+        text = fake.pod(NS, pod["metadata"]["name"])["metadata"]["annotations"]["gpu-topology.io/placement"]
+        assert f"job {NS}/" in text and "planned on" in text and "job est." in text and "limited by" in text, text
+        assert "not ranked" not in text, text
+        if pod["metadata"]["name"].startswith(first["metadata"]["name"]):
+            assert f"from {first['kind']} {NS}/{first['metadata']['name']}" in text, text
 
 
 PYTORCH = ("kubeflow.org", "v1", "pytorchjobs")
