@@ -7,9 +7,11 @@ import json
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from extender.config import ExtenderConfig
 from extender.jobs.membership import OwnerSize, Source, job_membership
-from extender.jobs.owners import OwnerError, OwnerRef, owner_shape_of, owners_of_pod, size_from_env
+from extender.jobs.owners import OWNER_KINDS, OwnerError, OwnerRef, owner_shape_of, owners_of_pod, size_from_env
 from extender.jobs.ownership import OwnerShapes
 from gputopo.contract import Keys
 from gputopo.kube.fetching import ApiResource
@@ -169,3 +171,12 @@ def test_watched_objects_come_and_go() -> None:
     full.apply(PYTORCH, "ADDED", {**obj, "metadata": {**obj["metadata"], "name": "second"}})
     assert len(full) == 1
     assert owners.size_of(_pod()) == OwnerSize(None, "no owner object of a kind read here, no size in its env")
+
+
+def test_the_owner_kinds_setting() -> None:
+    assert ExtenderConfig().job_owner_kinds == OWNER_KINDS
+    assert ExtenderConfig(job_owner_kinds="").job_owner_kinds == ()  # the chart's empty list: none watched
+    assert ExtenderConfig(job_owner_kinds="PyTorchJob, MPIJob,MPIJob").job_owner_kinds == ("PyTorchJob", "MPIJob")
+    with pytest.raises(ValidationError, match="unknown owner kind 'Deployment'"):
+        ExtenderConfig(job_owner_kinds="PyTorchJob,Deployment")
+    assert OwnerShapes(RESOURCE, kinds=()).resources == ()
