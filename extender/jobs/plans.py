@@ -139,16 +139,20 @@ class JobPlans:
     # -- reading a pod -----------------------------------------------------------------------------------------
 
     def pod_of(self, pod: dict[str, Any], needs: PodNeeds) -> JobPod | None:
-        """The pod as a member of a job, or None for a pod of no job (and for a job's pods that ask no GPUs: an
-        MPIJob's launcher is placed on its own)."""
-        if needs.size == 0:
-            return None
+        """The pod as a member of a job, or None for a pod of no job. A job's pod asking no GPUs (a TFJob's
+        parameter server, an MPIJob's launcher) is one with gpus=0 once the job has pods placed or planned: it is
+        in no plan and every node passes it, but prioritize prefers the rack of the job's GPU pods (`score`)."""
         try:
             membership = job_membership(pod, self.keys, self.cache.groups.sizes, self.cache.owners)
         except MembershipError as e:
+            if needs.size == 0:
+                return None
             return JobPod(needs.uid, needs.key, needs.size, None, reasons.pod_problem(needs.key, str(e)))
         if membership is None:
             return None
+        if needs.size == 0:
+            state = self._states.get(membership.job.key)
+            return JobPod(needs.uid, needs.key, 0, membership) if state is not None else None
         if needs.uid:
             with self._state_lock:
                 self._recent[needs.uid] = membership.job.key
@@ -161,6 +165,8 @@ class JobPlans:
     # -- filter and prioritize ---------------------------------------------------------------------------------
 
     def filter(self, jp: JobPod, names: list[str]) -> FilterOutcome:
+        if jp.gpus == 0:  # a CPU-only pod of a job: in no plan, every node passes (prioritize prefers the rack)
+            return FilterOutcome(list(names), {}, {})
         if jp.problem is not None:
             return _refuse_all(names, Unresolvable(jp.problem))
         with self._plan_lock:
@@ -200,11 +206,40 @@ class JobPlans:
         state = self._states.get(jp.membership.job.key)
         if state is None:
             return None
+        if jp.gpus == 0:
+            return self._near_scores(state, jp, names)
         counts = Counter(s.node for s in state.slots if s.pod_uid in (None, jp.uid) and self._open(s))
         if not counts:
             return None
         top = max(counts.values())
         return [0 if not (c := counts.get(n, 0)) else 10 if c == top else 9 for n in names]
+
+    def _near_scores(self, state: JobState, jp: JobPod, names: list[str]) -> list[int] | None:
+        """A CPU-only pod of a job (a TFJob's parameter server) next to the job's GPU pods: 10 in the rack holding
+        most of them (placed, or planned in open slots), 8 in another rack holding some, 5 sharing an outer level
+        (spine, zone) with one, 0 elsewhere; None (scored as a pod of its own) while the job holds nothing."""
+        held = [m.node for m in self._members(state).values()] + [s.node for s in state.slots if self._open(s)]
+        places = [e.place for n in held if (e := self.cache.nodes.get(n)) is not None and e.place]
+        if not places:
+            return None
+        racks = Counter(p[0] for p in places if p[0] is not None)
+        top = racks.most_common(1)[0][0] if racks else None
+
+        def score(name: str) -> int:
+            entry = self.cache.nodes.get(name)
+            place = entry.place if entry is not None else None
+            if not place:
+                return 0
+            if place[0] is not None and place[0] == top:
+                return 10
+            if place[0] is not None and place[0] in racks:
+                return 8
+            return 5 if any(v is not None and any(v == p[i] for p in places) for i, v in enumerate(place)
+                            if i > 0) else 0
+
+        scores = [score(n) for n in names]
+        log.info("extender.job.companion", job=str(state.ref), pod=jp.name, rack=top, gpu_pods=len(held))
+        return scores
 
     # -- bind (extender.binder, under the node's lock) ---------------------------------------------------------
 

@@ -250,3 +250,37 @@ def test_a_crd_deleted_while_watched_forgets_its_objects() -> None:
                 assert ext.cache.wait_for(lambda: len(ext.cache.owners) == 1 and paddle.absent is None, WAIT)
         finally:
             api.close()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_tfjobs_parameter_servers_land_in_the_rack_of_its_workers(seed: int) -> None:
+    """Issue 21 item 3: the PS replicas ask no GPU, so they are in no plan; sent to this scheduler (the webhook's
+    --whole-jobs), they go to the rack holding the job's workers. Without this, a PS landed on any node that passed
+    (kube-scheduler's tie-break: half the time the other rack)."""
+    obj = recorded_object("tfjob-ps-worker-get.json")
+    with FakeJobsKubeApi() as fake:
+        topo = rated(DGX_A100, 100.0)
+        names = [f"n{i}" for i in range(8)]
+        for i, name in enumerate(names):
+            fake.add_node(k8s_node(name, topo, rack=f"r{i // 4}"))
+        fake.add_owner(obj)
+        pods = kubeflow_pods(obj)
+        role = "training.kubeflow.org/replica-type"
+        workers = [fake.add_pod(p) for p in pods if p["metadata"]["labels"][role] == "worker"]
+        servers = [fake.add_pod(p) for p in pods if p["metadata"]["labels"][role] == "ps"]
+        assert len(workers) == 4 and len(servers) == 2
+        api = make_api_client(host=fake.url, timeout_s=5.0)
+        try:
+            with cluster(api) as (ext, client):
+                assert ext.cache.wait_for(lambda: len(ext.cache.owners) == 1, WAIT)
+                driver = SchedulerDriver(str(client.base_url), seed=seed)
+                try:
+                    worker_nodes = {driver.schedule(p, names).node for p in workers}
+                    ps_nodes = [driver.schedule(p, names).node for p in servers]
+                finally:
+                    driver.close()
+        finally:
+            api.close()
+    assert None not in worker_nodes and None not in ps_nodes
+    worker_racks = {int(n[1:]) // 4 for n in worker_nodes if n}
+    assert {int(n[1:]) // 4 for n in ps_nodes if n} <= worker_racks, (worker_nodes, ps_nodes)
