@@ -206,6 +206,8 @@ class JobAware:
 @dataclass
 class Outcome:
     placed: list[tuple[TrainJob, float, int, bool]] = field(default_factory=list)  # job, GB/s, split, one node
+    kinds: list[str] = field(default_factory=list)  # machine kind of each placed job's first node
+    split_with_room: int = 0  # multi-pod jobs placed across racks while one rack had room for them
     frag_jobs: set[int] = field(default_factory=set)
     busy_gpu_s: float = 0.0
     window_s: float = 0.0
@@ -249,13 +251,21 @@ def simulate(policy: PolicyFn, jobs: Sequence[TrainJob], seed: int) -> Outcome:
                 still.append(p)
                 continue
             assert len(choice) == p.pods
+            k = p.gpus_per_pod
             for n, gpus in choice:
-                assert len(gpus) == p.gpus_per_pod and set(gpus) <= n.free
+                assert len(gpus) == k and set(gpus) <= n.free
                 n.free.difference_update(gpus)
             busy += p.gpus
             free_total -= p.gpus
             est = job_allreduce_gbps([PodSlot(n.name, n.topo, g, places[n.name]) for n, g in choice], LOCALITY)
             out.placed.append((p, est.gbps, est.split, est.nodes == 1))
+            out.kinds.append(choice[0][0].kind)
+            if p.pods > 1 and est.split >= 0:
+                room: dict[str | None, int] = {}
+                for n in nodes:
+                    rack = places[n.name][0]
+                    room[rack] = room.get(rack, 0) + (len(n.free) + sum(len(g) for m, g in choice if m is n)) // k
+                out.split_with_room += max(room.values()) >= p.pods
             heapq.heappush(events, (now + p.duration, 0, p.id, p, choice))
         pending = still
     out.window_s = w_end - w_start
@@ -274,6 +284,8 @@ class Summary:
     frag_jobs: int
     utilisation: float
     by_pods: dict[int, float]
+    fastest_share: dict[int, float]  # pods per job -> share of those jobs placed on the fastest-NIC machine kind
+    split_with_room: int
 
 
 def summarise(out: Outcome) -> Summary:
@@ -282,6 +294,11 @@ def summarise(out: Outcome) -> Summary:
     by_pods: dict[int, list[float]] = {}
     for job, gbps, _, _ in multi:
         by_pods.setdefault(job.pods, []).append(gbps)
+    fastest = max(FLEET, key=lambda kind: FLEET[kind][1])
+    on_fastest: dict[int, list[bool]] = {}
+    for (job, _, _, _), kind in zip(out.placed, out.kinds, strict=True):
+        if job.pods > 1:
+            on_fastest.setdefault(job.pods, []).append(kind == fastest)
     return Summary(
         jobs=len(out.placed),
         multi=len(multi),
@@ -293,6 +310,8 @@ def summarise(out: Outcome) -> Summary:
         frag_jobs=len(out.frag_jobs),
         utilisation=out.busy_gpu_s / (out.gpus * out.window_s),
         by_pods={k: statistics.fmean(v) for k, v in sorted(by_pods.items())},
+        fastest_share={k: statistics.fmean(v) for k, v in sorted(on_fastest.items())},
+        split_with_room=out.split_with_room,
     )
 
 
@@ -419,6 +438,12 @@ def main() -> None:
         f"inside one rack (d) {d.rack_share:.3f} vs (c) {c.rack_share:.3f}; fragmentation waits (d) {d.frag_jobs} "
         f"vs (b) {b.frag_jobs} vs (c) {c.frag_jobs}; utilisation (d) {d.utilisation:.3f} vs (c) "
         f"{c.utilisation:.3f}; (a) for reference {a.mean_gbps:.1f} GB/s.\n",
+        f"\nWhy (d) trails (c) on large jobs: share of multi-pod jobs placed on the fastest-NIC racks "
+        f"({max(FLEET, key=lambda kind: FLEET[kind][1])}), by pods per job, and multi-pod jobs placed across racks "
+        "while one rack had room for them:\n",
+        markdown_table(["policy", *[f"{k} pods" for k in sizes], "split across racks with a rack free"],
+                       [[name, *[f"{s.fastest_share.get(k, math.nan):.2f}" for k in sizes], s.split_with_room]
+                        for name, s in results.items()]),
     ]
     print("\n".join(text), flush=True)
     lat = latency(args.nodes, args.seed, args.rounds)

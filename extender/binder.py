@@ -234,7 +234,8 @@ class Binder:
             gpus = sorted(entry.topo.indices_of(plan.ids))
             known = self.recent.get(req.uid)
             need = known.need if known is not None else Need(len(gpus))
-            return self.explainer.explain(req.uid, plan.node, entry.topo, gpus, plan.gbps, need)
+            job = self.jobs.describe(req.holder) if self.jobs is not None else None
+            return self.explainer.explain(req.uid, plan.node, entry.topo, gpus, plan.gbps, need, job=job)
         except Exception as e:
             log.warning("extender.bind.unexplained", pod=req.key, error=f"{type(e).__name__}: {e}")
             return None

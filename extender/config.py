@@ -6,10 +6,11 @@ The verbs read the names on the cluster and their own limits from it; `serve` th
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from extender.jobs.owners import OWNER_KINDS
 from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
 from gputopo.core.locality import Locality, LocalityError, parse_locality
 from gputopo.settings import AnnotationPrefix, Cli, ExtendedResourceName, LogLevel, Port, ReadableFile, SettingsLoader
@@ -92,6 +93,9 @@ class ExtenderConfig(ListenerSettings):
         None, description="Network levels from node labels, innermost first, for job plans: "
                           "'rack=key|key@0.5,spine=key,zone=key' (level=label keys, first present wins[@share of "
                           "bandwidth kept crossing it]). Unset: topograph, GKE, EKS and zone labels (docs/jobs.md).")
+    job_owner_kinds: Annotated[tuple[str, ...], Cli(metavar="KIND,...")] = Field(
+        OWNER_KINDS, description="Owner kinds whose objects size jobs (watched, so granted get/list/watch in RBAC): "
+                                 f"any of {','.join(OWNER_KINDS)}; empty: none. A kind not installed is skipped.")
     tls_cert: ReadableFile | None = Field(None, description="Serve HTTPS with this certificate (with --tls-key).")
     tls_key: ReadableFile | None = Field(None, description="The private key of --tls-cert.")
     tls_client_ca: ReadableFile | None = Field(
@@ -134,6 +138,19 @@ class ExtenderConfig(ListenerSettings):
         if v < 0:
             raise ValueError(f"island spare count must be 0 or more, got {v}")
         return v
+
+    @field_validator("job_owner_kinds", mode="before")
+    @classmethod
+    def _job_owner_kinds(cls, v: Any) -> Any:
+        if isinstance(v, str):  # a flag or env value: "PyTorchJob,MPIJob"; "" (the chart's empty list): none
+            v = v.split(",")
+        if not isinstance(v, (list, tuple)) or not all(isinstance(k, str) for k in v):
+            raise ValueError(f"must be a comma-separated list of kinds, got {v!r:.80}")
+        v = tuple(k.strip() for k in v if k.strip())
+        unknown = [k for k in v if k not in OWNER_KINDS]
+        if unknown:
+            raise ValueError(f"unknown owner kind {unknown[0]!r:.80}; known: {', '.join(OWNER_KINDS)}")
+        return tuple(dict.fromkeys(v))
 
     @field_validator("locality")
     @classmethod

@@ -23,11 +23,13 @@ also carry the PodGroup its gang scheduler made for it: one job, seen twice).
    MPI operator `training.kubeflow.org/job-name` with `operator-name`, `replica-type`, `replica-index`, `job-role`
    (kubeflow/common pkg/apis/common/v1/constants.go). None of these carries a pod count.
 
-Size, first found: our annotation `<prefix>/job-size` (GPU pods; it may accompany any tier), the deciding source's
-own count (LWS size, Kueue total count), the group object's minimum (PodGroup minMember, Workload minCount) when the
-caller has seen that object (`group_sizes`), else unknown: the planner then places the pod near the members already
-placed. A group minimum counts every pod of the group, GPU-less ones too (an MPIJob's launcher): set
-`<prefix>/job-size` where that matters.
+Size, first found: our annotation `<prefix>/job-size` (GPU pods; it may accompany any tier), the owner object that
+made the pod when the caller has seen it (`owners`, extender.jobs.ownership: a PyTorchJob's, MPIJob's, TFJob's,
+JobSet's... GPU replicas, CPU-only ones left out), the deciding source's own count (LWS size, Kueue total count),
+the group object's minimum (PodGroup minMember, Workload minCount) when the caller has seen that object
+(`group_sizes`), the operators' env in the pod (TF_CONFIG, PET_NNODES), else unknown, with the reason why
+(`size_note`): the planner then places the pod near the members already placed. A group minimum counts every pod
+of the group, GPU-less ones too (an MPIJob's launcher): the owner, or `<prefix>/job-size`, counts right.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from gputopo.contract import Keys
 
@@ -105,6 +107,21 @@ class GroupRef:
 GroupSizes = Mapping[GroupRef, int]
 
 
+@dataclass(frozen=True, slots=True)
+class OwnerSize:
+    """A pod's job size as its owner object (or, failing that, its env) gives it."""
+
+    pods: int | None  # None: unknown
+    said: str  # where it was read, or why it is unknown
+    from_env: bool = False
+
+
+class OwnerSizes(Protocol):
+    """The owner objects seen (extender.jobs.ownership): a pod's job size from the object that made its pods."""
+
+    def size_of(self, pod: Mapping[str, Any]) -> OwnerSize: ...
+
+
 class MembershipError(ValueError):
     """A pod's job cannot be read; the message names the field and the value."""
 
@@ -149,6 +166,7 @@ class Membership:
     group: GroupRef | None  # the object whose minimum sizes the job, when the caller must look it up
     role: str | None  # replica type or role: "worker", "master", "leader"
     index: int | None
+    size_note: str | None = None  # why the size is unknown (its owner cannot be read), for reasons and logs
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +275,8 @@ def _role_and_index(pod: Mapping[str, Any]) -> tuple[str | None, int | None]:
     return (str(role).lower()[:63] if isinstance(role, str) and role else None), index
 
 
-def job_membership(pod: Any, keys: Keys, group_sizes: GroupSizes | None = None) -> Membership | None:
+def job_membership(pod: Any, keys: Keys, group_sizes: GroupSizes | None = None,
+                   owners: OwnerSizes | None = None) -> Membership | None:
     """The pod's job, or None when nothing says it belongs to one. Raises MembershipError subclasses."""
     if not isinstance(pod, dict):
         raise MembershipError("Pod must be an object")
@@ -271,30 +290,39 @@ def job_membership(pod: Any, keys: Keys, group_sizes: GroupSizes | None = None) 
             said = ", ".join(f"{c.source.value} {c.name!r}" for c in present)
             raise ConflictingGroups(f"pod is put in different groups of one kind: {said}")
         decided = present[0]
-        size, size_from = _size(pod, keys, decided, group_sizes)
+        size, size_from, note = _size(pod, keys, decided, group_sizes, owners)
         role, index = _role_and_index(pod)
         return Membership(JobRef(namespace, decided.source, decided.name), size, size_from, decided.group, role,
-                          index)
+                          index, note)
     ann = _dict(_dict(pod.get("metadata")).get("annotations"))
     if keys.job_size in ann:
         raise MembershipError(f"annotation {keys.job_size} without a job: set {keys.job} too")
     return None
 
 
-def _size(pod: Mapping[str, Any], keys: Keys, claim: _Claim,
-          group_sizes: GroupSizes | None) -> tuple[int | None, str | None]:
+def _size(pod: Mapping[str, Any], keys: Keys, claim: _Claim, group_sizes: GroupSizes | None,
+          owners: OwnerSizes | None) -> tuple[int | None, str | None, str | None]:
+    """(size, where it was read, why it is unknown). The owner object comes before the deciding source's count and
+    the group minimum: it counts the GPU pods only (a PodGroup's minMember counts an MPIJob's launcher too), and its
+    LeaderWorkerSet groups leave a leader asking no GPU out. Env (read by `owners` where the owner cannot be) comes
+    after both."""
     ann = _dict(_dict(pod.get("metadata")).get("annotations"))
     if keys.job_size in ann:
-        return parse_size(ann[keys.job_size], f"annotation {keys.job_size}"), f"annotation {keys.job_size}"
+        return parse_size(ann[keys.job_size], f"annotation {keys.job_size}"), f"annotation {keys.job_size}", None
+    owned = owners.size_of(pod) if owners is not None else None
+    if owned is not None and owned.pods is not None and not owned.from_env:
+        return owned.pods, owned.said, None
     if claim.size is not None:
-        return claim.size, f"annotation {claim.size_from}"
+        return claim.size, f"annotation {claim.size_from}", None
     if claim.group is not None and group_sizes is not None:
         known = group_sizes.get(claim.group)
         if known is not None:
             k8s = claim.group.kind in (GroupKind.K8S_POD_GROUP, GroupKind.K8S_WORKLOAD)
             where = f"{claim.group.kind.value} {'minCount' if k8s else 'minMember'}"
-            return parse_size(known, f"{where} of {claim.group.name}"), where
-    return None, None
+            return parse_size(known, f"{where} of {claim.group.name}"), where, None
+    if owned is not None and owned.pods is not None:
+        return owned.pods, owned.said, None
+    return None, None, owned.said if owned is not None else None
 
 
 def group_sizes_of(obj: Any) -> dict[GroupRef, int]:

@@ -124,6 +124,11 @@ class JobPlan:
         return (f"job {r.job}: {self.placed} of {size} {r.role}s placed, {len(self.slots)} planned; the job on "
                 f"{self.where} ({nodes}), est. {self.estimate.gbps:.1f} GB/s all-reduce ({_limit_text(self)})")
 
+    @property
+    def limit_text(self) -> str:
+        """What limits the job's estimate: "limited by the network inside one rack", "... by the pod ring"."""
+        return _limit_text(self)
+
     def reason_for(self, node: str) -> str:
         """What filter and prioritize say about a node for the job's next pod."""
         r = self.request

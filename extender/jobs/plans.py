@@ -51,6 +51,7 @@ from extender.jobs.membership import (
     job_membership,
 )
 from extender.jobs.planner import JobPlan, JobPlanError, JobRequest, JobUnplaceable, Member, NodeSnapshot, plan_job
+from extender.jobs.spread import Claims, first_pod_nodes
 from extender.metrics import ExtenderMetrics
 from extender.placement.engine import FilterOutcome
 from extender.placement.reasons import Failed, Unresolvable
@@ -110,6 +111,9 @@ class JobState:
     slots: tuple[OpenSlot, ...] = ()
     members: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # bound by us: uid -> node, GPUs
     touched: float = 0.0
+    size_from: str | None = None  # where the size was read (membership), for explanations
+    size_note: str | None = None  # why it is unknown
+    outside: set[str] = field(default_factory=set)  # members bound by us without a slot of the plan
 
 
 class JobPlans:
@@ -135,16 +139,20 @@ class JobPlans:
     # -- reading a pod -----------------------------------------------------------------------------------------
 
     def pod_of(self, pod: dict[str, Any], needs: PodNeeds) -> JobPod | None:
-        """The pod as a member of a job, or None for a pod of no job (and for a job's pods that ask no GPUs: an
-        MPIJob's launcher is placed on its own)."""
-        if needs.size == 0:
-            return None
+        """The pod as a member of a job, or None for a pod of no job. A job's pod asking no GPUs (a TFJob's
+        parameter server, an MPIJob's launcher) is one with gpus=0 once the job has pods placed or planned: it is
+        in no plan and every node passes it, but prioritize prefers the rack of the job's GPU pods (`score`)."""
         try:
-            membership = job_membership(pod, self.keys, self.cache.groups.sizes)
+            membership = job_membership(pod, self.keys, self.cache.groups.sizes, self.cache.owners)
         except MembershipError as e:
+            if needs.size == 0:
+                return None
             return JobPod(needs.uid, needs.key, needs.size, None, reasons.pod_problem(needs.key, str(e)))
         if membership is None:
             return None
+        if needs.size == 0:
+            state = self._states.get(membership.job.key)
+            return JobPod(needs.uid, needs.key, 0, membership) if state is not None else None
         if needs.uid:
             with self._state_lock:
                 self._recent[needs.uid] = membership.job.key
@@ -157,6 +165,8 @@ class JobPlans:
     # -- filter and prioritize ---------------------------------------------------------------------------------
 
     def filter(self, jp: JobPod, names: list[str]) -> FilterOutcome:
+        if jp.gpus == 0:  # a CPU-only pod of a job: in no plan, every node passes (prioritize prefers the rack)
+            return FilterOutcome(list(names), {}, {})
         if jp.problem is not None:
             return _refuse_all(names, Unresolvable(jp.problem))
         with self._plan_lock:
@@ -196,11 +206,40 @@ class JobPlans:
         state = self._states.get(jp.membership.job.key)
         if state is None:
             return None
+        if jp.gpus == 0:
+            return self._near_scores(state, jp, names)
         counts = Counter(s.node for s in state.slots if s.pod_uid in (None, jp.uid) and self._open(s))
         if not counts:
             return None
         top = max(counts.values())
         return [0 if not (c := counts.get(n, 0)) else 10 if c == top else 9 for n in names]
+
+    def _near_scores(self, state: JobState, jp: JobPod, names: list[str]) -> list[int] | None:
+        """A CPU-only pod of a job (a TFJob's parameter server) next to the job's GPU pods: 10 in the rack holding
+        most of them (placed, or planned in open slots), 8 in another rack holding some, 5 sharing an outer level
+        (spine, zone) with one, 0 elsewhere; None (scored as a pod of its own) while the job holds nothing."""
+        held = [m.node for m in self._members(state).values()] + [s.node for s in state.slots if self._open(s)]
+        places = [e.place for n in held if (e := self.cache.nodes.get(n)) is not None and e.place]
+        if not places:
+            return None
+        racks = Counter(p[0] for p in places if p[0] is not None)
+        top = racks.most_common(1)[0][0] if racks else None
+
+        def score(name: str) -> int:
+            entry = self.cache.nodes.get(name)
+            place = entry.place if entry is not None else None
+            if not place:
+                return 0
+            if place[0] is not None and place[0] == top:
+                return 10
+            if place[0] is not None and place[0] in racks:
+                return 8
+            return 5 if any(v is not None and any(v == p[i] for p in places) for i, v in enumerate(place)
+                            if i > 0) else 0
+
+        scores = [score(n) for n in names]
+        log.info("extender.job.companion", job=str(state.ref), pod=jp.name, rack=top, gpu_pods=len(held))
+        return scores
 
     # -- bind (extender.binder, under the node's lock) ---------------------------------------------------------
 
@@ -229,6 +268,10 @@ class JobPlans:
                 return
             state.members[uid] = (node, tuple(gpus))
             state.touched = self.clock()
+            if claim is None:
+                state.outside.add(uid)
+            else:
+                state.outside.discard(uid)
             if claim is not None:
                 state.slots = tuple(s for s in state.slots if s is not claim.slot)
                 ended.append(claim.slot)
@@ -277,6 +320,28 @@ class JobPlans:
             for key in idle:
                 del self._states[key]
 
+    def describe(self, uid: str) -> str | None:
+        """The job's part of a bound pod's placement explanation (`<prefix>/placement`): the job, how its size is
+        known, where its plan puts it and the job's estimate with what limits it; None for a pod of no job."""
+        key = self._job_of(uid)
+        state = self._states.get(key) if key is not None else None
+        if state is None:
+            return None
+        ref, plan = state.ref, state.plan
+        if state.size is not None:
+            known = f"{state.size} {ROLE}s, from {state.size_from}" if state.size_from else f"{state.size} {ROLE}s"
+        else:
+            known = f"size unknown: {state.size_note or 'nothing says it'}; planned a pod at a time near the others"
+        if uid in state.outside:
+            return reasons.bounded(f"job {ref} ({known}): placed outside the job's plan (no slot of it on this "
+                                   "node); the rest of the job is planned again around it")
+        if plan is None:
+            return reasons.bounded(f"job {ref} ({known})")
+        nodes = sorted(plan.counts.items())
+        shown = ", ".join(f"{n} x{c}" for n, c in nodes[:4]) + (f" +{len(nodes) - 4} nodes" if len(nodes) > 4 else "")
+        return reasons.bounded(f"job {ref} ({known}): planned on {plan.where} ({shown}); job est. "
+                               f"{plan.estimate.gbps:.1f} GB/s all-reduce, {plan.limit_text}")
+
     def open_slots(self) -> int:
         return sum(len(s.slots) for s in list(self._states.values()))
 
@@ -319,6 +384,7 @@ class JobPlans:
                                          f"pods of {state.gpus_per_pod}; a job plan gives each member the same "
                                          "number of GPUs")
                 state.gpus_per_pod = k
+            state.size_from, state.size_note = m.size_from, m.size_note
             if m.size is not None and m.size != state.size:  # known now (its PodGroup arrived), or changed
                 stale, state.slots, state.plan, state.size = list(state.slots), (), None, m.size
             state.touched = now
@@ -352,6 +418,7 @@ class JobPlans:
             else:  # its bind failed, or it ended
                 with self._state_lock:
                     state.members.pop(uid, None)
+                    state.outside.discard(uid)
         return out
 
     def _usable(self, state: JobState, uid: str) -> list[OpenSlot] | None:
@@ -385,8 +452,17 @@ class JobPlans:
             request = JobRequest(str(state.ref), state.gpus_per_pod, size, tuple(placed), ROLE, jp.require_nvlink,
                                  jp.min_gbps)
             started = time.perf_counter()
-            plan = plan_job(request, self._snapshot(state.gpus_per_pod, names, {m.node for m in placed}),
-                            self.locality)
+            snaps = self._snapshot(state.gpus_per_pod, names, {m.node for m in placed})
+            if size is None and not placed:  # a first pod of unknown size: not where other such jobs grow
+                claims = self._open_ended_claims(state)
+                snaps = first_pod_nodes(snaps, claims, state.gpus_per_pod)
+                if not snaps:
+                    note = jp.membership.size_note if jp.membership is not None else None
+                    raise JobUnplaceable(reasons.bounded(
+                        f"job {state.ref}: size unknown ({note or 'nothing says it'}); the nodes with room for "
+                        f"{state.gpus_per_pod} GPUs hold {claims.count} other jobs of unknown size still growing, so "
+                        f"its first pod waits (set {self.keys.job_size}, or let the extender read the job's owner)"))
+            plan = plan_job(request, snaps, self.locality)
             self.metrics.job_plan_seconds.observe(time.perf_counter() - started)
             if self._reserve(state, plan, None if size is not None else jp.uid):
                 self.metrics.job_plans.labels("planned").inc()
@@ -397,6 +473,16 @@ class JobPlans:
                 return plan
         raise JobUnplaceable(f"job {state.ref}: the GPUs planned for it were taken while they were being reserved, "
                              f"{_RESERVE_ATTEMPTS} times in a row; it is planned again at its next attempt")
+
+    def _open_ended_claims(self, state: JobState) -> Claims:
+        """What other jobs of unknown size placed or planned within the reservation timeout hold, per node."""
+        cutoff = self.clock() - self.reservations.timeout_s
+        with self._state_lock:
+            others = [s for s in self._states.values()
+                      if s is not state and s.size is None and s.touched > cutoff]
+            held = [[*((n, len(g)) for n, g in s.members.values()), *((x.node, len(x.gpus)) for x in s.slots)]
+                    for s in others]
+        return Claims.of(held)
 
     def _snapshot(self, k: int, names: list[str] | None, member_nodes: set[str]) -> list[NodeSnapshot]:
         nodes = self.cache.nodes

@@ -11,8 +11,10 @@ island. Bind, which learns only the chosen node, then words the choice (`Explain
 Reasons a faster node is passed over, as the policy has them (extender.placement.policy, extender.placement.scoring): an
 island kept for larger pods (the island penalty); a tighter fit among nodes as fast (packing); kube-scheduler's own
 scores or a placement in between (we ranked the faster node first, it chose another). The pod's constraints
-(require-nvlink, min-allreduce-gbps) are named, since they are why nodes were refused. Other reasons (a job's
-locality, once job plans are placed) come in as `notes`.
+(require-nvlink, min-allreduce-gbps) are named, since they are why nodes were refused. A pod of a job whose plan
+chose its node says the job instead (extender.jobs.plans.describe: the job, how its size is known, its planned
+nodes, the job's estimate and what limits it): the job's filter left it one node, which is not the "not ranked"
+case. Other reasons come in as `notes`.
 
 Kept per pod UID in a bounded map, oldest forgotten first; a pod bound without a prioritize call (one feasible node,
 or an extender restart in between) is explained without the comparison.
@@ -95,9 +97,10 @@ class Explainer:
                 self._offers.popitem(last=False)
 
     def explain(self, uid: str, node: str, topo: Topology, gpus: Sequence[int], gbps: float, need: Need,
-                notes: Sequence[str] = ()) -> str:
-        """One line: the choice, its efficiency vs the empty node, how it compares with the fastest offered, the
-        constraints, and `notes`; at most MAX_CHARS characters."""
+                notes: Sequence[str] = (), job: str | None = None) -> str:
+        """One line: the choice, its efficiency vs the empty node, how it compares with the fastest offered (for a
+        pod of a job, `job`: the job's plan chose its node, so the plan is what it says), the constraints, and
+        `notes`; at most MAX_CHARS characters."""
         with self._lock:
             known = uid in self._offers
             found = self._offers.get(uid)
@@ -107,7 +110,9 @@ class Explainer:
         else:
             eff = efficiency_ratio(gbps, self._best_empty(topo, size), size)
             parts = [f"{node} GPUs {gpu_list(mask_of(gpus))}: {gbps:.1f} GB/s, {VS_EMPTY} {eff:.2f}"]
-        if size > 1:
+        if job is not None:  # its node came from the job's plan; ranked on its own merits too when known
+            parts.append(job)
+        if size > 1 and (job is None or known):
             parts.append(_comparison(found, known, node, gbps))
         constraints = (["require-nvlink"] if need.require_nvlink else []) + (
             [f"min-allreduce {need.min_gbps:g} GB/s"] if need.min_gbps > 0 else [])

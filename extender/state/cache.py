@@ -23,6 +23,7 @@ from extender.config import ExtenderConfig
 from extender.jobs.groups import GroupSizes
 from extender.jobs.index import JobIndex
 from extender.jobs.membership import Membership, MembershipError, job_membership
+from extender.jobs.ownership import OwnerShapes
 from extender.state.pods import PodNeeds, PodSpecError, parse_quantity, pod_needs
 from extender.state.reservations import POD, Reservation, Reservations
 from gputopo.contract import Plan, PlanFormatError, parse_plan
@@ -153,6 +154,7 @@ class NodeCache:
         self.locality = config.network_locality()
         self.reservations = reservations
         self.groups = GroupSizes()  # job sizes from PodGroups and Workloads (fed by extender.state.cluster)
+        self.owners = OwnerShapes(config.resource_name, config.job_owner_kinds)  # job sizes from their owners
         self.jobs = JobIndex()
         self.nodes: dict[str, NodeEntry] = {}
         self.states: dict[str, PlacementState] = {}  # node -> its state, kept current for the hot path
@@ -176,6 +178,7 @@ class NodeCache:
         self.version = 0  # bumped on every change, so waiters (readiness, tests, demos) need no polling
         reservations.on_change = self._refresh_state
         self.groups.on_change = self._bump
+        self.owners.on_change = self._bump
 
     # -- locks and reads -------------------------------------------------------------------------------------
 

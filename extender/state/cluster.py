@@ -1,6 +1,6 @@
 """Feeds the node cache from the apiserver: a Watcher on Nodes, one on Pods (list, watch, re-list on 410), and one on
-each kind of group object that sizes jobs (extender.jobs.groups), where it exists: a kind that is not installed or not
-granted is looked for again every `group_retry_s`, quietly."""
+each kind of group object and of job owner object that sizes jobs (extender.jobs.groups, extender.jobs.ownership),
+where it exists: a kind that is not installed or not granted is looked for again every `group_retry_s`, quietly."""
 
 from __future__ import annotations
 
@@ -42,15 +42,20 @@ class ClusterSync:
                             **common)
         self.groups = [Watcher(api, r, self._group_callback(r), name=f"extender-{r.plural}-{r.group}",
                                absent_retry_s=group_retry_s, **common) for r in GROUP_RESOURCES]
+        self.owners: list[Watcher] = []  # the job owner kinds chosen (--job-owner-kinds), absent like the groups
+        for r in cache.owners.resources:
+            self.owners.append(Watcher(api, r, self._owner_callback(r, len(self.owners)),
+                                       name=f"extender-{r.plural}-{r.version}-{r.group}",
+                                       absent_retry_s=group_retry_s, **common))
 
     def start(self) -> None:
         self.nodes.start()
         self.pods.start()
-        for w in self.groups:
+        for w in self.groups + self.owners:
             w.start()
 
     def stop(self) -> None:
-        for w in self.groups:
+        for w in self.groups + self.owners:
             w.stop()
         self.pods.stop()
         self.nodes.stop()
@@ -91,3 +96,12 @@ class ClusterSync:
                 self.cache.groups.apply(resource, event_type, obj)
 
         return on_group
+
+    def _owner_callback(self, resource: ApiResource, i: int) -> Any:
+        def on_owner(event_type: str, obj: dict[str, Any]) -> None:
+            if event_type == SYNC:  # an absent kind delivers an empty one, its watcher saying why
+                self.cache.owners.sync(resource, obj.get("items") or [], self.owners[i].absent)
+            else:
+                self.cache.owners.apply(resource, event_type, obj)
+
+        return on_owner

@@ -41,6 +41,10 @@ class WebhookConfig(ListenerSettings):
         DEFAULT_RESOURCE, description="Extended resource whose pods it manages.")
     annotation_prefix: AnnotationPrefix = Field(
         DEFAULT_PREFIX, description="Prefix of the opt-out label <prefix>/webhook=disabled on pods.")
+    whole_jobs: bool = Field(
+        False, description="Also manage the pods of a Kubeflow job (label training.kubeflow.org/job-name) that ask no "
+                           "GPUs, such as a TFJob's parameter servers: the extender puts them in the rack of the "
+                           "job's workers.")
     max_body_bytes: int = Field(DEFAULT_WEBHOOK_BODY_LIMIT, description="Requests larger than this get 413.")
     certificate_check_s: Annotated[float, Cli(flag="certificate-check-interval")] = Field(
         10.0, description="Seconds between checks of --tls-cert/--tls-key for a renewed certificate.")

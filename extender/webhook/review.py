@@ -2,7 +2,9 @@
 
 The rule (issue 13): a pod being created that asks for the managed resource (counted as the kubelet counts it,
 init containers included: gputopo.podspec) and names no scheduler of its own (none, "" or "default-scheduler") gets
-`spec.schedulerName` set to the topology-aware scheduler. Anything else is answered `allowed: true` with no patch:
+`spec.schedulerName` set to the topology-aware scheduler; with `--whole-jobs`, so does a pod of a Kubeflow job
+(label `training.kubeflow.org/job-name`) that asks none, such as a TFJob's parameter server, so that the extender
+places it in the rack of the job's workers. Anything else is answered `allowed: true` with no patch:
 another scheduler's pod, a pod without GPUs, a pod labelled `<prefix>/webhook: disabled`, a pod already bound
 (`spec.nodeName`), an operation or kind it does not manage. The webhook never refuses a pod: what it cannot read it
 leaves alone, with a warning the client sees (`kubectl` prints it), since the API server then validates the pod.
@@ -21,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from extender.jobs.membership import KUBEFLOW_JOB
 from gputopo.podspec import PodSpecError, pod_device_count
 
 API_VERSION = "admission.k8s.io/v1"
@@ -57,6 +60,7 @@ class Policy:
     scheduler_name: str
     resource: str
     opt_out_label: str
+    whole_jobs: bool = False  # also the pods of a Kubeflow job that ask no GPUs (a TFJob's parameter servers)
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,7 @@ def decide(request: Mapping[str, Any], policy: Policy) -> Decision:
         gpus = pod_device_count(pod, policy.resource)
     except PodSpecError as e:
         return Decision(UNREADABLE_POD, warning=warning(f"{LEFT}: {e}"))
-    if gpus == 0:
+    if gpus == 0 and not (policy.whole_jobs and isinstance(labels.get(KUBEFLOW_JOB), str)):
         return Decision(NO_GPUS)
     patch = ({"op": "add", "path": "/spec/schedulerName", "value": policy.scheduler_name},)
     return Decision(PATCHED, patch, gpus=gpus)

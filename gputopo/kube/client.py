@@ -104,6 +104,9 @@ def make_api_client(
     # Connection failures are retried (a pooled keep-alive socket may have gone stale); a read that timed out is
     # not, so timeout_s bounds a call instead of being multiplied by urllib3's silent retries.
     cfg.retries = Retry(total=3, connect=3, read=0, redirect=3, status=0, other=0)
+    # An open watch holds its connection: the extender runs one per watched kind (nodes, pods, 4 group kinds, 10
+    # job owner kinds) beside its calls; urllib3's default of 10 would open and discard one per call past it.
+    cfg.connection_pool_maxsize = 32
     if host:
         cfg.verify_ssl = verify_ssl
     elif not verify_ssl:

@@ -111,6 +111,7 @@ CHART_VARIANTS: dict[str, ChartVariant] = {
                 "islandPenalty": 0.5,
                 "islandSpare": 2,
                 "locality": "rack=acme.example/rack@0.5,zone=topology.kubernetes.io/zone",
+                "jobOwnerKinds": ["PyTorchJob", "MPIJob", "JobSet"],
                 "extraEnv": [{"name": "TZ", "value": "UTC"}],
                 "extraVolumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}],
                 "extraVolumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from extender.jobs.owners import OWNER_KINDS
+from extender.jobs.ownership import OWNER_RESOURCES
 from tests.deploy.rendering import (
     CHART_VARIANTS,
     DEPLOY,
@@ -82,6 +84,22 @@ def account_view(objects: list[Obj], account: Obj) -> tuple[set[Grant], set[tupl
     return grants, builtins
 
 
+def job_owner_kinds(objects: list[Obj]) -> set[str]:
+    """The owner kinds the extender of a rendering watches: its --job-owner-kinds, all kinds when it has none."""
+    for workload in find(objects, "Deployment"):
+        for c in workload["spec"]["template"]["spec"]["containers"]:
+            for arg in c.get("args") or []:
+                if str(arg).startswith("--job-owner-kinds="):
+                    return {k for k in str(arg).partition("=")[2].split(",") if k}
+    return set(OWNER_KINDS)
+
+
+def unwatched_owner_calls(objects: list[Obj]) -> set[Grant]:
+    """The table's owner-kind calls the rendering's extender does not make (kinds left out of jobOwnerKinds)."""
+    kinds = job_owner_kinds(objects)
+    return {(r.group, r.plural, verb) for r in OWNER_RESOURCES if r.kind not in kinds for verb in ("list", "watch")}
+
+
 def leader_election_on(objects: list[Obj]) -> bool:
     for configmap in find(objects, "ConfigMap"):
         text = configmap.get("data", {}).get("scheduler-config.yaml")
@@ -101,6 +119,8 @@ def test_each_account_gets_exactly_its_components_calls(rendering: str) -> None:
         wanted: set[Grant] = set().union(*(calls[c] for c in ACCOUNT_COMPONENTS[label]))
         if label == "scheduler" and not leader_election_on(objects):
             wanted -= calls["kube-scheduler"]
+        if "extender" in ACCOUNT_COMPONENTS[label]:
+            wanted -= unwatched_owner_calls(objects)
         grants, builtins = account_view(objects, account)
         where = f"{rendering}: ServiceAccount {account['metadata']['name']}"
         assert grants - wanted == set(), f"{where} is granted more than its code calls"

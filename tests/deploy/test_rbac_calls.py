@@ -28,7 +28,7 @@ from tests.extender.conftest import topo
 from tests.fakes.gpunode import GpuNode, gpu_node
 from tests.fakes.kubeapi import FakeKubeApi, RecordedRequest
 from tests.fakes.kubeapi.groups import RESOURCES as GROUP_RESOURCES
-from tests.fakes.kubeapi.groups import FakeGroupsKubeApi
+from tests.fakes.kubeapi.jobs import JOB_RESOURCES, MPIJOB_V1, FakeJobsKubeApi
 from tests.helpers.kube import k8s_node, k8s_pod
 from tests.helpers.paths import SHARED, short_dir
 from tests.helpers.polling import eventually
@@ -208,7 +208,7 @@ def test_plugin_calls_exactly_its_declared_api(plugin_node: GpuNode) -> None:
 @pytest.fixture
 def extender_cluster() -> Iterator[dict[str, Any]]:
     """`gpu-extender serve --api-server <fake>` on a free loopback port, with one DGX-1 node published."""
-    with short_dir("rbac-ext-") as root, FakeGroupsKubeApi() as fake:  # the gang schedulers' group kinds installed
+    with short_dir("rbac-ext-") as root, FakeJobsKubeApi() as fake:  # group and job owner kinds installed
         fake.add_node(k8s_node("n1", topo(DGX1)))
         port = free_port()
         with open(root / "extender.log", "wb") as out:
@@ -251,6 +251,8 @@ def test_extender_calls_exactly_its_declared_api(extender_cluster: dict[str, Any
         _relist(fake, ("nodes", "pods"))
         assert client.get("/readyz").status_code == 200
         for group, version, plural in GROUP_RESOURCES:  # job sizes: list, then watch, each group kind
+            assert fake.wait_for_watches(1, timeout=WAIT, resource=f"{plural}.{version}.{group}"), plural
+        for group, version, plural in set(JOB_RESOURCES) - {MPIJOB_V1}:  # and each owner kind installed
             assert fake.wait_for_watches(1, timeout=WAIT, resource=f"{plural}.{version}.{group}"), plural
     except AssertionError as e:
         raise AssertionError(f"{e}\n{extender_cluster['log'].read_text()[-4000:]}") from None

@@ -49,6 +49,7 @@ WEBHOOK_VARIANTS: dict[str, ChartVariant] = {
         **copy.deepcopy(CHART_VARIANTS["custom"].values),
         "webhook": {"enabled": True, "replicas": 3, "port": 9443, "metricsPort": 9081, "timeoutSeconds": 5,
                     "namespaces": "opt-in", "pods": "opt-in", "excludeNamespaces": ["kube-system", "batch"],
+                    "wholeJobs": True,
                     "certManager": {"enabled": True, "issuerRef": {"kind": "ClusterIssuer", "name": "acme-ca"}},
                     "priorityClassName": "acme-critical", "podAnnotations": {"acme.example/team": "ml"},
                     "podLabels": {"acme.example/cost-center": "gpu"}, "tolerations": [{"operator": "Exists"}],
@@ -420,3 +421,13 @@ def test_an_upgrade_keeps_the_certificate_and_a_damaged_secret_is_replaced() -> 
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+def test_whole_jobs_is_a_switch_off_by_default() -> None:
+    """webhook.wholeJobs renders --whole-jobs (a Kubeflow job's CPU-only pods to our scheduler), which the
+    webhook's settings accept; off, the flag is absent."""
+    args = {name: _container(objs)[1]["args"] for name, objs in renderings().items()}
+    assert "--whole-jobs" in args["helm:custom"]
+    assert all("--whole-jobs" not in a for name, a in args.items() if name != "helm:custom")
+    assert SETTINGS.load({"whole_jobs": True, "tls_cert": __file__, "tls_key": __file__}, env={}).whole_jobs
+    assert any(o.opts == ["--whole-jobs"] for o in command.params), "a bare --whole-jobs flag (as rendered)"

@@ -179,3 +179,19 @@ def test_any_pod_is_answered_and_only_a_default_scheduled_gpu_pod_is_patched(cha
         assert pod_device_count(pod, "nvidia.com/gpu") == decision.gpus > 0
     except PodSpecError:  # pragma: no cover - a patched pod was readable
         pytest.fail("patched a pod whose GPU count cannot be read")
+
+
+def test_whole_jobs_sends_a_kubeflow_jobs_cpu_only_pods_too() -> None:
+    """--whole-jobs: a TFJob's parameter server (no GPUs, the training operator's job label) gets the scheduler, so
+    the extender can place it by its workers; without the switch, and for a pod of no job, it is left alone."""
+    def ps(r: dict[str, Any]) -> None:
+        _containers(r)[0].update(resources={"requests": {"cpu": "2", "memory": "4Gi"}})
+        r["object"]["metadata"].setdefault("labels", {})["training.kubeflow.org/job-name"] = "tf-dist-mnist-ps"
+
+    whole = review.Policy(SCHEDULER, "nvidia.com/gpu", "gpu-topology.io/webhook", whole_jobs=True)
+    request = review.read_review(recorded(ps)).request
+    assert review.decide(request, POLICY).outcome == review.NO_GPUS
+    decision = review.decide(request, whole)
+    assert decision.outcome == review.PATCHED and decision.gpus == 0 and decision.patch == tuple(PATCH)
+    no_job = review.read_review(recorded(lambda r: _containers(r)[0].pop("resources"))).request
+    assert review.decide(no_job, whole).outcome == review.NO_GPUS

@@ -36,12 +36,15 @@ def _store_key(group: str, version: str, plural: str) -> str:
 
 
 class FakeGroupsKubeApi(FakeKubeApi):
-    """FakeKubeApi plus the group kinds of RESOURCES; `installed` says which are served (all by default)."""
+    """FakeKubeApi plus the group kinds of RESOURCES; `installed` says which are served (all by default). A subclass
+    serving more kinds the same way (tests/fakes/kubeapi/jobs.py) sets SERVED."""
+
+    SERVED: dict[tuple[str, str, str], tuple[str, bool]] = RESOURCES
 
     def __init__(self, *, installed: set[tuple[str, str, str]] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.installed = set(RESOURCES) if installed is None else set(installed)
-        self._groups = {_store_key(*r): r for r in RESOURCES}
+        self.installed = set(self.SERVED) if installed is None else set(installed)
+        self._groups = {_store_key(*r): r for r in self.SERVED}
         for key in self._groups:
             self._store[key] = {}
 
@@ -50,7 +53,7 @@ class FakeGroupsKubeApi(FakeKubeApi):
     def add_group(self, obj: Obj) -> Obj:
         """Create a PodGroup or Workload; its apiVersion and kind say which resource it is."""
         group, _, version = str(obj.get("apiVersion", "")).partition("/")
-        for (g, v, plural), (kind, _) in RESOURCES.items():
+        for (g, v, plural), (kind, _) in self.SERVED.items():
             if (g, v) == (group, version) and kind == obj.get("kind"):
                 return _copy(self._create_group(_store_key(g, v, plural), obj))
         raise ValueError(f"no group resource for {obj.get('apiVersion')} {obj.get('kind')}")
@@ -63,7 +66,7 @@ class FakeGroupsKubeApi(FakeKubeApi):
 
     def _resource_of(self, api_version: str, kind: str) -> str:
         group, _, version = api_version.partition("/")
-        for (g, v, plural), (k, _) in RESOURCES.items():
+        for (g, v, plural), (k, _) in self.SERVED.items():
             if (g, v, k) == (group, version, kind):
                 return _store_key(g, v, plural)
         raise ValueError(f"no group resource for {api_version} {kind}")
@@ -72,7 +75,7 @@ class FakeGroupsKubeApi(FakeKubeApi):
 
     def _route(self, h: Any, method: str, path: str, query: dict[str, str], body: bytes) -> None:
         parts = path.strip("/").split("/")
-        if len(parts) < 4 or parts[0] != "apis" or not any(parts[1] == g for g, _, _ in RESOURCES):
+        if len(parts) < 4 or parts[0] != "apis" or not any(parts[1] == g for g, _, _ in self.SERVED):
             super()._route(h, method, path, query, body)
             return
         group, version, rest = parts[1], parts[2], parts[3:]
@@ -80,8 +83,9 @@ class FakeGroupsKubeApi(FakeKubeApi):
         if rest[:1] == ["namespaces"] and len(rest) >= 3:
             namespace, rest = rest[1], rest[2:]
         ident = (group, version, rest[0]) if rest else None
-        if ident is None or ident not in RESOURCES or ident not in self.installed:
-            raise ApiError(_no_resource())
+        if ident is None or ident not in self.SERVED or ident not in self.installed:
+            self._missing(h, ident)
+            return
         resource = _store_key(*ident)
         rest = rest[1:]
         if not rest:
@@ -99,6 +103,10 @@ class FakeGroupsKubeApi(FakeKubeApi):
             raise ApiError(not_found(f"{ident[2]}.{group}", rest[0]))
         h.send_json(200, obj)
 
+    def _missing(self, h: Any, ident: tuple[str, str, str] | None) -> None:
+        """A resource that is not served: the "could not find the requested resource" Status."""
+        raise ApiError(_no_resource())
+
     # -- objects ---------------------------------------------------------------------------------------------
 
     def _selector(self, resource: str, namespace: str | None, query: dict[str, str]) -> Selector:
@@ -110,7 +118,7 @@ class FakeGroupsKubeApi(FakeKubeApi):
         out = super()._list(resource, selector, query)
         if resource in self._groups:
             group, version, plural = self._groups[resource]
-            kind, custom = RESOURCES[(group, version, plural)]
+            kind, custom = self.SERVED[(group, version, plural)]
             out["kind"], out["apiVersion"] = f"{kind}List", f"{group}/{version}"
             if custom:  # custom resources keep kind and apiVersion in each item
                 out["items"] = [{"apiVersion": f"{group}/{version}", "kind": kind, **i} for i in out["items"]]

@@ -137,6 +137,16 @@ class Handler(BaseHTTPRequestHandler):
                 self.write_chunk(data[i:i + (1 << 16)])
             self.wfile.write(b"0\r\n\r\n")
 
+    def send_text(self, status: int, data: bytes) -> None:
+        """A plain-text answer, as the apiserver's mux gives for a path nothing serves ("404 page not found")."""
+        self.send_response_only(status, HTTPStatus(status).phrase)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Date", email.utils.formatdate(usegmt=True))
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def start_stream(self) -> None:
         if getattr(self, "_streaming", False):
             return

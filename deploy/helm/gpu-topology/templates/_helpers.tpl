@@ -102,6 +102,7 @@ imagePullSecrets:
 {{- with .Values.extender.locality }}
 - --locality={{ . }}
 {{- end }}
+- --job-owner-kinds={{ join "," .Values.extender.jobOwnerKinds }}
 {{- range .Values.extender.extraArgs }}
 - {{ . }}
 {{- end }}
@@ -119,5 +120,26 @@ env:
 {{- with .Values.networkPolicy.metricsFrom }}
 from:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The extender's list + watch rules for the job owner kinds chosen (extender.jobOwnerKinds), one per API group,
+only the groups of those kinds: deploy/rbac-calls.yaml lists them all. */}}
+{{- define "gpu-topology.jobOwnerRules" -}}
+{{- $groups := dict "PyTorchJob" "kubeflow.org" "TFJob" "kubeflow.org" "XGBoostJob" "kubeflow.org" "PaddleJob" "kubeflow.org" "JAXJob" "kubeflow.org" "MPIJob" "kubeflow.org" "TrainJob" "trainer.kubeflow.org" "JobSet" "jobset.x-k8s.io" "LeaderWorkerSet" "leaderworkerset.x-k8s.io" }}
+{{- $plurals := dict "PyTorchJob" "pytorchjobs" "TFJob" "tfjobs" "XGBoostJob" "xgboostjobs" "PaddleJob" "paddlejobs" "JAXJob" "jaxjobs" "MPIJob" "mpijobs" "TrainJob" "trainjobs" "JobSet" "jobsets" "LeaderWorkerSet" "leaderworkersets" }}
+{{- range $group := list "kubeflow.org" "trainer.kubeflow.org" "jobset.x-k8s.io" "leaderworkerset.x-k8s.io" }}
+{{- $resources := list }}
+{{- range $kind := $.Values.extender.jobOwnerKinds }}
+{{- if eq (get $groups $kind) $group }}
+{{- $resources = append $resources (get $plurals $kind) }}
+{{- end }}
+{{- end }}
+{{- if $resources }}
+  # list + watch: job sizes from the objects that own the pods ({{ $group }}; extender.jobOwnerKinds).
+  - apiGroups: [{{ $group | quote }}]
+    resources: {{ toJson $resources }}
+    verbs: ["list", "watch"]
+{{- end }}
 {{- end }}
 {{- end -}}
