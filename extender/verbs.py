@@ -71,12 +71,12 @@ class Verbs:
         args = wire.extender_args(data)
         ext = self.ext
         try:
-            needs = pod_needs(args.pod, *self._needs_args)
+            needs = pod_needs(args.pod, *self._needs_args, ext.cache.shared_names)
         except PodSpecError as e:
             return filter_result(None if args.node_names is None else [], None if args.nodes is None else
                                  {**args.nodes, "items": []}, {}, {}, f"pod cannot be placed: {e}")
         ext.recent.remember(needs)
-        job_pod = ext.jobs.pod_of(args.pod, needs)
+        job_pod = ext.jobs.pod_of(args.pod, needs) if needs.need.resource is None else None
         if job_pod is not None:
             if not self._plan_in_thread:
                 return self._filter_answer(args, ext.jobs.filter(job_pod, args.names))
@@ -102,12 +102,12 @@ class Verbs:
     def prioritize(self, data: Any) -> bytes:
         args = wire.extender_args(data)
         try:
-            needs = pod_needs(args.pod, *self._needs_args)
+            needs = pod_needs(args.pod, *self._needs_args, self.ext.cache.shared_names)
         except PodSpecError as e:
             log.info("extender.prioritize.bad_pod", error=str(e))
             return host_priority_list(args.names, [0] * len(args.names))
         self.ext.recent.remember(needs)
-        job_pod = self.ext.jobs.pod_of(args.pod, needs)
+        job_pod = self.ext.jobs.pod_of(args.pod, needs) if needs.need.resource is None else None
         scores = self.ext.jobs.score(job_pod, args.names) if job_pod is not None else None
         if scores is None:
             scores, offer = self.ext.placement.score_offer(args.names, needs.need, self._extra_entries(args))
@@ -121,9 +121,11 @@ class Verbs:
     def preempt(self, data: Any) -> dict[str, Any]:
         args = wire.preemption_args(data, self.ext.config.keys.plan)
         try:
-            needs = pod_needs(args.pod, *self._needs_args)
+            needs = pod_needs(args.pod, *self._needs_args, self.ext.cache.shared_names)
         except PodSpecError as e:
             log.info("extender.preempt.bad_pod", error=str(e))
+            return {"NodeNameToMetaVictims": meta_victims(args.candidates)}
+        if self.ext.placement.shared_resource(needs.need) is not None:  # victims of replicas: kube-scheduler's own
             return {"NodeNameToMetaVictims": meta_victims(args.candidates)}
         kept = keep_victims(self.ext.cache, self.ext.placement, needs.need, args.candidates, self.ext.plan_of)
         return {"NodeNameToMetaVictims": meta_victims(kept)}
