@@ -282,8 +282,9 @@ class Binder:
                                                                              strict=True)}
         before = tuple(max(0, counts[g][0] - 1) if g in counts else 0 for g in gpus)
         replicas = tuple(counts[g][1] if g in counts else 0 for g in gpus)
+        effective = plan.gbps / (1 + max(before, default=0))
         return explain_shared(plan.node, SharedChoice(plan.resource, entry.sharing.strategy, tuple(gpus), plan.gbps,
-                                                      before, replicas, ()))
+                                                      effective, before, replicas, ()))
 
     async def _api_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs), limiter=self._api_limiter)

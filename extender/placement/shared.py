@@ -6,14 +6,17 @@ container that GPU once (NVIDIA's Allocate de-duplicates them), so they would si
 less the replicas that binds in flight hold (extender.state.sharing), so concurrent binds never over-book a GPU.
 
 Within a node:
-- k > 1: the core allocator's best subset of the GPUs with a free replica (the best ring among them);
+- k > 1: the best ring of k GPUs with a free replica, as the pod will see it: time-slicing (or MPS) with m other
+  pods on a GPU leaves the pod 1/(m + 1) of it, so a set's effective GB/s is its ring (the core allocator's
+  estimate) over 1 + the most other pods on any of its GPUs. Exact: for each level m of replicas in use, the
+  allocator's best subset of the GPUs with at most m in use; the best of those (fewest pods shared with on ties);
 - k == 1: the GPU with the most replicas used that still has one free (packing: pods that share go where sharing
   already is, never past the replica count); on a node where no shared GPU is in use, the GPU the allocator would
   give a 1-GPU pod, which leaves the best-connected remainder.
 Across nodes (0-10): k == 1 first onto a GPU already shared (most replicas used first), then onto a node already
 sharing, and only then breaks into a node whose shared GPUs are all idle, the slowest such node first, so whole
-nodes and free NVLink islands stay for the pods that need whole GPUs; k > 1 by the ring's GB/s (the bands of
-extender.placement.scoring), packing onto GPUs already in use within a band.
+nodes and free NVLink islands stay for the pods that need whole GPUs; k > 1 by the effective GB/s (the bands of
+extender.placement.scoring), then onto nodes already sharing within a band.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from extender.placement import reasons
 from extender.placement.reasons import Failed, Unresolvable
 from extender.placement.scoring import MAX_SCORE, priority_scores
 from extender.state.cache import CORDONED, NodeEntry
-from gputopo.core import allreduce_gbps, best_possible_gbps, best_subset
+from gputopo.core import Topology, allreduce_gbps, best_possible_gbps, best_subset
 from gputopo.core.bitset import mask_of
 
 MAX_CHARS = 400
+_EPS = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +42,8 @@ class SharedChoice:
     resource: str
     strategy: str
     gpus: tuple[int, ...]
-    gbps: float  # the ring over `gpus` (0.0 for one)
+    gbps: float  # the ring over `gpus` (0.0 for one), before sharing
+    effective_gbps: float  # the ring over 1 + the most other pods on one of `gpus`
     before: tuple[int, ...]  # replicas used on each chosen GPU before this pod (published + in flight)
     replicas: tuple[int, ...]
     rank: tuple[float, ...]  # higher is better (what prioritize orders nodes by)
@@ -91,13 +96,30 @@ def shared_choice(entry: NodeEntry, resource: str, size: int, pending: Mapping[s
             else:  # breaking an idle node: the one whose idle GPUs make the slowest large ring goes first
                 n = min(8, len(free))
                 rank = (0.0, 0.0, -best_possible_gbps(topo, n, free) if n > 1 else 0.0)
-        gbps = 0.0
+        gbps = effective = 0.0
     else:
-        gpus = best_subset(topo, free, size).gpus
-        gbps = allreduce_gbps(topo, gpus)
-        rank = (gbps, round(sum(1 for g in gpus if used[g] > 0) / size * 0.5 + 0.5 * node_busy, 4))
-    return SharedChoice(resource, sharing.strategy, tuple(gpus), gbps, tuple(used[g] for g in gpus),
+        gpus, gbps, effective = _best_shared_ring(topo, free, used, size)
+        rank = (effective, 1.0 if node_busy else 0.0)
+    return SharedChoice(resource, sharing.strategy, tuple(gpus), gbps, effective, tuple(used[g] for g in gpus),
                         tuple(replicas[g] for g in gpus), rank)
+
+
+def _best_shared_ring(topo: Topology, free: list[int], used: Mapping[int, int], size: int
+                      ) -> tuple[tuple[int, ...], float, float]:
+    """The k GPUs of `free` with the best ring over 1 + the most other pods on one of them (module docstring)."""
+    best: tuple[float, int, tuple[int, ...], float] | None = None
+    for level in sorted({used[g] for g in free}):
+        pool = [g for g in free if used[g] <= level]
+        if len(pool) < size:
+            continue
+        gpus = best_subset(topo, pool, size).gpus
+        ring = allreduce_gbps(topo, gpus)
+        worst = max(used[g] for g in gpus)
+        effective = ring / (1 + worst)
+        if best is None or effective > best[0] + _EPS:
+            best = (effective, worst, gpus, ring)
+    assert best is not None  # the last level holds every free GPU, and there are at least `size`
+    return best[2], best[3], best[0]
 
 
 def shared_scores(choices: Sequence[SharedChoice | None]) -> list[int]:
@@ -121,6 +143,8 @@ def explain_shared(node: str, choice: SharedChoice) -> str:
             f"{choice.resource} ({choice.strategy})")
     if k > 1:
         head += f" on {k} distinct GPUs, ring {choice.gbps:.1f} GB/s"
+        if choice.effective_gbps < choice.gbps - _EPS:
+            head += f" ({choice.effective_gbps:.1f} GB/s shared with the busiest GPU's pods)"
     parts = [head]
     for g, before, rep in zip(choice.gpus, choice.before, choice.replicas, strict=True):
         if before:
