@@ -97,7 +97,7 @@ class Placement:
         names = list(names)
         if need.size == 0:
             return FilterOutcome(names, {}, {})
-        shared = self.shared_resource(need)
+        shared = self.shared_resource(need, extra)
         if shared is not None:
             return self._filter_shared(names, need, shared, extra)
         return self._filter_whole(names, need, extra)
@@ -142,7 +142,7 @@ class Placement:
         names = list(names)
         if need.size == 0:
             return [0] * len(names), None
-        shared = self.shared_resource(need)
+        shared = self.shared_resource(need, extra)
         if shared is not None:
             return self._score_shared(names, need, shared, extra)
         return self._score_whole(names, need, extra)
@@ -171,12 +171,15 @@ class Placement:
     # Only when the pod asks for a shared resource, or the configured one is shared on some node: otherwise the
     # verbs above run exactly as before (one set lookup more).
 
-    def shared_resource(self, need: Need) -> str | None:
-        """The resource whose replicas the need may take on some node; None for the whole-GPU path alone."""
+    def shared_resource(self, need: Need, extra: Mapping[str, NodeEntry] | None = None) -> str | None:
+        """The resource whose replicas the need may take on some node (the cache's, or the request's own unseen
+        ones); None for the whole-GPU path alone."""
         if need.resource is not None:
             return need.resource
         name = self.cache.config.resource_name
-        return name if name in self.cache.shared_names else None
+        if name in self.cache.shared_names or (extra and any(e.shares(name) for e in extra.values())):
+            return name
+        return None
 
     def shared_choice(self, entry: NodeEntry, resource: str, size: int) -> SharedChoice | Failed | Unresolvable:
         return shared_choice(entry, resource, size, self.cache.reservations.pending_replicas(entry.name))

@@ -17,18 +17,20 @@ from hypothesis import strategies as st
 
 from extender.placement.reasons import Failed, Unresolvable
 from extender.placement.shared import SharedChoice, shared_choice
+from extender.service import Extender
 from extender.state.cache import make_entry
 from extender.state.inventory import InventoryError, parse_inventory
 from extender.state.sharing import node_sharing
 from gputopo.contract import parse_plan
-from gputopo.core import NodeState, Topology, allreduce_gbps, state_to_json
+from gputopo.core import NodeState, Topology, allreduce_gbps, state_to_json, topology_to_json
 from gputopo.core.codec import SharedGpu, SharedResource, Sharing
-from tests.extender.conftest import A100, DGX1, PCIE, topo
+from tests.extender.conftest import A100, DGX1, PCIE, running, topo
 from tests.extender.test_cluster import cluster, filter_names
 from tests.fakes.kubeapi import FakeKubeApi
 from tests.helpers.clients import thread_clients
 from tests.helpers.kube import GPU, PREFIX, k8s_node, k8s_pod
-from tests.helpers.scheduler import bind_body, cache_args, pod_json
+from tests.helpers.paths import REPO
+from tests.helpers.scheduler import bind_body, cache_args, list_args, node_item, pod_json
 
 SHARED = "nvidia.com/gpu.shared"
 PLAN, PLACEMENT = f"{PREFIX}/plan", f"{PREFIX}/placement"
@@ -150,6 +152,45 @@ def test_the_configured_resource_shared_on_some_nodes_takes_replicas_there_and_w
         whole = next(n for n in client.get("/inventory").json()["nodes"] if n["name"] == "plain")
     assert sum(u for _, _, u in shared) == 2 and max(u for _, _, u in shared) == 1  # two distinct GPUs
     assert len(whole["used"]) == 2
+
+
+def test_several_replicas_rank_nodes_by_the_ring_they_would_get(standalone) -> None:
+    nodes = [{"name": "pcie", "topology": PCIE, "sharing": sharing_block(4)},
+             {"name": "nvswitch", "topology": A100, "sharing": sharing_block(4)},
+             {"name": "nvswitch-busy", "topology": A100, "sharing": sharing_block(4, used={i: 3 for i in range(8)})}]
+    names = [n["name"] for n in nodes]
+    pod = shared_pod(4)
+    with standalone(nodes) as (_, client):
+        scores = {s["Host"]: s["Score"] for s in client.post("/prioritize", json=cache_args(pod, names)).json()}
+    # the idle NVSwitch node's ring is the fastest; the busy one's is shared with 3 pods per GPU (a quarter of it)
+    assert scores["nvswitch"] == 10 and scores["nvswitch"] > scores["nvswitch-busy"]
+    assert scores["nvswitch"] > scores["pcie"]
+
+
+def test_full_node_list_bodies_read_the_sharing_from_the_nodes_themselves(standalone) -> None:
+    a = topo(A100)
+    item = node_item("listed", {f"{PREFIX}/topology": topology_to_json(a),
+                                f"{PREFIX}/state": shared_state(a, 2, {0: 2, 1: 1}, range(2))})
+    with standalone([]) as (_, client):
+        two = client.post("/filter", json=list_args(shared_pod(2), [item])).json()
+        one = shared_pod(1)
+        assert client.post("/filter", json=list_args(one, [item])).json()["NodeNames"] is None  # NodeList mode
+        scores = client.post("/prioritize", json=list_args(one, [item])).json()
+    assert two["FailedNodes"] == {"listed": f"needs 2 replicas of {SHARED} on 2 distinct GPUs, 1 GPU with a free "
+                                            "one: GPU 0 full"}
+    assert [n["metadata"]["name"] for n in two["Nodes"]["items"]] == []
+    assert scores == [{"Host": "listed", "Score": 10}]
+
+
+def test_the_example_inventory_shares_gpus() -> None:
+    """examples/inventory.yaml (the README's standalone example) places a replica on its shared node."""
+    pod = shared_pod(1)
+    with running(Extender.standalone(REPO / "examples" / "inventory.yaml")) as client:
+        names = [n["name"] for n in client.get("/inventory").json()["nodes"]]
+        out = client.post("/filter", json=cache_args(pod, names)).json()
+        assert out["NodeNames"] == ["dgx1-v100-shared"]
+        assert client.post("/bind", json=bind_body(pod, "dgx1-v100-shared")).json() == {"Error": ""}
+        assert plans(client)["infer"]["containers"]["main"] == ["GPU6"]  # the GPU already shared
 
 
 def test_inventory_sharing_errors_name_the_field(tmp_path) -> None:
