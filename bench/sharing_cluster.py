@@ -307,6 +307,16 @@ class Outcome:
     call_s: list[float] = field(default_factory=list)
 
 
+def check(c: Choice, req: Request) -> None:
+    """What the simulator commits is possible: whole GPUs idle and distinct, replicas within each GPU's count."""
+    node, gpus, whole = c
+    assert len(gpus) == req.per_pod
+    if whole:
+        assert len(set(gpus)) == len(gpus) and all(node.idle(g) for g in gpus)
+    else:
+        assert all(node.used[g] + gpus.count(g) <= REPLICAS and g not in node.whole for g in gpus)
+
+
 def nvlink_islands(nodes: Sequence[GpuNode]) -> int:
     return sum(1 for n in nodes if n.topo.size == 8 and n.topo.fabric != "pcie" and len(n.idle_gpus()) == 8)
 
@@ -373,7 +383,9 @@ def simulate(policy: Gang, reqs: Sequence[Request], nodes: list[GpuNode], seed: 
                     out.waited[req.kind] += 1
                 still.append(req)
                 continue
+            assert len(choice) == req.pods
             for c in choice:
+                check(c, req)
                 commit(c, +1)
             running[req.id] = choice
             out.served[req.kind] += 1
@@ -463,11 +475,7 @@ def main() -> None:
     series: dict[str, list[tuple[float, int]]] = {}
     for name, (shared, make) in setups.items():
         t0 = time.time()
-        nodes = build(shared)
-        if name == POLICIES[2]:  # HAMi shares on demand: every GPU offers slots and whole use alike
-            for n in nodes:
-                n.shares = True
-        out = simulate(make(), reqs, nodes, args.seed, args.hours)
+        out = simulate(make(), reqs, build(shared), args.seed, args.hours)
         results[name] = summarise(out)
         series[name] = out.islands
         print(f"  {name} done in {time.time() - t0:.1f} s", flush=True)
