@@ -133,7 +133,13 @@ class Placement:
 
     def score(self, names: Iterable[str], need: Need, extra: Mapping[str, NodeEntry] | None = None) -> list[int]:
         """Scores 0-10 aligned with `names`."""
-        return self.score_offer(names, need, extra)[0]
+        names = list(names)
+        if need.size == 0:
+            return [0] * len(names)
+        if self.shared_resource(need, extra) is not None:
+            return self.score_offer(names, need, extra)[0]
+        config = self.cache.config
+        return policy.rank(self._fits(names, need, extra), config.island_penalty, config.island_spare).scores
 
     def score_offer(self, names: Iterable[str], need: Need, extra: Mapping[str, NodeEntry] | None = None
                     ) -> tuple[list[int], Offer | None]:
