@@ -17,7 +17,7 @@ from extender.placement.explain import Offer, offer
 from extender.placement.memo import PlacementMemo
 from extender.placement.policy import NO_FIT, Fit, island_values
 from extender.placement.reasons import UNKNOWN_NODE, Failed, Unresolvable
-from extender.placement.shared import SharedChoice, shared_choice, shared_scores
+from extender.placement.shared import SharedChoice, choice_key, shared_choice, shared_scores
 from extender.state.cache import CORDONED, NodeCache, NodeEntry, PlacementState
 from extender.state.pods import Need
 from gputopo.core import Allocation, Topology
@@ -188,7 +188,16 @@ class Placement:
         return None
 
     def shared_choice(self, entry: NodeEntry, resource: str, size: int) -> SharedChoice | Failed | Unresolvable:
-        return shared_choice(entry, resource, size, self.cache.reservations.pending_replicas(entry.name))
+        """The node's answer, memoised on everything it depends on (nodes in equal states share it)."""
+        pending = self.cache.reservations.pending_replicas(entry.name)
+        key = choice_key(entry, resource, size, pending)
+        if key is None:
+            return shared_choice(entry, resource, size, pending)
+        table = self.memo.shared()
+        hit = table.get(key)
+        if hit is None:
+            hit = table[key] = shared_choice(entry, resource, size, pending)
+        return hit
 
     def _split(self, names: list[str], need: Need, resource: str, extra: Mapping[str, NodeEntry] | None
                ) -> tuple[list[str], dict[str, SharedChoice | Failed | Unresolvable]]:

@@ -21,8 +21,9 @@ extender.placement.scoring), then onto nodes already sharing within a band.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from extender.placement import reasons
 from extender.placement.reasons import Failed, Unresolvable
@@ -49,6 +50,24 @@ class SharedChoice:
     rank: tuple[float, ...]  # higher is better (what prioritize orders nodes by)
 
 
+@lru_cache(maxsize=256)
+def _not_shared(resource: str) -> Unresolvable:
+    """One refusal object per resource name: most nodes of a mixed cluster give it, on every request."""
+    return Unresolvable(reasons.not_shared(resource))
+
+
+def choice_key(entry: NodeEntry, resource: str, size: int, pending: Mapping[str, int]) -> Hashable | None:
+    """Everything shared_choice depends on, for the memo (None: not worth remembering, the answer is immediate)."""
+    sharing = entry.sharing
+    view = sharing.resource(resource) if sharing is not None else None
+    if entry.topo is None or sharing is None or view is None:
+        return None
+    ids = entry.topo.ids
+    return (entry.fingerprint, entry.unhealthy_mask, entry.unschedulable, view.gpus, view.replicas, view.used,
+            tuple(pending.get(ids[g], 0) for g in view.gpus), sharing.strategy, sharing.one_per_pod, resource,
+            size)
+
+
 def shared_choice(entry: NodeEntry, resource: str, size: int, pending: Mapping[str, int]
                   ) -> SharedChoice | Failed | Unresolvable:
     """The replicas `entry` would give a pod asking for `size` of `resource`, or why it cannot."""
@@ -59,7 +78,7 @@ def shared_choice(entry: NodeEntry, resource: str, size: int, pending: Mapping[s
     sharing = entry.sharing
     view = sharing.resource(resource) if sharing is not None else None
     if sharing is None or view is None:
-        return Unresolvable(reasons.not_shared(resource))
+        return _not_shared(resource)
     if size > 1 and sharing.one_per_pod:
         return Unresolvable(reasons.one_replica_per_pod(size, resource))
     if len(view.gpus) < size:
