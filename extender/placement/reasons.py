@@ -169,6 +169,10 @@ def _replicas(size: int) -> str:
     return f"{size} replica{'s' if size != 1 else ''}"
 
 
+def _distinct(size: int) -> str:
+    return f" on {size} distinct GPUs" if size > 1 else ""
+
+
 def not_shared(resource: str) -> Reason:
     return Reason(f"shares no GPU as {resource}", category=f"shares no GPU as {resource}")
 
@@ -179,9 +183,9 @@ def one_replica_per_pod(size: int, resource: str) -> Reason:
 
 
 def too_few_shared(size: int, shared: int, resource: str) -> Reason:
-    return Reason(f"needs {_replicas(size)} of {resource} on {size} distinct GPUs, node shares only {shared} GPUs "
-                  "that way", category=f"needs {_replicas(size)} of {resource} on distinct GPUs, more than the "
-                  "node shares")
+    return Reason(f"needs {_replicas(size)} of {resource}{_distinct(size)}, node shares only {shared} "
+                  f"GPU{'s' if shared != 1 else ''} that way",
+                  category=f"needs {_replicas(size)} of {resource} on distinct GPUs, more than the node shares")
 
 
 def too_few_free_replicas(size: int, free: int, full: int, unhealthy: int, resource: str) -> Reason:
@@ -191,7 +195,7 @@ def too_few_free_replicas(size: int, free: int, full: int, unhealthy: int, resou
         parts.append(f"GPU {gpu_list(full)} full")
     if unhealthy:
         parts.append(f"GPU {gpu_list(unhealthy)} unhealthy")
-    head = (f"needs {_replicas(size)} of {resource} on {size} distinct GPUs, {free} GPU{'s' if free != 1 else ''} "
+    head = (f"needs {_replicas(size)} of {resource}{_distinct(size)}, {free} GPU{'s' if free != 1 else ''} "
             "with a free one")
     return Reason(head + (": " + ", ".join(parts) if parts else ""), head,
                   f"needs {_replicas(size)} of {resource} on distinct GPUs, fewer with a free replica")

@@ -30,7 +30,7 @@ from tests.fakes.kubeapi import FakeKubeApi
 from tests.helpers.clients import thread_clients
 from tests.helpers.kube import GPU, PREFIX, k8s_node, k8s_pod
 from tests.helpers.paths import REPO
-from tests.helpers.scheduler import bind_body, cache_args, list_args, node_item, pod_json
+from tests.helpers.scheduler import bind_body, cache_args, list_args, node_item, pod_json, recorded
 
 SHARED = "nvidia.com/gpu.shared"
 PLAN, PLACEMENT = f"{PREFIX}/plan", f"{PREFIX}/placement"
@@ -99,7 +99,7 @@ def test_refusals_name_the_reason(standalone) -> None:
     unres = out["FailedAndUnresolvableNodes"]
     assert unres["one-each"] == (f"asks for 2 replicas of {SHARED}; this node's sharing config refuses more than "
                                  "one per pod (failRequestsGreaterThanOne)")
-    assert unres["few"] == f"needs 2 replicas of {SHARED} on 2 distinct GPUs, node shares only 1 GPUs that way"
+    assert unres["few"] == f"needs 2 replicas of {SHARED} on 2 distinct GPUs, node shares only 1 GPU that way"
     assert unres["whole"] == f"shares no GPU as {SHARED}"
     assert both["NodeNames"] == [] and "not both" in both["Error"] and SHARED in both["Error"]
 
@@ -191,6 +191,28 @@ def test_the_example_inventory_shares_gpus() -> None:
         assert out["NodeNames"] == ["dgx1-v100-shared"]
         assert client.post("/bind", json=bind_body(pod, "dgx1-v100-shared")).json() == {"Error": ""}
         assert plans(client)["infer"]["containers"]["main"] == ["GPU6"]  # the GPU already shared
+
+
+def test_a_finished_pod_gives_its_replica_back_and_shared_victims_free_no_whole_gpu(standalone) -> None:
+    nodes = [{"name": "dgx", "topology": DGX1, "used": [0, 1, 2], "sharing": sharing_block(1, [4, 5, 6, 7])}]
+    with standalone(nodes) as (_, client):
+        pods = [shared_pod(1, name=f"s{i}") for i in range(4)]
+        for pod in pods:
+            client.post("/filter", json=cache_args(pod, ["dgx"]))
+            assert client.post("/bind", json=bind_body(pod, "dgx")).json() == {"Error": ""}
+        assert [u for _, _, u in inventory_shared(client, "dgx")[SHARED]] == [1, 1, 1, 1]
+        fifth = shared_pod(1, name="s4")
+        assert client.post("/filter", json=cache_args(fifth, ["dgx"])).json()["FailedNodes"]["dgx"].startswith(
+            f"needs 1 replica of {SHARED}, 0 GPUs with a free one: GPU 4-7 full")
+        assert client.delete(f"/inventory/pods/{pods[0]['metadata']['uid']}").status_code == 200
+        assert sum(u for _, _, u in inventory_shared(client, "dgx")[SHARED]) == 3
+        assert client.post("/filter", json=cache_args(fifth, ["dgx"])).json()["NodeNames"] == ["dgx"]
+        # evicting the replica holders frees no whole GPU: a 2-GPU pod has only GPU 3 whole, so no victims kept
+        body = recorded("preempt-nodecache.json")
+        body["Pod"] = pod_json("whole", 2)
+        body["NodeNameToMetaVictims"] = {"dgx": {"NumPDBViolations": 0, "Pods": [{"UID": p["metadata"]["uid"]}
+                                                                                 for p in pods[1:]]}}
+        assert client.post("/preempt", json=body).json() == {"NodeNameToMetaVictims": {}}
 
 
 def test_inventory_sharing_errors_name_the_field(tmp_path) -> None:
