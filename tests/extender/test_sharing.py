@@ -104,6 +104,20 @@ def test_refusals_name_the_reason(standalone) -> None:
     assert both["NodeNames"] == [] and "not both" in both["Error"] and SHARED in both["Error"]
 
 
+def test_a_pod_asking_replicas_of_two_shared_resources_is_refused(standalone) -> None:
+    block = {"strategy": "mps", "resources": [{"name": SHARED, "replicas": 2, "devices": [0, 1]},
+                                              {"name": "example.com/gpu.small", "replicas": 4, "devices": [2, 3]}]}
+    pod = shared_pod(1)
+    pod["spec"]["containers"][0]["resources"]["limits"]["example.com/gpu.small"] = "1"
+    with standalone([{"name": "n", "topology": DGX1, "sharing": block}]) as (_, client):
+        out = client.post("/filter", json=cache_args(pod, ["n"])).json()
+        bad = client.post("/bind", json=bind_body(pod, "n")).json()["Error"]
+    assert out["NodeNames"] == [] and out["Error"] == (
+        f"pod cannot be placed: asks for replicas of example.com/gpu.small and of {SHARED}: a pod takes replicas of "
+        "one shared resource")
+    assert "was never seen" in bad  # nothing remembered, nothing bound
+
+
 def test_one_replica_packs_onto_the_gpu_already_shared_most_and_keeps_idle_nodes(standalone) -> None:
     nodes = [
         {"name": "idle-nvswitch", "topology": A100, "sharing": sharing_block(4)},
