@@ -25,10 +25,12 @@ from extender.config import ExtenderConfig
 from extender.metrics import ExtenderMetrics
 from extender.placement.engine import NoFit, Placement
 from extender.placement.explain import Explainer
-from extender.state.cache import NodeCache, PodRecord
+from extender.placement.shared import SharedChoice, explain_shared
+from extender.state.cache import NodeCache, NodeEntry, PodRecord
 from extender.state.inventory import Inventory
 from extender.state.pods import Need, PodNeeds, PodSpecError, RecentPods, pod_needs, split_plan
 from extender.state.reservations import BIND, Reservation
+from extender.state.sharing import thresholds
 from gputopo.contract import Plan, encode_plan
 from gputopo.core.bitset import mask_of
 from gputopo.kube import ApiUnavailable, Conflict, KubeApiError, KubeArgumentError, NotFound, bind_pod, get_pod
@@ -160,7 +162,7 @@ class Binder:
         if fetched is not None and fetched.node is not None:
             return self._already_bound(req, fetched)
         try:
-            return pod_needs(pod, self.config.resource_name, self.config.keys)
+            return pod_needs(pod, self.config.resource_name, self.config.keys, self.cache.shared_names)
         except PodSpecError as e:
             raise BindFailed("bad_pod", f"pod {req.key}: {e}") from None
 
@@ -183,6 +185,9 @@ class Binder:
                                                           False, needs, None, None))
                 return None, None
             entry = self.cache.nodes.get(req.node)
+            resource = needs.need.resource or self.config.resource_name
+            if needs.need.resource is not None or (entry is not None and entry.shares(resource)):
+                return self._reserve_shared(req, needs, entry, resource)
             free = self.cache.free_mask(entry) if entry is not None else 0
             claim = self.jobs.slot_for(req.holder, req.node, needs.size) if self.jobs is not None else None
             try:
@@ -216,6 +221,32 @@ class Binder:
         log.info("extender.bind.planned", pod=req.key, node=req.node, plan=plan.container_ids(), gbps=plan.gbps)
         return plan, res
 
+    def _reserve_shared(self, req: BindRequest, needs: PodNeeds, entry: NodeEntry | None, resource: str
+                        ) -> tuple[Plan, Reservation | None]:
+        """Replicas of k distinct shared GPUs (extender.placement.shared): the plan names the parent GPUs, and the
+        reservation holds one replica on each until the node's state counts it. The caller holds the node lock."""
+        try:
+            choice = self.placement.choose_shared(entry, resource, needs.size)
+        except NoFit as e:
+            raise BindFailed("no_fit", f"node {req.node} cannot take pod {req.key}: {e.reason}") from None
+        assert entry is not None and entry.topo is not None
+        topo = entry.topo
+        parts = split_plan(topo, choice.gpus, needs.containers)
+        order = [c.name for c in needs.containers if c.name in parts]
+        plan = Plan(node=req.node, resource=resource, gbps=choice.gbps,
+                    containers=tuple((name, tuple(topo.gpus[i].id for i in parts[name])) for name in order))
+        if self.inventory is not None:
+            self.inventory.commit(entry, PodRecord(req.uid, req.namespace, req.name, req.node, "Running", False,
+                                                   needs, plan, encode_plan(plan)))
+            log.info("extender.bind.planned", pod=req.key, node=req.node, plan=plan.container_ids(), shared=resource)
+            return plan, None
+        assert entry.sharing is not None
+        replicas = thresholds(plan.ids, entry.sharing.used_by_id(), self.cache.reservations.pending_replicas(req.node))
+        res = self.cache.reservations.add(req.holder, req.namespace, req.name, req.node, plan.ids, 0, BIND, plan,
+                                          replicas)
+        log.info("extender.bind.planned", pod=req.key, node=req.node, plan=plan.container_ids(), shared=resource)
+        return plan, res
+
     def _annotations(self, req: BindRequest, plan: Plan | None) -> dict[str, str]:
         if plan is None:
             return {}
@@ -230,6 +261,8 @@ class Binder:
         entry = self.cache.nodes.get(plan.node)
         if self.explainer is None or entry is None or entry.topo is None:
             return None
+        if entry.shares(plan.resource):
+            return self._placement_shared(entry, plan)
         try:
             gpus = sorted(entry.topo.indices_of(plan.ids))
             known = self.recent.get(req.uid)
@@ -239,6 +272,23 @@ class Binder:
         except Exception as e:
             log.warning("extender.bind.unexplained", pod=req.key, error=f"{type(e).__name__}: {e}")
             return None
+
+    def _placement_shared(self, entry: NodeEntry, plan: Plan) -> str | None:
+        """The shared plan's words, from the counts now: they include this pod's own replica (reserved or shown)."""
+        assert entry.topo is not None and entry.sharing is not None
+        view = entry.sharing.resource(plan.resource)
+        if view is None:
+            return None
+        pending = self.cache.reservations.pending_replicas(entry.name)
+        gpus = sorted(entry.topo.indices_of(plan.ids))
+        ids = entry.topo.ids
+        counts = {g: (u + pending.get(ids[g], 0), rep) for g, rep, u in zip(view.gpus, view.replicas, view.used,
+                                                                             strict=True)}
+        before = tuple(max(0, counts[g][0] - 1) if g in counts else 0 for g in gpus)
+        replicas = tuple(counts[g][1] if g in counts else 0 for g in gpus)
+        effective = plan.gbps / (1 + max(before, default=0))
+        return explain_shared(plan.node, SharedChoice(plan.resource, entry.sharing.strategy, tuple(gpus), plan.gbps,
+                                                      effective, before, replicas, ()))
 
     async def _api_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs), limiter=self._api_limiter)

@@ -59,6 +59,8 @@ def keep_victims(
             continue
         freed = _freed_mask(entry.index, node, nv.victims, plan_of)
         healthy = ((1 << entry.topo.size) - 1) & ~entry.unhealthy_mask
+        if entry.sharing is not None:  # a shared victim frees a replica, never a whole GPU
+            healthy &= ~entry.sharing.mask
         after = (cache.free_mask(entry) | freed) & healthy
         if after.bit_count() < need.size:
             continue

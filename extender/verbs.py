@@ -70,18 +70,19 @@ class Verbs:
         event loop keeps answering binds, probes and other pods."""
         args = wire.extender_args(data)
         ext = self.ext
+        extra = self._extra_entries(args)
         try:
-            needs = pod_needs(args.pod, *self._needs_args)
+            needs = pod_needs(args.pod, *self._needs_args, self._shared_names(extra))
         except PodSpecError as e:
             return filter_result(None if args.node_names is None else [], None if args.nodes is None else
                                  {**args.nodes, "items": []}, {}, {}, f"pod cannot be placed: {e}")
         ext.recent.remember(needs)
-        job_pod = ext.jobs.pod_of(args.pod, needs)
+        job_pod = ext.jobs.pod_of(args.pod, needs) if needs.need.resource is None else None
         if job_pod is not None:
             if not self._plan_in_thread:
                 return self._filter_answer(args, ext.jobs.filter(job_pod, args.names))
             return self._job_filter(args, job_pod)
-        return self._filter_answer(args, ext.placement.filter(args.names, needs.need, self._extra_entries(args)))
+        return self._filter_answer(args, ext.placement.filter(args.names, needs.need, extra))
 
     async def _job_filter(self, args: wire.ExtenderArgs, job_pod: JobPod) -> dict[str, Any]:
         out = await anyio.to_thread.run_sync(self.ext.jobs.filter, job_pod, args.names, limiter=self._planners)
@@ -101,16 +102,17 @@ class Verbs:
 
     def prioritize(self, data: Any) -> bytes:
         args = wire.extender_args(data)
+        extra = self._extra_entries(args)
         try:
-            needs = pod_needs(args.pod, *self._needs_args)
+            needs = pod_needs(args.pod, *self._needs_args, self._shared_names(extra))
         except PodSpecError as e:
             log.info("extender.prioritize.bad_pod", error=str(e))
             return host_priority_list(args.names, [0] * len(args.names))
         self.ext.recent.remember(needs)
-        job_pod = self.ext.jobs.pod_of(args.pod, needs)
+        job_pod = self.ext.jobs.pod_of(args.pod, needs) if needs.need.resource is None else None
         scores = self.ext.jobs.score(job_pod, args.names) if job_pod is not None else None
         if scores is None:
-            scores, offer = self.ext.placement.score_offer(args.names, needs.need, self._extra_entries(args))
+            scores, offer = self.ext.placement.score_offer(args.names, needs.need, extra)
             self.ext.explainer.remember(needs.uid, offer)  # what bind's explanation compares the chosen node with
         return host_priority_list(args.names, scores)
 
@@ -121,12 +123,23 @@ class Verbs:
     def preempt(self, data: Any) -> dict[str, Any]:
         args = wire.preemption_args(data, self.ext.config.keys.plan)
         try:
-            needs = pod_needs(args.pod, *self._needs_args)
+            needs = pod_needs(args.pod, *self._needs_args, self.ext.cache.shared_names)
         except PodSpecError as e:
             log.info("extender.preempt.bad_pod", error=str(e))
             return {"NodeNameToMetaVictims": meta_victims(args.candidates)}
+        if self.ext.placement.shared_resource(needs.need) is not None:  # victims of replicas: kube-scheduler's own
+            return {"NodeNameToMetaVictims": meta_victims(args.candidates)}
         kept = keep_victims(self.ext.cache, self.ext.placement, needs.need, args.candidates, self.ext.plan_of)
         return {"NodeNameToMetaVictims": meta_victims(kept)}
+
+    def _shared_names(self, extra: dict[str, Any] | None) -> frozenset[str]:
+        """The resource names shared as replicas by the cache's nodes, and by the request's own unseen nodes."""
+        names = self.ext.cache.shared_names
+        if extra:
+            listed = [e.sharing.names for e in extra.values() if e.sharing is not None]
+            if listed:
+                names = names.union(*listed)
+        return names
 
     def _extra_entries(self, args: wire.ExtenderArgs) -> dict[str, Any] | None:
         """Not nodeCacheCapable: nodes the cache has not seen yet are read from the NodeList itself."""

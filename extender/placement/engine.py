@@ -17,6 +17,7 @@ from extender.placement.explain import Offer, offer
 from extender.placement.memo import PlacementMemo
 from extender.placement.policy import NO_FIT, Fit, island_values
 from extender.placement.reasons import UNKNOWN_NODE, Failed, Unresolvable
+from extender.placement.shared import SharedChoice, choice_key, shared_choice, shared_scores
 from extender.state.cache import CORDONED, NodeCache, NodeEntry, PlacementState
 from extender.state.pods import Need
 from gputopo.core import Allocation, Topology
@@ -96,6 +97,12 @@ class Placement:
         names = list(names)
         if need.size == 0:
             return FilterOutcome(names, {}, {})
+        shared = self.shared_resource(need, extra)
+        if shared is not None:
+            return self._filter_shared(names, need, shared, extra)
+        return self._filter_whole(names, need, extra)
+
+    def _filter_whole(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None) -> FilterOutcome:
         states = self._states(names, extra)
         table = self.memo.verdicts(need)
         verdicts = list(map(table.get, states))
@@ -129,6 +136,8 @@ class Placement:
         names = list(names)
         if need.size == 0:
             return [0] * len(names)
+        if self.shared_resource(need, extra) is not None:
+            return self.score_offer(names, need, extra)[0]
         config = self.cache.config
         return policy.rank(self._fits(names, need, extra), config.island_penalty, config.island_spare).scores
 
@@ -139,6 +148,13 @@ class Placement:
         names = list(names)
         if need.size == 0:
             return [0] * len(names), None
+        shared = self.shared_resource(need, extra)
+        if shared is not None:
+            return self._score_shared(names, need, shared, extra)
+        return self._score_whole(names, need, extra)
+
+    def _score_whole(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None
+                     ) -> tuple[list[int], Offer | None]:
         config = self.cache.config
         fits = self._fits(names, need, extra)
         ranking = policy.rank(fits, config.island_penalty, config.island_spare)
@@ -155,6 +171,85 @@ class Placement:
                     if states[i] is not None:
                         table[states[i]] = f
         return fits  # type: ignore[return-value]
+
+    # -- replicas of shared GPUs (extender.placement.shared) ---------------------------------------------------
+    #
+    # Only when the pod asks for a shared resource, or the configured one is shared on some node: otherwise the
+    # verbs above run exactly as before (one set lookup more).
+
+    def shared_resource(self, need: Need, extra: Mapping[str, NodeEntry] | None = None) -> str | None:
+        """The resource whose replicas the need may take on some node (the cache's, or the request's own unseen
+        ones); None for the whole-GPU path alone."""
+        if need.resource is not None:
+            return need.resource
+        name = self.cache.config.resource_name
+        if name in self.cache.shared_names or (extra and any(e.shares(name) for e in extra.values())):
+            return name
+        return None
+
+    def shared_choice(self, entry: NodeEntry, resource: str, size: int) -> SharedChoice | Failed | Unresolvable:
+        """The node's answer, memoised on everything it depends on (nodes in equal states share it)."""
+        pending = self.cache.reservations.pending_replicas(entry.name)
+        key = choice_key(entry, resource, size, pending)
+        if key is None:
+            return shared_choice(entry, resource, size, pending)
+        table = self.memo.shared()
+        hit = table.get(key)
+        if hit is None:
+            hit = table[key] = shared_choice(entry, resource, size, pending)
+        return hit
+
+    def _split(self, names: list[str], need: Need, resource: str, extra: Mapping[str, NodeEntry] | None
+               ) -> tuple[list[str], dict[str, SharedChoice | Failed | Unresolvable]]:
+        """Nodes taking the pod whole (the configured resource, not shared there) and each other node's answer."""
+        whole: list[str] = []
+        shared: dict[str, SharedChoice | Failed | Unresolvable] = {}
+        for name in names:
+            entry = self.cache.nodes.get(name)
+            if entry is None and extra:
+                entry = extra.get(name)
+            if entry is None:
+                if need.resource is None:
+                    whole.append(name)
+                else:
+                    shared[name] = Unresolvable(UNKNOWN_NODE)
+            elif need.resource is None and not entry.shares(resource):
+                whole.append(name)
+            else:
+                shared[name] = self.shared_choice(entry, resource, need.size)
+        return whole, shared
+
+    def _filter_shared(self, names: list[str], need: Need, resource: str, extra: Mapping[str, NodeEntry] | None
+                       ) -> FilterOutcome:
+        whole, shared = self._split(names, need, resource, extra)
+        out = self._filter_whole(whole, need, extra) if whole else FilterOutcome([], {}, {})
+        refused = [(n, v) for n, v in shared.items() if isinstance(v, Failed | Unresolvable)]
+        words = reasons.coarsened([v for _, v in refused])  # type: ignore[arg-type]
+        for (name, v), w in zip(refused, words, strict=True):
+            (out.unresolvable if isinstance(v, Unresolvable) else out.failed)[name] = w  # type: ignore[assignment]
+        ok = set(out.passed) | {n for n, v in shared.items() if isinstance(v, SharedChoice)}
+        return FilterOutcome([n for n in names if n in ok], out.failed, out.unresolvable)
+
+    def _score_shared(self, names: list[str], need: Need, resource: str, extra: Mapping[str, NodeEntry] | None
+                      ) -> tuple[list[int], Offer | None]:
+        whole, shared = self._split(names, need, resource, extra)
+        found = None
+        scores: dict[str, int] = {}
+        if whole:
+            whole_scores, found = self._score_whole(whole, need, extra)
+            scores.update(zip(whole, whole_scores, strict=True))
+        choices = [v if isinstance(v, SharedChoice) else None for v in shared.values()]
+        scores.update(zip(shared, shared_scores(choices), strict=True))
+        return [scores[n] for n in names], found
+
+    def choose_shared(self, entry: NodeEntry | None, resource: str, size: int) -> SharedChoice:
+        """The replicas bind commits to (the caller holds the node's lock). Raises NoFit."""
+        if entry is None:
+            raise NoFit(UNKNOWN_NODE, True)
+        choice = self.shared_choice(entry, resource, size)
+        if not isinstance(choice, SharedChoice):
+            raise NoFit(choice, isinstance(choice, Unresolvable))
+        return choice
 
     def choose(self, entry: NodeEntry | None, free: int, need: Need) -> Allocation:
         """The subset bind commits to (same allocator, same free set as filter/prioritize saw). Raises NoFit."""

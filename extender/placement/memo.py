@@ -36,6 +36,7 @@ class PlacementMemo:
         self._fits: dict[tuple[str, int, NeedKey], Fit] = {}
         self._verdicts: dict[NeedKey, dict[Any, Any]] = {}
         self._scores: dict[NeedKey, dict[Any, Any]] = {}
+        self._shared: dict[Any, Any] = {}
 
     def facts(self, topo: Topology) -> TopologyFacts:
         hit = self._facts.get(topo.fingerprint)
@@ -61,6 +62,12 @@ class PlacementMemo:
     def scores(self, need: Need) -> dict[Any, Any]:
         """Prioritize's table for this need: node state -> Fit (NO_FIT where the pod cannot go)."""
         return self._table(self._scores, need)
+
+    def shared(self) -> dict[Any, Any]:
+        """Shared placement's answers (extender.placement.shared), keyed by all they depend on (its choice_key)."""
+        if len(self._shared) >= self.limit:
+            self._shared = {}
+        return self._shared
 
     def _table(self, tables: dict[NeedKey, dict[Any, Any]], need: Need) -> dict[Any, Any]:
         nk = need_key(need)

@@ -160,3 +160,43 @@ def too_slow_ever(min_gbps: float, size: int, best_empty_gbps: float) -> Reason:
 def too_slow_now(min_gbps: float, size: int, gbps: float) -> Reason:
     return Reason(f"requires {_gbps(min_gbps)} all-reduce over {size} GPUs: the best free ones reach {_gbps(gbps)}",
                   category=_slow_category(min_gbps, size))
+
+
+# -- replicas of shared GPUs (issue 22) ------------------------------------------------------------------------------
+
+
+def _replicas(size: int) -> str:
+    return f"{size} replica{'s' if size != 1 else ''}"
+
+
+def _distinct(size: int) -> str:
+    return f" on {size} distinct GPUs" if size > 1 else ""
+
+
+def not_shared(resource: str) -> Reason:
+    return Reason(f"shares no GPU as {resource}", category=f"shares no GPU as {resource}")
+
+
+def one_replica_per_pod(size: int, resource: str) -> Reason:
+    return Reason(f"asks for {_replicas(size)} of {resource}; this node's sharing config refuses more than one per "
+                  "pod (failRequestsGreaterThanOne)")
+
+
+def too_few_shared(size: int, shared: int, resource: str) -> Reason:
+    return Reason(f"needs {_replicas(size)} of {resource}{_distinct(size)}, node shares only {shared} "
+                  f"GPU{'s' if shared != 1 else ''} that way",
+                  category=f"needs {_replicas(size)} of {resource} on distinct GPUs, more than the node shares")
+
+
+def too_few_free_replicas(size: int, free: int, full: int, unhealthy: int, resource: str) -> Reason:
+    """'needs 2 replicas of nvidia.com/gpu.shared on 2 distinct GPUs, 1 GPU has a free one: GPU 0-2 full'."""
+    parts = []
+    if full:
+        parts.append(f"GPU {gpu_list(full)} full")
+    if unhealthy:
+        parts.append(f"GPU {gpu_list(unhealthy)} unhealthy")
+    head = (f"needs {_replicas(size)} of {resource}{_distinct(size)}, {free} GPU{'s' if free != 1 else ''} "
+            "with a free one")
+    return Reason(head + (": " + ", ".join(parts) if parts else ""), head,
+                  f"needs {_replicas(size)} of {resource} on distinct GPUs, fewer with a free replica")
+

@@ -26,6 +26,7 @@ from extender.jobs.membership import Membership, MembershipError, job_membership
 from extender.jobs.ownership import OwnerShapes
 from extender.state.pods import PodNeeds, PodSpecError, parse_quantity, pod_needs
 from extender.state.reservations import POD, Reservation, Reservations
+from extender.state.sharing import NodeSharing, fell, node_sharing, thresholds
 from gputopo.contract import Plan, PlanFormatError, parse_plan
 from gputopo.core import Topology, TopologyError, state_from_json, topology_from_json
 from gputopo.core.bitset import mask_of
@@ -62,6 +63,10 @@ class NodeEntry:
     generation: int
     fingerprint: str
     place: Place = ()  # where it sits in the network (--locality levels from its labels)
+    sharing: NodeSharing | None = None  # GPUs shared as replicas (extender.state.sharing); never offered whole
+
+    def shares(self, resource: str) -> bool:
+        return self.sharing is not None and self.sharing.resource(resource) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +136,10 @@ def make_entry(
     unschedulable: bool = False,
     generation: int = 0,
     place: Place = (),
+    sharing: NodeSharing | None = None,
 ) -> NodeEntry:
-    """Build an entry; ids the topology does not know are dropped (logged by the caller)."""
+    """Build an entry; ids the topology does not know are dropped (logged by the caller). Shared GPUs are neither
+    free nor counted in the total for whole-GPU pods: they are offered only as replicas."""
     used_ids, unhealthy_ids = frozenset(used), frozenset(unhealthy)
     if topo is None:
         return NodeEntry(name, None, problem or "publishes no GPU topology", {}, used_ids, unhealthy_ids, 0, 0, 0, 0,
@@ -140,10 +147,13 @@ def make_entry(
     idx = index if index is not None else {g.id: g.index for g in topo.gpus}
     used_mask = mask_of(idx[i] for i in used_ids if i in idx)
     bad_mask = mask_of(idx[i] for i in unhealthy_ids if i in idx)
-    full = (1 << topo.size) - 1
-    total = topo.size if allocatable is None else min(topo.size, allocatable)
+    shared = sharing.mask if sharing is not None else 0
+    full = ((1 << topo.size) - 1) & ~shared
+    whole = topo.size - shared.bit_count()
+    total = whole if allocatable is None else min(whole, allocatable)
     return NodeEntry(name, topo, problem, idx, used_ids, unhealthy_ids, used_mask, bad_mask,
-                     full & ~used_mask & ~bad_mask, total, unschedulable, generation, topo.fingerprint, place)
+                     full & ~used_mask & ~bad_mask, total, unschedulable, generation, topo.fingerprint, place,
+                     sharing)
 
 
 class NodeCache:
@@ -174,6 +184,8 @@ class NodeCache:
         # job plans' hooks (extender.jobs.plans): a node left the cache; a job's last pod left it
         self.on_node_removed: Callable[[str], None] = lambda name: None
         self.on_job_gone: Callable[[str], None] = lambda key: None
+        self.shared_names: frozenset[str] = frozenset()  # resource names some node shares (replicas)
+        self._shared_by: dict[str, frozenset[str]] = {}  # node -> the names it shares
         self._changed = threading.Condition()
         self.version = 0  # bumped on every change, so waiters (readiness, tests, demos) need no polling
         reservations.on_change = self._refresh_state
@@ -279,6 +291,7 @@ class NodeCache:
             return make_entry(name, None, problem=problem, unschedulable=unschedulable, place=place)
         used: frozenset[str] = frozenset()
         unhealthy: frozenset[str] = frozenset()
+        sharing: NodeSharing | None = None
         generation = 0
         state_text = ann.get(self.config.keys.state)
         problem = None
@@ -287,6 +300,9 @@ class NodeCache:
                 state = state_from_json(state_text)
                 used, unhealthy, generation = state.used, state.unhealthy, state.generation
                 unknown = sorted((used | unhealthy) - index.keys())
+                if state.sharing is not None:
+                    sharing, dropped = node_sharing(state.sharing, index)
+                    unknown = sorted(set(unknown) | set(dropped))
                 if unknown:
                     self._report(f"node/{name}/ids", f"state names GPUs not in the topology: {unknown[:8]}")
             except (TopologyError, RecursionError) as e:
@@ -297,7 +313,7 @@ class NodeCache:
         if problem is not None:
             return make_entry(name, None, problem=problem, unschedulable=unschedulable, place=place)
         return make_entry(name, topo, index=index, used=used, unhealthy=unhealthy, allocatable=allocatable,
-                          unschedulable=unschedulable, generation=generation, place=place)
+                          unschedulable=unschedulable, generation=generation, place=place, sharing=sharing)
 
     def put_node(self, entry: NodeEntry) -> None:
         """Install a node entry; remaps reservations if its topology changed, settles those its state shows used."""
@@ -314,13 +330,34 @@ class NodeCache:
                                     why="planned GPUs are not in the node's new topology")
                     if dropped:
                         self.on_reservation_end("topology_changed", len(dropped))
-            settled = self.reservations.settle(entry.name, entry.used_ids)
+            self._note_shared(entry.name, entry.sharing.names if entry.sharing is not None else frozenset())
+            counts = entry.sharing.used_by_id() if entry.sharing is not None else None
+            if old is None and counts is not None:
+                self.reservations.rebase_replicas(entry.name, counts)
+            settled = self.reservations.settle(entry.name, entry.used_ids, counts,
+                                               fell(old.sharing if old is not None else None, entry.sharing))
             for r in settled:
                 self._settled[r.uid] = r.node
                 log.debug("extender.reservation.settled", pod=f"{r.namespace}/{r.name}", node=r.node)
             if settled:
                 self.on_reservation_end("settled", len(settled))
         self._bump()
+
+    def _note_shared(self, node: str, names: frozenset[str]) -> None:
+        """Keep `shared_names` (what pod parsing looks for) the union of what the nodes share."""
+        if self._shared_by.get(node, frozenset()) == names:
+            return
+        with self._state_lock:
+            if names:
+                self._shared_by[node] = names
+            else:
+                self._shared_by.pop(node, None)
+            self.shared_names = frozenset().union(*self._shared_by.values())
+
+    def shared_entry(self, node: str, resource: str) -> NodeEntry | None:
+        """The node's entry when it shares `resource` as replicas."""
+        entry = self.nodes.get(node)
+        return entry if entry is not None and entry.shares(resource) else None
 
     def update_node(self, node: Mapping[str, Any]) -> NodeEntry | None:
         entry = self.entry_from_node(node)
@@ -333,6 +370,7 @@ class NodeCache:
         with self.lock_for(name):
             gone = self.nodes.pop(name, None)
             self._refresh_state(name)
+            self._note_shared(name, frozenset())
         self._reported.pop(f"node/{name}", None)
         if gone is not None:
             self.on_node_removed(name)
@@ -369,7 +407,7 @@ class NodeCache:
             except PlanFormatError as e:
                 self._report(f"pod/{uid}", f"plan annotation ignored: {e}", pod=f"{namespace}/{name}")
         try:
-            needs: PodNeeds | None = pod_needs(pod, self.config.resource_name, self.config.keys)
+            needs: PodNeeds | None = pod_needs(pod, self.config.resource_name, self.config.keys, self.shared_names)
         except PodSpecError as e:
             self._report(f"pod/{uid}/spec", str(e), pod=f"{namespace}/{name}")
             needs = None
@@ -461,6 +499,8 @@ class NodeCache:
                 return
             ids = plan.ids
             entry = self.nodes.get(rec.node)
+            if self._reconcile_shared(rec, plan, entry):
+                return
             if entry is not None and entry.topo is not None:
                 if ids <= entry.used_ids:
                     self._settled[rec.uid] = rec.node
@@ -475,6 +515,26 @@ class NodeCache:
                 mask = 0  # node not seen yet (pods listed first): the mask is computed when it arrives
             self.reservations.add(rec.uid, rec.namespace, rec.name, rec.node, ids, mask, POD, plan)
             log.info("extender.reservation.rebuilt", pod=rec.key, node=rec.node, gpus=sorted(ids))
+
+    def _reconcile_shared(self, rec: PodRecord, plan: Plan, entry: NodeEntry | None) -> bool:
+        """A shared plan's replicas, rebuilt after a restart (the caller holds the node's lock); False when the
+        plan is not for replicas. A running pod was admitted, so the state counts its replicas already; a pending
+        one may be in flight and is reserved (held too long at worst: extender.state.sharing)."""
+        if entry is not None:
+            if not entry.shares(plan.resource):
+                return False
+        elif plan.resource == self.config.resource_name:
+            return False  # node unseen: only a renamed resource is known to be shared
+        if rec.phase == "Running":
+            self._settled[rec.uid] = rec.node or ""
+            return True
+        sharing = entry.sharing if entry is not None else None
+        used = sharing.used_by_id() if sharing is not None else {}
+        pending = self.reservations.pending_replicas(plan.node)
+        self.reservations.add(rec.uid, rec.namespace, rec.name, plan.node, plan.ids, 0, POD, plan,
+                              thresholds(plan.ids, used, pending))
+        log.info("extender.reservation.rebuilt", pod=rec.key, node=plan.node, gpus=sorted(plan.ids), shared=True)
+        return True
 
     def _bound_here(self, r: Reservation) -> bool:
         """The reservation's pod is seen bound to its node and has not ended (it would have been removed)."""

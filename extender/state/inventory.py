@@ -14,6 +14,14 @@ Format (see examples/inventory.yaml):
         unschedulable: false              # optional
         labels: {example.com/rack: r1}    # optional: node labels, for the --locality levels of job plans
         replicas: 3                       # optional: dgx-1-0, dgx-1-1, dgx-1-2 with the same spec
+        sharing:                          # optional: GPUs shared as replicas (time-slicing or MPS), as the plugin
+          strategy: time-slicing          #   publishes them; mps | time-slicing
+          failRequestsGreaterThanOne: false
+          resources:
+            - name: nvidia.com/gpu.shared
+              replicas: 4                 # per GPU
+              devices: [0, 1, 2, 3]       # optional: GPU ids or indices (default: every GPU)
+              used: {0: 2}                # optional: replicas held per GPU (id or index)
 """
 
 from __future__ import annotations
@@ -28,16 +36,20 @@ import structlog
 import yaml
 
 from extender.state.cache import NodeCache, NodeEntry, PodRecord, make_entry
+from extender.state.sharing import node_sharing, with_used
 from gputopo.contract import Plan, encode_plan
 from gputopo.core import Topology, TopologyError
 from gputopo.core.bitset import bits
+from gputopo.core.codec import SharedGpu, SharedResource, Sharing, sharing_from_dict, sharing_to_dict
 from gputopo.core.locality import Locality
 from gputopo.discovery.loader import load_topology_file, load_topology_text
 
 log = structlog.get_logger(__name__)
 
 _NODE_KEYS = frozenset({"name", "topology", "topology_inline", "used", "unhealthy", "unschedulable", "replicas",
-                        "labels"})
+                        "labels", "sharing"})
+_SHARING_KEYS = frozenset({"strategy", "failRequestsGreaterThanOne", "resources"})
+_SHARED_KEYS = frozenset({"name", "replicas", "devices", "used"})
 MAX_REPLICAS = 100_000
 
 
@@ -73,6 +85,51 @@ def _labels(values: Any, where: str) -> dict[str, str]:
     return values
 
 
+def _sharing(topo: Topology, spec: Any, where: str) -> Sharing | None:
+    """The node's `sharing` block, read into the contract's Sharing (so it is checked as the plugin's state is)."""
+    if spec is None:
+        return None
+    where = f"{where} sharing"
+    if not isinstance(spec, dict):
+        raise InventoryError(f"{where} must be a mapping")
+    unknown = sorted(set(spec) - _SHARING_KEYS)
+    if unknown:
+        raise InventoryError(f"{where} has unknown keys {unknown} (allowed: {sorted(_SHARING_KEYS)})")
+    raw = spec.get("resources")
+    if not isinstance(raw, list):
+        raise InventoryError(f"{where} needs a 'resources' list")
+    resources = []
+    for k, r in enumerate(raw):
+        at = f"{where} resources[{k}]"
+        if not isinstance(r, dict) or sorted(set(r) - _SHARED_KEYS):
+            raise InventoryError(f"{at} must be a mapping with keys among {sorted(_SHARED_KEYS)}")
+        name = r.get("name")
+        if not isinstance(name, str) or not name:
+            raise InventoryError(f"{at} needs a resource 'name'")
+        replicas = r.get("replicas")
+        if isinstance(replicas, bool) or not isinstance(replicas, int):
+            raise InventoryError(f"{at} replicas must be an integer")
+        devices = _ids(topo, r.get("devices"), f"{at} devices") if r.get("devices") is not None else list(topo.ids)
+        used_raw = r.get("used") or {}
+        if not isinstance(used_raw, dict):
+            raise InventoryError(f"{at} used must map GPUs to replica counts")
+        used = {}
+        for gpu, n in used_raw.items():
+            (gid,) = _ids(topo, [gpu], f"{at} used")
+            used[gid] = n
+        stray = sorted(set(used) - set(devices))
+        if stray:
+            raise InventoryError(f"{at} used names GPUs it does not share: {stray}")
+        resources.append(SharedResource(name, tuple(SharedGpu(g, replicas, used.get(g, 0))
+                                                                  for g in devices)))
+    sharing = Sharing(spec.get("strategy"), spec.get("failRequestsGreaterThanOne", False),  # type: ignore[arg-type]
+                      tuple(resources))
+    try:  # the contract's own reader checks names, counts and GPUs shared twice
+        return sharing_from_dict(sharing_to_dict(sharing))
+    except TopologyError as e:
+        raise InventoryError(f"{where}: {e}") from None
+
+
 def parse_inventory(data: Any, base_dir: Path, locality: Locality | None = None) -> list[NodeEntry]:
     """Node entries from the inventory's parsed YAML (`locality` reads each node's place from its labels). Raises
     InventoryError."""
@@ -104,13 +161,17 @@ def parse_inventory(data: Any, base_dir: Path, locality: Locality | None = None)
                                      or not 1 <= replicas <= MAX_REPLICAS):
             raise InventoryError(f"{where} replicas must be an integer in 1..{MAX_REPLICAS}")
         place = locality.place(_labels(spec.get("labels"), where))
+        shared = _sharing(topo, spec.get("sharing"), where)
+        view = node_sharing(shared, {g.id: g.index for g in topo.gpus})[0] if shared is not None else None
+        if view is not None and set(used) & {topo.gpus[i].id for i in bits(view.mask)}:
+            raise InventoryError(f"{where} lists a shared GPU as used whole: shared GPUs are held only as replicas")
         node_names = [name] if replicas is None else [f"{name}-{i}" for i in range(replicas)]
         for n in node_names:
             if n in names:
                 raise InventoryError(f"node name {n} appears twice")
             names.add(n)
             entries.append(make_entry(n, topo, used=used, unhealthy=unhealthy, unschedulable=unschedulable,
-                                      place=place))
+                                      place=place, sharing=view))
     return entries
 
 
@@ -160,15 +221,12 @@ class Inventory:
             cache.put_node(e)
 
     def commit(self, entry: NodeEntry | None, rec: PodRecord) -> None:
-        """Mark the pod bound, and its plan's GPUs used on the node (a pod without GPUs has no plan and needs no
-        entry: it is remembered all the same, so a second bind elsewhere is refused as for a GPU pod). The caller
-        holds the node's lock."""
+        """Mark the pod bound, and its plan's GPUs (or replicas) used on the node (a pod without GPUs has no plan and
+        needs no entry: it is remembered all the same, so a second bind elsewhere is refused as for a GPU pod). The
+        caller holds the node's lock."""
         if rec.plan is not None:
             assert entry is not None and entry.topo is not None
-            new = make_entry(entry.name, entry.topo, index=entry.index, used=entry.used_ids | rec.plan.ids,
-                             unhealthy=entry.unhealthy_ids, unschedulable=entry.unschedulable,
-                             generation=entry.generation + 1, place=entry.place)
-            self.cache.put_node(new)
+            self.cache.put_node(self._moved(entry, rec.plan, +1))
         self.cache.remember_pod(rec)
         with self._lock:
             self.bound[rec.uid] = rec
@@ -182,12 +240,25 @@ class Inventory:
         with self.cache.lock_for(rec.node):
             entry = self.cache.nodes.get(rec.node)
             if entry is not None and entry.topo is not None and rec.plan is not None:
-                self.cache.put_node(make_entry(
-                    entry.name, entry.topo, index=entry.index, used=entry.used_ids - rec.plan.ids,
-                    unhealthy=entry.unhealthy_ids, unschedulable=entry.unschedulable,
-                    generation=entry.generation + 1, place=entry.place))
+                self.cache.put_node(self._moved(entry, rec.plan, -1))
         self.cache.remove_pod(uid)
         return rec
+
+    @staticmethod
+    def _moved(entry: NodeEntry, plan: Plan, sign: int) -> NodeEntry:
+        """The entry with the plan's GPUs taken (+1) or given back (-1): whole GPUs as used ids, replicas of a
+        shared resource as one more (or fewer) used replica on each planned GPU."""
+        assert entry.topo is not None
+        used, sharing = entry.used_ids, entry.sharing
+        if entry.shares(plan.resource):
+            assert sharing is not None
+            delta = {entry.index[g]: sign for g in plan.ids}
+            sharing = with_used(sharing, {g.index: g.id for g in entry.topo.gpus}, delta)
+        else:
+            used = used | plan.ids if sign > 0 else used - plan.ids
+        return make_entry(entry.name, entry.topo, index=entry.index, used=used, unhealthy=entry.unhealthy_ids,
+                          unschedulable=entry.unschedulable, generation=entry.generation + 1, place=entry.place,
+                          sharing=sharing)
 
     def snapshot(self) -> dict[str, Any]:
         nodes = []
@@ -205,6 +276,9 @@ class Inventory:
                 "unhealthy": sorted(e.unhealthy_ids),
                 "free": [e.topo.gpus[i].id for i in bits(free)],
                 "unschedulable": e.unschedulable,
+                **({"shared": {r.resource: [[e.topo.gpus[g].id, rep, u] for g, rep, u in
+                                            zip(r.gpus, r.replicas, r.used, strict=True)]
+                               for r in e.sharing.resources}} if e.sharing is not None else {}),
             })
         with self._lock:
             pods = [{"uid": r.uid, "namespace": r.namespace, "name": r.name, "node": r.node,

@@ -37,6 +37,9 @@ class Need:
     size: int
     require_nvlink: bool = False
     min_gbps: float = 0.0
+    # a shared resource other than the configured one (`nvidia.com/gpu.shared`): `size` replicas of that many
+    # distinct GPUs. None: the configured resource, whole GPUs, or replicas on the nodes that share that name.
+    resource: str | None = None
 
     @property
     def constrained(self) -> bool:
@@ -92,18 +95,45 @@ def _annotation_gbps(value: Any, key: str) -> float:
     return gbps
 
 
-def pod_needs(pod: Any, resource: str, keys: Keys) -> PodNeeds:
-    """Parse the few fields of a Pod dict that placement needs. Raises PodSpecError."""
+def _shared_ask(pod: Mapping[str, Any], resource: str, size: int, shared: frozenset[str]
+                ) -> tuple[str, tuple[ContainerNeed, ...], int] | None:
+    """The shared resource (other than `resource`) the pod asks replicas of, if any. A pod asking for two kinds is
+    refused: the plugin serves each name from its own socket, and one plan cannot name both."""
+    asks = []
+    for name in sorted(shared - {resource}):
+        containers = container_needs(pod, name)
+        count = effective_count(containers)
+        if count:
+            asks.append((name, containers, count))
+    if not asks:
+        return None
+    if len(asks) > 1:
+        raise PodSpecError(f"asks for replicas of {asks[0][0]} and of {asks[1][0]}: a pod takes replicas of one "
+                           "shared resource")
+    if size:
+        raise PodSpecError(f"asks for {asks[0][0]} (replicas of shared GPUs) and {resource} (whole GPUs): a pod "
+                           "takes shared replicas or whole GPUs, not both")
+    return asks[0]
+
+
+def pod_needs(pod: Any, resource: str, keys: Keys, shared: frozenset[str] = frozenset()) -> PodNeeds:
+    """Parse the few fields of a Pod dict that placement needs; `shared` are the resource names some node shares
+    (NodeCache.shared_names). Raises PodSpecError."""
     if not isinstance(pod, dict):
         raise PodSpecError("Pod must be an object")
     meta = _dict(pod.get("metadata"))
     containers = container_needs(pod, resource)
     size = effective_count(containers)
+    ask = _shared_ask(pod, resource, size, shared) if shared else None
+    asked: str | None = None
+    if ask is not None:
+        asked, containers, size = ask
     ann = _dict(meta.get("annotations"))
     need = Need(
         size=size,
         require_nvlink=_annotation_flag(ann.get(keys.require_nvlink), keys.require_nvlink),
         min_gbps=_annotation_gbps(ann.get(keys.min_gbps), keys.min_gbps),
+        resource=asked,
     )
     return PodNeeds(
         uid=str(meta.get("uid") or ""),

@@ -13,13 +13,17 @@ id that is no pod's uid), so nothing else is planned onto them; they end by the 
 Reservations are keyed by (pod uid, node): two binds of one pod to different nodes never overwrite each other.
 Masks are bit sets of GPU indices on the node's current topology; ids stay the truth, so a node whose topology
 changes gets its masks recomputed.
+
+A shared plan (replicas of shared GPUs, issue 22) reserves one replica on each of its GPUs instead: its mask is 0
+(a shared GPU is never offered whole) and `replicas` holds, per GPU id, the used count that shows it held; it
+settles when the node's state reaches all of them (extender.state.sharing says why counts, and how they move).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from gputopo.contract import Plan
@@ -39,6 +43,7 @@ class Reservation:
     source: str  # BIND: made by this process's bind; POD: rebuilt from a pod's plan annotation; JOB: a job's slot
     plan: Plan | None = None
     bound: bool = False  # the Binding was applied: the timeout no longer applies
+    replicas: tuple[tuple[str, int], ...] = ()  # a shared plan: (gpu id, used count that shows it held)
 
 
 class Reservations:
@@ -65,9 +70,9 @@ class Reservations:
         self.on_change(node)
 
     def add(self, uid: str, namespace: str, name: str, node: str, ids: Iterable[str], mask: int,
-            source: str, plan: Plan | None = None) -> Reservation:
+            source: str, plan: Plan | None = None, replicas: tuple[tuple[str, int], ...] = ()) -> Reservation:
         res = Reservation(uid, namespace, name, node, frozenset(ids), mask, self.clock() + self.timeout_s, source,
-                          plan)
+                          plan, replicas=replicas)
         with self._lock:
             self._by_node.setdefault(node, {})[uid] = res
             self._recompute(node)
@@ -119,15 +124,49 @@ class Reservations:
                 return True
         return False
 
-    def settle(self, node: str, used_ids: frozenset[str]) -> list[Reservation]:
-        """End the node's reservations whose GPUs its state now shows used."""
+    def pending_replicas(self, node: str) -> dict[str, int]:
+        """Per GPU id, the replicas that shared plans in flight hold on the node."""
+        out: dict[str, int] = {}
+        with self._lock:
+            for r in self._by_node.get(node, {}).values():
+                for gpu, _ in r.replicas:
+                    out[gpu] = out.get(gpu, 0) + 1
+        return out
+
+    def rebase_replicas(self, node: str, shared_used: Mapping[str, int]) -> None:
+        """A node seen for the first time: shared reservations made before (rebuilt from plans while the node was
+        unknown) wait for the counts it shows now plus their own, in the order they were made."""
+        with self._lock:
+            held = self._by_node.get(node)
+            if not held:
+                return
+            ahead: dict[str, int] = {}
+            for uid, r in list(held.items()):
+                if not r.replicas:
+                    continue
+                new = []
+                for g, _ in r.replicas:
+                    ahead[g] = ahead.get(g, 0) + 1
+                    new.append((g, shared_used.get(g, 0) + ahead[g]))
+                held[uid] = replace(r, replicas=tuple(new))
+
+    def settle(self, node: str, used_ids: frozenset[str], shared_used: Mapping[str, int] | None = None,
+               fell: Mapping[str, int] | None = None) -> list[Reservation]:
+        """End the node's reservations whose GPUs its state now shows used; shared ones (`replicas`) when each GPU's
+        used count in `shared_used` reaches theirs, after lowering those by what `fell` says pods freed."""
         out = []
         with self._lock:
             held = self._by_node.get(node)
             if not held:
                 return out
             for uid, r in list(held.items()):
-                if r.ids <= used_ids:
+                if r.replicas:
+                    if fell:
+                        r = held[uid] = replace(r, replicas=tuple((g, max(1, t - fell.get(g, 0)))
+                                                                  for g, t in r.replicas))
+                    if shared_used is not None and all(shared_used.get(g, 0) >= t for g, t in r.replicas):
+                        out.append(held.pop(uid))
+                elif r.ids <= used_ids:
                     out.append(held.pop(uid))
             if out:
                 self._recompute(node)
@@ -142,6 +181,10 @@ class Reservations:
                 return dropped
             for uid, r in list(held.items()):
                 idx = [index_of(i) for i in r.ids]
+                if r.replicas:  # counted per GPU id, no mask to redo
+                    if any(i is None for i in idx):
+                        dropped.append(held.pop(uid))
+                    continue
                 if any(i is None for i in idx):
                     dropped.append(held.pop(uid))
                     continue
