@@ -1,4 +1,5 @@
-"""Helpers every benchmark script shares: where fixtures and results live, percentiles, markdown tables."""
+"""Helpers every benchmark script shares: where fixtures and results live, percentiles, markdown tables, the
+policy comparison bars."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT / "fixtures"  # the recorded facts every benchmark shares, inside the repository (read-only)
@@ -64,3 +66,17 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout_s)
+
+
+def policy_bars(axes: Sequence[Any], panels: Sequence[tuple[str, Callable[[Any], float]]],
+                results: Mapping[str, Any], policies: Sequence[str], colours: Sequence[str]) -> None:
+    """One bar panel per metric, a bar per policy labelled by its key's prefix ("(a)") and annotated with its value:
+    the comparison plot the churn benchmarks share."""
+    for ax, (title, get) in zip(axes, panels, strict=True):
+        vals = [get(results[p]) for p in policies]
+        ax.bar(range(len(policies)), vals, color=colours)
+        ax.set_xticks(range(len(policies)))
+        ax.set_xticklabels([p.split(":")[0] for p in policies])
+        ax.set_title(title, fontsize=9)
+        for x, v in enumerate(vals):
+            ax.annotate(f"{v:.2f}" if isinstance(v, float) else str(v), (x, v), ha="center", va="bottom", fontsize=8)

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from bench.common import RESULTS, SHARED, machine_line, markdown_table, percentile
+from bench.common import RESULTS, SHARED, machine_line, markdown_table, percentile, policy_bars
 from bench.placement import ExtenderPolicy, Node, least_allocated
 from bench.placement import Job as PodJob
 from extender.jobs.planner import JobPlanError, JobRequest, JobUnplaceable, NodeSnapshot, plan_job
@@ -330,14 +330,7 @@ def plot(results: dict[str, Summary], path: str) -> None:
     ]
     fig, axes = plt.subplots(1, len(metrics), figsize=(19, 4.2))
     colours = ["#c44e52", "#dd8452", "#8172b3", "#4c72b0"]
-    for ax, (title, get) in zip(axes, metrics, strict=True):
-        vals = [get(results[p]) for p in POLICIES]
-        ax.bar(range(len(POLICIES)), vals, color=colours)
-        ax.set_xticks(range(len(POLICIES)))
-        ax.set_xticklabels([p.split(":")[0] for p in POLICIES])
-        ax.set_title(title, fontsize=9)
-        for x, v in enumerate(vals):
-            ax.annotate(f"{v:.2f}" if isinstance(v, float) else str(v), (x, v), ha="center", va="bottom", fontsize=8)
+    policy_bars(axes, metrics, results, POLICIES, colours)
     fig.suptitle("Multi-pod jobs under churn: (a) topology-blind, (b) per-pod extender, (c) rack-level only, "
                  "(d) job-aware planner", fontsize=10)
     fig.tight_layout()

@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from bench.common import RESULTS, machine_line, markdown_table, percentile
+from bench.common import RESULTS, machine_line, markdown_table, percentile, policy_bars
 from bench.jobs import FLEET, LOCALITY, build_cluster, trace
 from extender.config import ExtenderConfig
 from extender.placement.engine import NoFit, Placement
@@ -442,14 +442,7 @@ def plot(results: dict[str, Summary], series: dict[str, list[tuple[float, int]]]
     bars = [("training all-reduce as seen, share of (d)", lambda s: s.train_gbps / d),
             ("inference and notebook pods per GPU holding them", lambda s: s.per_gpu),
             ("requests that waited", lambda s: sum(s.waited.values()))]
-    for ax, (title, get) in zip(axes[1:], bars, strict=True):
-        vals = [get(results[p]) for p in POLICIES]
-        ax.bar(range(len(POLICIES)), vals, color=colours)
-        ax.set_xticks(range(len(POLICIES)))
-        ax.set_xticklabels([p.split(":")[0] for p in POLICIES])
-        ax.set_title(title, fontsize=9)
-        for x, v in enumerate(vals):
-            ax.annotate(f"{v:.2f}" if isinstance(v, float) else str(v), (x, v), ha="center", va="bottom", fontsize=8)
+    policy_bars(axes[1:], bars, results, POLICIES, colours)
     fig.suptitle("Mixed cluster with shared GPUs under churn: (a) NVIDIA all shared, (a2) NVIDIA split, "
                  "(b) HAMi-style, (c) ours, (d) no sharing", fontsize=10)
     fig.tight_layout()
