@@ -13,6 +13,7 @@ Standalone mode (no apiserver) commits the plan into the inventory under the sam
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from extender.state.pods import Need, PodNeeds, PodSpecError, RecentPods, pod_ne
 from extender.state.reservations import BIND, Reservation
 from extender.state.sharing import thresholds
 from gputopo.contract import Plan, encode_plan
+from gputopo.core import Topology
 from gputopo.core.bitset import mask_of
 from gputopo.kube import ApiUnavailable, Conflict, KubeApiError, KubeArgumentError, NotFound, bind_pod, get_pod
 
@@ -79,6 +81,14 @@ class BindFailed(Exception):
         super().__init__(message)
         self.outcome = outcome
         self.message = message
+
+
+def planned(node: str, topo: Topology, gpus: Sequence[int], needs: PodNeeds, resource: str, gbps: float) -> Plan:
+    """The plan of these GPUs (topology indices) split over the pod's containers, in the pod's container order."""
+    parts = split_plan(topo, gpus, needs.containers)
+    order = [c.name for c in needs.containers if c.name in parts]
+    return Plan(node=node, resource=resource, gbps=gbps,
+                containers=tuple((name, tuple(topo.gpus[i].id for i in parts[name])) for name in order))
 
 
 class Binder:
@@ -196,14 +206,7 @@ class Binder:
                 raise BindFailed("no_fit", f"node {req.node} cannot take pod {req.key}: {e.reason}") from None
             assert entry is not None and entry.topo is not None
             topo = entry.topo
-            parts = split_plan(topo, alloc.gpus, needs.containers)
-            order = [c.name for c in needs.containers if c.name in parts]
-            plan = Plan(
-                node=req.node,
-                resource=self.config.resource_name,
-                containers=tuple((name, tuple(topo.gpus[i].id for i in parts[name])) for name in order),
-                gbps=alloc.allreduce_gbps,
-            )
+            plan = planned(req.node, topo, alloc.gpus, needs, self.config.resource_name, alloc.allreduce_gbps)
             self.metrics.plan_efficiency.observe(self.placement.efficiency(topo, alloc))
             self.metrics.plan_bandwidth.observe(alloc.allreduce_gbps * 1e9)
             if self.inventory is not None:
@@ -230,11 +233,7 @@ class Binder:
         except NoFit as e:
             raise BindFailed("no_fit", f"node {req.node} cannot take pod {req.key}: {e.reason}") from None
         assert entry is not None and entry.topo is not None
-        topo = entry.topo
-        parts = split_plan(topo, choice.gpus, needs.containers)
-        order = [c.name for c in needs.containers if c.name in parts]
-        plan = Plan(node=req.node, resource=resource, gbps=choice.gbps,
-                    containers=tuple((name, tuple(topo.gpus[i].id for i in parts[name])) for name in order))
+        plan = planned(req.node, entry.topo, choice.gpus, needs, resource, choice.gbps)
         if self.inventory is not None:
             self.inventory.commit(entry, PodRecord(req.uid, req.namespace, req.name, req.node, "Running", False,
                                                    needs, plan, encode_plan(plan)))
