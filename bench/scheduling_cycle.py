@@ -202,6 +202,9 @@ async def binders(cluster: Cluster, port: int, jobs: asyncio.Queue[tuple[str, st
                             conn = None
                             if attempt == 2:
                                 raise
+                except OSError:  # the extender is gone (the run is over)
+                    cluster.stats.bind_errors += 1
+                    continue
                 finally:
                     in_flight -= 1
                 cluster.stats.bind_ms.append((time.perf_counter() - t0) * 1000)
@@ -435,22 +438,21 @@ def run_size(n: int, idle_pods: int, load_pods: int, node_churn: float, out: Any
         elapsed = time.perf_counter() - t0
         parent.send("stats")
         stats = parent.recv() if parent.poll(CALL_TIMEOUT_S) else {}
-        parent.send("stop")
-        binds_q.put(None)
         res = {"nodes": n, "idle": summary(idle), "load": summary(loaded), "unschedulable": unschedulable,
                "seconds": elapsed, "rate": (len(idle_set) + load_pods) / elapsed, **stats}
         out(f"{n} nodes load: " + ", ".join(f"{k} {ms(v) if k != 'pairs' else v}" for k, v in res["load"].items())
             + f"; {stats}")
         return res
     finally:
-        if ext is not None:
-            stop_process(ext, 30)
         with contextlib.suppress(Exception):
             parent.send("stop")
+            binds_q.put(None)
         proc.join(60)
         if proc.is_alive():
             proc.kill()
             proc.join(10)
+        if ext is not None:
+            stop_process(ext, 30)
 
 
 def report(results: list[dict[str, Any]], command: str, load: str, node_churn: float) -> str:
