@@ -311,6 +311,12 @@ def control_loop(cluster: Cluster, conn: Any) -> None:
 # -- the extender ----------------------------------------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -417,12 +423,14 @@ def run_size(n: int, idle_pods: int, load_pods: int, node_churn: float, out: Any
                 for p in [p for p in idle_set if p[2] == size][:1]:
                     cycle.schedule(*p)
         time.sleep(1.0)  # the pods created meanwhile have reached the extender: no events from here on
+        cpu0, w0 = cpu_seconds(ext.pid), time.perf_counter()
         idle = [cycle.schedule(*idle_set[k % len(idle_set)])[:2] for k in range(idle_pods)]
+        idle_cpu = (cpu_seconds(ext.pid) - cpu0) / idle_pods, (cpu_seconds(ext.pid) - cpu0) / (time.perf_counter() - w0)
         out(f"{n} nodes idle: " + ", ".join(f"{k} {ms(v) if k != 'pairs' else v}" for k, v in summary(idle).items()))
         parent.send("load")
         loaded: list[tuple[float, float]] = []
         unschedulable = 0
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), cpu_seconds(ext.pid)
         for p in idle_set:
             _, _, node = cycle.schedule(*p)
             if node is not None:
@@ -436,10 +444,12 @@ def run_size(n: int, idle_pods: int, load_pods: int, node_churn: float, out: Any
             loaded.append((df, dp))
             binds_q.put((p[0], p[1], node))
         elapsed = time.perf_counter() - t0
+        used = cpu_seconds(ext.pid) - cpu0
         parent.send("stats")
         stats = parent.recv() if parent.poll(CALL_TIMEOUT_S) else {}
         res = {"nodes": n, "idle": summary(idle), "load": summary(loaded), "unschedulable": unschedulable,
-               "seconds": elapsed, "rate": (len(idle_set) + load_pods) / elapsed, **stats}
+               "seconds": elapsed, "rate": (len(idle_set) + load_pods) / elapsed, "idle_cpu": idle_cpu,
+               "load_cpu": (used / (len(idle_set) + load_pods), used / elapsed), **stats}
         out(f"{n} nodes load: " + ", ".join(f"{k} {ms(v) if k != 'pairs' else v}" for k, v in res["load"].items())
             + f"; {stats}")
         return res
@@ -466,6 +476,10 @@ def report(results: list[dict[str, Any]], command: str, load: str, node_churn: f
     table = markdown_table(["nodes", "meanwhile", "pods", "filter p50 ms", "filter p99 ms", "prioritize p50 ms",
                             "prioritize p99 ms", "pair p50 ms", "pair p99 ms", "ceiling pods/s (p50)",
                             "pods/s at p99"], rows)
+    cpu = markdown_table(
+        ["nodes", "idle: CPU ms per pod", "idle: cores busy", "under load: CPU ms per pod", "under load: cores busy"],
+        [[r["nodes"], f"{r['idle_cpu'][0] * 1000:.2f}", f"{r['idle_cpu'][1]:.2f}", f"{r['load_cpu'][0] * 1000:.2f}",
+          f"{r['load_cpu'][1]:.2f}"] for r in results])
     loads = markdown_table(
         ["nodes", "scheduled pods/s", "binds", "bind errors", "max binds in flight", "bind p50 ms", "bind p99 ms",
          "node watch events", "pod watch events", "unschedulable"],
@@ -492,6 +506,14 @@ def report(results: list[dict[str, Any]], command: str, load: str, node_churn: f
         "nodes, p99 <= 10 ms.",
         "",
         table,
+        "",
+        "## The extender's CPU time",
+        "",
+        "User + system CPU of the extender process over each phase (/proc), per scheduled pod: less sensitive to the "
+        "machine's other load than the round trips. Under load it includes the pod's bind, its watch events and the "
+        "churn.",
+        "",
+        cpu,
         "",
         "## The load meanwhile",
         "",

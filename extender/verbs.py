@@ -9,6 +9,7 @@ publishes the verbs. The answer shapes are the Go structs of k8s.io/kube-schedul
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 from itertools import chain, repeat
 from typing import Any
@@ -20,9 +21,10 @@ import structlog
 from extender import wire
 from extender.jobs.plans import JobPod
 from extender.placement.engine import FilterOutcome
+from extender.placement.prepared import PreparedScores
 from extender.preempt import NodeVictims, keep_victims
 from extender.service import Extender
-from extender.state.pods import PodSpecError, pod_needs
+from extender.state.pods import Need, PodSpecError, pod_needs
 
 log = structlog.get_logger(__name__)
 
@@ -63,6 +65,8 @@ class Verbs:
         self._needs_args = (cfg.resource_name, cfg.keys)
         self._plan_in_thread = plan_in_thread
         self._planners = anyio.CapacityLimiter(1)  # plans are made one at a time anyway: hold no more threads
+        prepared = ext.metrics.prioritize_prepared
+        self.prepared = PreparedScores(ext.placement, lambda source: prepared.labels(source).inc())
 
     def filter(self, data: Any) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """The answer, or for a pod of a job an awaitable of it: planning a job may take tens of milliseconds on a
@@ -81,7 +85,26 @@ class Verbs:
             if not self._plan_in_thread:
                 return self._filter_answer(args, ext.jobs.filter(job_pod, args.names))
             return self._job_filter(args, job_pod)
-        return self._filter_answer(args, ext.placement.filter(args.names, needs.need, self._extra_entries(args)))
+        out = ext.placement.filter(args.names, needs.need, self._extra_entries(args))
+        if args.items is None and needs.uid and needs.size > 0 and len(out.passed) > 1:
+            self._prepare_prioritize(needs.uid, out.passed, needs.need)
+        return self._filter_answer(args, out)
+
+    def _prepare_prioritize(self, uid: str, passed: list[str], need: Need) -> None:
+        """Schedule the pod's prioritize answer (extender.placement.prepared) for right after this answer is sent:
+        the loop runs it once the current request's step, which writes the answer, is done. kube-scheduler asks for
+        no prioritize when one node or none passed."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no event loop (a caller of the plain functions): prioritize computes its answer itself
+        loop.call_soon(self._prepare, uid, passed, need)
+
+    def _prepare(self, uid: str, passed: list[str], need: Need) -> None:
+        try:
+            self.prepared.prepare(uid, passed, need)
+        except Exception:
+            log.exception("extender.prioritize.prepare_failed", pod_uid=uid)
 
     async def _job_filter(self, args: wire.ExtenderArgs, job_pod: JobPod) -> dict[str, Any]:
         out = await anyio.to_thread.run_sync(self.ext.jobs.filter, job_pod, args.names, limiter=self._planners)
@@ -110,7 +133,8 @@ class Verbs:
         job_pod = self.ext.jobs.pod_of(args.pod, needs)
         scores = self.ext.jobs.score(job_pod, args.names) if job_pod is not None else None
         if scores is None:
-            scores, offer = self.ext.placement.score_offer(args.names, needs.need, self._extra_entries(args))
+            ready = self.prepared.take(needs.uid, args.names, needs.need) if args.items is None else None
+            scores, offer = ready or self.ext.placement.score_offer(args.names, needs.need, self._extra_entries(args))
             self.ext.explainer.remember(needs.uid, offer)  # what bind's explanation compares the chosen node with
         return host_priority_list(args.names, scores)
 

@@ -1,0 +1,64 @@
+"""Prioritize answers worked out right after their pod's filter answer went out, before kube-scheduler asks.
+
+kube-scheduler sends a pod's /prioritize with exactly the nodes its /filter passed, after running its own score
+plugins; the extender sits idle in that gap, and the scheduling cycle waits on every millisecond of prioritize
+(issue 24). So once filter has answered, the scores for (pod uid, need, the passed nodes) are computed and kept;
+prioritize with the same pod and nodes takes them instead of computing them, provided no node's placement state
+changed meanwhile (the states are interned, so an unchanged node has the very same state object: the check is a
+C-level list comparison). Anything else (other nodes, a changed node, a pod never filtered) is computed as before.
+
+A score only ranks nodes: bind still chooses the GPUs under the node's lock from the state it sees then, so an answer
+taken here can never plan a GPU twice. Kept for the last few pods only (one scheduling cycle runs at a time per
+scheduler profile).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from extender.placement.engine import Placement
+from extender.placement.explain import Offer
+from extender.placement.memo import need_key
+from extender.state.pods import Need
+
+PREPARED_LIMIT = 8
+PREPARED, CHANGED, COMPUTED = "prepared", "changed", "computed"  # where a prioritize answer came from
+
+Key = tuple[str, Any, tuple[str, ...]]
+
+
+class PreparedScores:
+    def __init__(self, placement: Placement, count: Callable[[str], None], limit: int = PREPARED_LIMIT) -> None:
+        """`count(source)` is told where each answer asked for came from (PREPARED, CHANGED or COMPUTED)."""
+        self.placement = placement
+        self.limit = limit
+        self._count = count
+        self._ready: OrderedDict[Key, tuple[list[Any], list[int], Offer | None]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def prepare(self, uid: str, names: list[str], need: Need) -> None:
+        """Compute and keep prioritize's answer for this pod over these nodes (nodes known to the cache only)."""
+        states = list(map(self.placement.cache.states.get, names))
+        scores, offer = self.placement.score_offer(names, need)
+        with self._lock:
+            self._ready[(uid, need_key(need), tuple(names))] = (states, scores, offer)
+            while len(self._ready) > self.limit:
+                self._ready.popitem(last=False)
+
+    def take(self, uid: str, names: list[str], need: Need) -> tuple[list[int], Offer | None] | None:
+        """The prepared (scores, offer) if this pod's answer over exactly these nodes was prepared and none of the
+        nodes changed since; None otherwise. An answer is taken once."""
+        with self._lock:
+            hit = self._ready.pop((uid, need_key(need), tuple(names)), None)
+        if hit is None:
+            self._count(COMPUTED)
+            return None
+        states, scores, offer = hit
+        if list(map(self.placement.cache.states.get, names)) != states:
+            self._count(CHANGED)
+            return None
+        self._count(PREPARED)
+        return scores, offer
