@@ -12,12 +12,11 @@ Standalone mode (no apiserver) commits the plan into the inventory under the sam
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import kubernetes.client
 import structlog
 import urllib3.exceptions
@@ -105,8 +104,7 @@ class Binder:
         self.api = api
         self.inventory = inventory
         self.jobs = jobs  # a job's pod takes its slot of the job's plan (extender.jobs.plans)
-        self._api_concurrency = api_concurrency
-        self._api_slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self._api_limiter = anyio.CapacityLimiter(api_concurrency)
         self.explainer = explainer
 
     async def bind(self, req: BindRequest) -> str:
@@ -239,21 +237,7 @@ class Binder:
             return None
 
     async def _api_call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """The apiserver call in the loop's executor, at most `api_concurrency` at once. asyncio's own hop to a
-        thread: anyio's to_thread took the event loop about 0.3 ms per bind, a tenth of its time under bind load
-        (py-spy, issue 24), time filter and prioritize waited for. A bind cancelled meanwhile still waits for the
-        call to return, as before: its outcome decides the reservation."""
-        loop = asyncio.get_running_loop()
-        slots = self._api_slots
-        if slots is None or slots[0] is not loop:  # a semaphore belongs to one loop
-            slots = self._api_slots = (loop, asyncio.Semaphore(self._api_concurrency))
-        async with slots[1]:
-            call = loop.run_in_executor(None, functools.partial(fn, *args, **kwargs))
-            try:
-                return await asyncio.shield(call)
-            except asyncio.CancelledError:
-                await asyncio.wait([call])
-                raise
+        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs), limiter=self._api_limiter)
 
     def _release(self, req: BindRequest, res: Reservation | None) -> None:
         if res is not None:
