@@ -27,7 +27,7 @@ from extender.state.pods import Need
 PREPARED_LIMIT = 8
 PREPARED, CHANGED, COMPUTED = "prepared", "changed", "computed"  # where a prioritize answer came from
 
-Key = tuple[str, Any, tuple[str, ...]]
+Key = tuple[str, Any]
 
 
 class PreparedScores:
@@ -36,15 +36,15 @@ class PreparedScores:
         self.placement = placement
         self.limit = limit
         self._count = count
-        self._ready: OrderedDict[Key, tuple[list[Any], list[int], Offer | None]] = OrderedDict()
+        self._ready: OrderedDict[Key, tuple[list[str], list[Any], list[int], Offer | None]] = OrderedDict()
         self._lock = threading.Lock()
 
     def prepare(self, uid: str, names: list[str], need: Need) -> None:
         """Compute and keep prioritize's answer for this pod over these nodes (nodes known to the cache only)."""
         states = list(map(self.placement.cache.states.get, names))
-        scores, offer = self.placement.score_offer(names, need)
+        scores, offer = self.placement.score_offer(names, need, states=states)
         with self._lock:
-            self._ready[(uid, need_key(need), tuple(names))] = (states, scores, offer)
+            self._ready[(uid, need_key(need))] = (names, states, scores, offer)
             while len(self._ready) > self.limit:
                 self._ready.popitem(last=False)
 
@@ -52,11 +52,11 @@ class PreparedScores:
         """The prepared (scores, offer) if this pod's answer over exactly these nodes was prepared and none of the
         nodes changed since; None otherwise. An answer is taken once."""
         with self._lock:
-            hit = self._ready.pop((uid, need_key(need), tuple(names)), None)
-        if hit is None:
+            hit = self._ready.pop((uid, need_key(need)), None)
+        if hit is None or hit[0] != names:  # list equality: C-level, cheaper than hashing thousands of names
             self._count(COMPUTED)
             return None
-        states, scores, offer = hit
+        _, states, scores, offer = hit
         if list(map(self.placement.cache.states.get, names)) != states:
             self._count(CHANGED)
             return None
