@@ -18,7 +18,9 @@ Three processes, as in a cluster:
 
 Measured as the client sees it (request sent to answer read, bodies encoded outside the clock): the pair's round
 trip p50/p99 and the ceiling it implies (pods/s = 1 / pair), idle (nothing else going on: no binds, no events) and
-under the load. The memo is warm (every pod size filtered twice before the clock starts).
+under the load. The memo is warm (every pod size filtered twice before the clock starts). Since round trips on a
+shared machine carry everyone's scheduling delays, the extender's CPU per pod (/proc) and the pair's CPU in-process
+(thread time through the ASGI app, no HTTP) are reported too.
 """
 
 from __future__ import annotations
@@ -482,7 +484,79 @@ def run_size(n: int, idle_pods: int, load_pods: int, node_churn: float, out: Any
             stop_process(ext, 30)
 
 
-def report(results: list[dict[str, Any]], command: str, load: str, node_churn: float) -> str:
+# -- the pair's CPU in-process --------------------------------------------------------------------------------------
+
+
+async def asgi_post(app: Any, path: str, body: bytes) -> bytes:
+    """One POST through the ASGI app, as uvicorn hands it over (HTTP parsing left out)."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    out: list[bytes] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            out.append(message.get("body", b""))
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "state": {},
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    await app(scope, receive, send)
+    return b"".join(out)
+
+
+def pair_cpu(n: int, rounds: int = 3) -> dict[str, float]:
+    """CPU time of this thread for filter + prioritize through the extender's ASGI app, in this process, on a
+    standalone inventory of n nodes (bench.extender's): what the event loop spends on the pair, which other
+    processes on a loaded machine do not inflate the way they inflate round trips. `critical` is the two requests'
+    own time; `with_gap` adds what the loop ran between the filter's answer and the prioritize request."""
+    import gc
+
+    from bench.common import scratch
+    from bench.extender import make_inventory, pod_json
+    from extender.http.app import create_app
+    from extender.service import Extender
+
+    tmp = scratch("bench-cycle-cpu-")
+    names, _ = make_inventory(tmp / "inventory.yaml", n, seed=n)
+    app = create_app(Extender.standalone(tmp / "inventory.yaml"), manage_lifecycle=False)
+    template = orjson.loads((RECORDED / "filter-nodecache.json").read_bytes())
+    pods = [pod_json(size, f"cpu-{k}", f"cpu-{k}") for k, size in enumerate(MIX * 5)]
+    bodies = [orjson.dumps({**template, "NodeNames": names, "Pod": pod}) for pod in pods]
+    critical: list[float] = []
+    with_gap: list[float] = []
+
+    async def run() -> None:
+        for r in range(rounds):  # the first round warms the memo
+            for pod, body in zip(pods, bodies, strict=True):
+                t0 = time.thread_time()
+                answer = await asgi_post(app, "/filter", body)
+                t1 = time.thread_time()
+                pbody = orjson.dumps({**template, "NodeNames": orjson.loads(answer)["NodeNames"], "Pod": pod})
+                t2 = time.thread_time()
+                await asyncio.sleep(0)  # the gap: what the loop runs before the prioritize request arrives
+                t3 = time.thread_time()
+                await asgi_post(app, "/prioritize", pbody)
+                t4 = time.thread_time()
+                if r:
+                    critical.append(t1 - t0 + t4 - t3)
+                    with_gap.append(t1 - t0 + t3 - t2 + t4 - t3)
+
+    gc.collect()
+    asyncio.run(run())
+    return {"nodes": n, "pairs": len(critical), "c50": percentile(critical, 50), "c99": percentile(critical, 99),
+            "g50": percentile(with_gap, 50)}
+
+
+def report(results: list[dict[str, Any]], command: str, load: str, node_churn: float,
+           cpu_pairs: list[dict[str, float]] | None = None) -> str:
     rows = []
     for r in results:
         for phase in ("idle", "load"):
@@ -532,6 +606,18 @@ def report(results: list[dict[str, Any]], command: str, load: str, node_churn: f
         "churn.",
         "",
         cpu,
+        "",
+        "## The pair's CPU time in-process",
+        "",
+        "Thread CPU time of filter + prioritize through the extender's ASGI app in the benchmark's own process "
+        "(standalone inventory of bench.extender, pod sizes as above, memo warm): the event loop's own work for the "
+        "pair without HTTP parsing, which the machine's other load inflates far less than the round trips. "
+        "`requests` is the two requests' time (the critical path), `with the gap` adds what the loop ran between the "
+        "filter's answer and the prioritize request.",
+        "",
+        markdown_table(["nodes", "pairs", "requests p50 ms", "requests p99 ms", "with the gap p50 ms"],
+                       [[c["nodes"], c["pairs"], ms(c["c50"]), ms(c["c99"]), ms(c["g50"])]
+                        for c in cpu_pairs or []]),
         "",
         "## The load meanwhile",
         "",
@@ -585,8 +671,12 @@ def main() -> None:
         if args.quick:
             idle_pods, load_pods = idle_pods // 3, load_pods // 3
         results.append(run_size(n, idle_pods, load_pods, args.node_churn, lambda line: print(line, flush=True)))
+    cpu_pairs = [pair_cpu(n) for n in ([246] if args.quick else args.nodes)]
+    for c in cpu_pairs:
+        print(f"{c['nodes']} nodes in-process CPU per pair: p50 {ms(c['c50'])} ms, p99 {ms(c['c99'])} ms", flush=True)
     command = "python -m bench.scheduling_cycle" + (" --quick" if args.quick else "")
-    text = report(results, command, f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after", args.node_churn)
+    text = report(results, command, f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after", args.node_churn,
+                  cpu_pairs)
     if args.label:
         text = text.replace("# Scheduling cycle:", f"# Scheduling cycle ({args.label}):", 1)
     print(text)
