@@ -86,7 +86,8 @@ class Verbs:
                 return self._filter_answer(args, ext.jobs.filter(job_pod, args.names))
             return self._job_filter(args, job_pod)
         out = ext.placement.filter(args.names, needs.need, self._extra_entries(args))
-        if args.items is None and needs.uid and needs.size > 0 and len(out.passed) > 1:
+        if (args.items is None and needs.uid and needs.size > 0 and len(out.passed) > 1
+                and self.prepared.worth_preparing()):
             self._prepare_prioritize(needs.uid, out.passed, needs.need)
         return self._filter_answer(args, out)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from extender.placement.prepared import WINDOW
 from tests.extender.conftest import A100, DGX1, H100X4
 from tests.helpers.scheduler import bind_body, cache_args, pod_json
 
@@ -70,3 +71,17 @@ def test_other_nodes_than_the_filter_passed_are_computed(standalone) -> None:
         assert scores(client, pod, names[:-1]) == scores(client, pod_json("fresh", 2), names[:-1])
         counts = prepared_counts(client)
     assert counts.get("computed") == 2.0 and counts.get("prepared", 0.0) == 0.0
+
+
+def test_a_client_that_never_takes_them_gets_no_more_prepared(standalone) -> None:
+    """Preparing costs what computing costs: after WINDOW // 4 answers prepared and never taken (prioritize asked
+    for other nodes), the next filter prepares nothing, so even a matching prioritize is computed."""
+    with standalone(NODES) as (_, client):
+        for k in range(WINDOW // 4):
+            pod = pod_json(f"other-{k}", 1)
+            names = passed(client, pod, NAMES)
+            scores(client, pod, names[:-1])
+        pod = pod_json("matching", 1)
+        assert scores(client, pod, passed(client, pod, NAMES)) == scores(client, pod_json("fresh", 1), NAMES)
+        counts = prepared_counts(client)
+    assert counts.get("computed") == WINDOW // 4 + 2 and counts.get("prepared", 0.0) == 0.0
