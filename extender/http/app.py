@@ -31,8 +31,8 @@ class ExtenderAPI(FastAPI):
 
     The four verbs are the scheduling cycle's critical path (kube-scheduler waits for filter and prioritize, one pod
     at a time): a POST to one of them goes straight to extender.http.answers.answer, past Starlette's middleware
-    stack, router and endpoint wrapping, which took about half the event loop's time under bind load (issue 24,
-    py-spy). The answer is the same one the routes in extender.http.routers.scheduler give (they call the same
+    stack, router and endpoint wrapping, which took about a third of the event loop's time under bind load (issue
+    24, py-spy). The answer is the same one the routes in extender.http.routers.scheduler give (they call the same
     function, and describe the verbs in the OpenAPI schema); every other request goes through FastAPI."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
