@@ -21,10 +21,11 @@ import structlog
 from extender import wire
 from extender.jobs.plans import JobPod
 from extender.placement.engine import FilterOutcome
-from extender.placement.prepared import PreparedScores
+from extender.placement.memo import NeedKey, need_key
+from extender.placement.prepared import PREPARED_LIMIT, PreparedScores
 from extender.preempt import NodeVictims, keep_victims
 from extender.service import Extender
-from extender.state.pods import Need, PodSpecError, pod_needs
+from extender.state.pods import Need, PodNeeds, PodSpecError, pod_needs
 
 log = structlog.get_logger(__name__)
 
@@ -66,7 +67,10 @@ class Verbs:
         self._plan_in_thread = plan_in_thread
         self._planners = anyio.CapacityLimiter(1)  # plans are made one at a time anyway: hold no more threads
         prepared = ext.metrics.prioritize_prepared
-        self.prepared = PreparedScores(ext.placement, lambda source: prepared.labels(source).inc())
+        self.prepared = PreparedScores(ext.placement, lambda source: prepared.labels(source).inc(),
+                                       ext.metrics.prioritize_preparations.inc)
+        self._preparing: dict[tuple[str, NeedKey], asyncio.Task[None]] = {}  # preparations not finished yet
+        self._preparers = anyio.CapacityLimiter(1)
 
     def filter(self, data: Any) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """The answer, or for a pod of a job an awaitable of it: planning a job may take tens of milliseconds on a
@@ -92,18 +96,24 @@ class Verbs:
         return self._filter_answer(args, out)
 
     def _prepare_prioritize(self, uid: str, passed: list[str], need: Need) -> None:
-        """Schedule the pod's prioritize answer (extender.placement.prepared) for right after this answer is sent:
-        the loop runs it once the current request's step, which writes the answer, is done. kube-scheduler asks for
-        no prioritize when one node or none passed."""
+        """Start working out the pod's prioritize answer (extender.placement.prepared) in a worker thread, so the
+        loop stays free to send this answer (a large one goes out over several loop passes) and to read the next
+        request; a prioritize for this pod that arrives meanwhile waits for it instead of computing it again.
+        kube-scheduler asks for no prioritize when one node or none passed."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # no event loop (a caller of the plain functions): prioritize computes its answer itself
-        loop.call_soon(self._prepare, uid, passed, need)
+        if len(self._preparing) >= PREPARED_LIMIT:
+            return
+        key = (uid, need_key(need))
+        task = loop.create_task(self._prepare(uid, passed, need))
+        self._preparing[key] = task
+        task.add_done_callback(lambda t: self._preparing.pop(key, None) if self._preparing.get(key) is t else None)
 
-    def _prepare(self, uid: str, passed: list[str], need: Need) -> None:
+    async def _prepare(self, uid: str, passed: list[str], need: Need) -> None:
         try:
-            self.prepared.prepare(uid, passed, need)
+            await anyio.to_thread.run_sync(self.prepared.prepare, uid, passed, need, limiter=self._preparers)
         except Exception:
             log.exception("extender.prioritize.prepare_failed", pod_uid=uid)
 
@@ -123,7 +133,8 @@ class Verbs:
         return filter_result(out.passed if args.node_names is not None else None, nodes, out.failed,
                              out.unresolvable, "")
 
-    def prioritize(self, data: Any) -> bytes:
+    def prioritize(self, data: Any) -> bytes | Awaitable[bytes]:
+        """The answer, or an awaitable of it while this pod's answer is still being prepared after its filter."""
         args = wire.extender_args(data)
         try:
             needs = pod_needs(args.pod, *self._needs_args)
@@ -132,11 +143,27 @@ class Verbs:
             return host_priority_list(args.names, [0] * len(args.names))
         self.ext.recent.remember(needs)
         job_pod = self.ext.jobs.pod_of(args.pod, needs)
-        scores = self.ext.jobs.score(job_pod, args.names) if job_pod is not None else None
-        if scores is None:
-            ready = self.prepared.take(needs.uid, args.names, needs.need) if args.items is None else None
-            scores, offer = ready or self.ext.placement.score_offer(args.names, needs.need, self._extra_entries(args))
-            self.ext.explainer.remember(needs.uid, offer)  # what bind's explanation compares the chosen node with
+        if job_pod is not None:
+            scores = self.ext.jobs.score(job_pod, args.names)
+            if scores is not None:
+                return host_priority_list(args.names, scores)
+        elif args.items is None:
+            pending = self._preparing.get((needs.uid, need_key(needs.need)))
+            if pending is not None and not pending.done():
+                return self._prioritize_prepared(pending, args, needs)
+        return self._scores(args, needs, prepared=job_pod is None and args.items is None)
+
+    async def _prioritize_prepared(self, pending: asyncio.Task[None], args: wire.ExtenderArgs,
+                                   needs: PodNeeds) -> bytes:
+        await asyncio.wait([pending])  # not cancelled with this request: the next one may take its answer
+        return self._scores(args, needs, prepared=True)
+
+    def _scores(self, args: wire.ExtenderArgs, needs: PodNeeds, *, prepared: bool) -> bytes:
+        """The answer from the placement engine; `prepared`: taken from extender.placement.prepared if it is
+        there and still holds."""
+        ready = self.prepared.take(needs.uid, args.names, needs.need) if prepared else None
+        scores, offer = ready or self.ext.placement.score_offer(args.names, needs.need, self._extra_entries(args))
+        self.ext.explainer.remember(needs.uid, offer)  # what bind's explanation compares the chosen node with
         return host_priority_list(args.names, scores)
 
     async def bind(self, data: Any) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 kube-scheduler sends a pod's /prioritize with exactly the nodes its /filter passed, after running its own score
 plugins; the extender sits idle in that gap, and the scheduling cycle waits on every millisecond of prioritize
-(issue 24). So once filter has answered, the scores for (pod uid, need, the passed nodes) are computed and kept;
-prioritize with the same pod and nodes takes them instead of computing them, provided no node's placement state
+(issue 24). So once filter has answered, the scores for (pod uid, need, the passed nodes) are computed in a worker
+thread (extender.verbs starts it and makes a prioritize that arrives meanwhile wait for it) and kept; prioritize
+with the same pod and nodes takes them instead of computing them, provided no node's placement state
 changed meanwhile (the states are interned, so an unchanged node has the very same state object: the check is a
 C-level list comparison). Anything else (other nodes, a changed node, a pod never filtered) is computed as before.
 
@@ -38,11 +39,14 @@ Key = tuple[str, Any]
 
 
 class PreparedScores:
-    def __init__(self, placement: Placement, count: Callable[[str], None], limit: int = PREPARED_LIMIT) -> None:
-        """`count(source)` is told where each answer asked for came from (PREPARED, CHANGED or COMPUTED)."""
+    def __init__(self, placement: Placement, count: Callable[[str], None], done: Callable[[], None],
+                 limit: int = PREPARED_LIMIT) -> None:
+        """`count(source)` is told where each answer asked for came from (PREPARED, CHANGED or COMPUTED), `done()`
+        of each answer prepared."""
         self.placement = placement
         self.limit = limit
         self._count = count
+        self._done = done
         self._ready: OrderedDict[Key, tuple[list[str], list[Any], list[int], Offer | None, list[bool]]] = (
             OrderedDict())
         self._lock = threading.Lock()
@@ -52,14 +56,16 @@ class PreparedScores:
     def worth_preparing(self) -> bool:
         """Whether to prepare the next answer: yes while at least MIN_TAKEN of the recent ones were taken (or too
         few were prepared to tell), else once every PROBE_EVERY filters."""
-        recent = list(self._recent)
+        with self._lock:
+            recent = list(self._recent)
         if len(recent) < WINDOW // 4 or sum(t[0] for t in recent) >= MIN_TAKEN * len(recent):
             return True
         self._declined += 1
         return self._declined % PROBE_EVERY == 0
 
     def prepare(self, uid: str, names: list[str], need: Need) -> None:
-        """Compute and keep prioritize's answer for this pod over these nodes (nodes known to the cache only)."""
+        """Compute and keep prioritize's answer for this pod over these nodes (nodes known to the cache only). Runs
+        in a worker thread: the node states it reads are the ones its scores are computed from."""
         states = list(map(self.placement.cache.states.get, names))
         scores, offer = self.placement.score_offer(names, need, states=states)
         taken = [False]
@@ -68,6 +74,7 @@ class PreparedScores:
             self._recent.append(taken)
             while len(self._ready) > self.limit:
                 self._ready.popitem(last=False)
+        self._done()
 
     def take(self, uid: str, names: list[str], need: Need) -> tuple[list[int], Offer | None] | None:
         """The prepared (scores, offer) if this pod's answer over exactly these nodes was prepared and none of the

@@ -8,6 +8,7 @@ from typing import Any
 
 from extender.placement.prepared import WINDOW
 from tests.extender.conftest import A100, DGX1, H100X4
+from tests.helpers.polling import eventually
 from tests.helpers.scheduler import bind_body, cache_args, pod_json
 
 NODES = [{"name": "dgx", "topology": DGX1, "used": [0, 5]},
@@ -21,6 +22,11 @@ def prepared_counts(client: Any) -> dict[str, float]:
     text = client.get("/metrics").text
     return {m.group(1): float(m.group(2))
             for m in re.finditer(r'^gpu_extender_prioritize_prepared_total\{source="(\w+)"\} (\S+)$', text, re.M)}
+
+
+def preparations(client: Any) -> float:
+    m = re.search(r"^gpu_extender_prioritize_preparations_total (\S+)$", client.get("/metrics").text, re.M)
+    return float(m.group(1)) if m else 0.0
 
 
 def passed(client: Any, pod: dict[str, Any], names: list[str]) -> list[str]:
@@ -54,6 +60,7 @@ def test_a_node_changed_after_the_filter_is_scored_as_it_is_now(standalone) -> N
         pod = pod_json("late", 4)
         names = passed(client, pod, NAMES)
         assert "dgx-empty" in names
+        assert eventually(lambda: preparations(client) == 1.0, 10)  # its answer is prepared: now a node changes
         other = pod_json("first", 4)
         assert passed(client, other, ["dgx-empty"]) == ["dgx-empty"]
         assert client.post("/bind", json=bind_body(other, "dgx-empty")).json()["Error"] == ""  # half of it now used
