@@ -33,7 +33,6 @@ import multiprocessing
 import os
 import queue
 import random
-import re
 import socket
 import subprocess
 import sys
@@ -320,21 +319,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def prepared_share(port: int) -> str:
-    """How many prioritize answers the extender had prepared during their pod's filter (its metric), if it has it."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=CALL_TIMEOUT_S)
-    try:
-        c.request("GET", "/metrics")
-        text = c.getresponse().read().decode()
-    finally:
-        c.close()
-    counts = dict(re.findall(r'^gpu_extender_prioritize_prepared_total\{source="(\w+)"\} (\S+)$', text, re.M))
-    if not counts:
-        return "n/a"
-    total = sum(float(v) for v in counts.values())
-    return f"{float(counts.get('prepared', 0)) / total:.0%} of {total:.0f}" if total else "0"
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -463,12 +447,11 @@ def run_size(n: int, idle_pods: int, load_pods: int, node_churn: float, out: Any
             binds_q.put((p[0], p[1], node))
         elapsed = time.perf_counter() - t0
         used = cpu_seconds(ext.pid) - cpu0
-        prepared = prepared_share(port)
         parent.send("stats")
         stats = parent.recv() if parent.poll(CALL_TIMEOUT_S) else {}
         res = {"nodes": n, "idle": summary(idle), "load": summary(loaded), "unschedulable": unschedulable,
                "seconds": elapsed, "rate": (len(idle_set) + load_pods) / elapsed, "idle_cpu": idle_cpu,
-               "load_cpu": (used / (len(idle_set) + load_pods), used / elapsed), "prepared": prepared, **stats}
+               "load_cpu": (used / (len(idle_set) + load_pods), used / elapsed), **stats}
         out(f"{n} nodes load: " + ", ".join(f"{k} {ms(v) if k != 'pairs' else v}" for k, v in res["load"].items())
             + f"; {stats}")
         return res
@@ -559,10 +542,9 @@ def report(results: list[dict[str, Any]], command: str, load: str, node_churn: f
                             "prioritize p99 ms", "pair p50 ms", "pair p99 ms", "ceiling pods/s (p50)",
                             "pods/s at p99"], rows)
     cpu = markdown_table(
-        ["nodes", "idle: CPU ms per pod", "idle: cores busy", "under load: CPU ms per pod", "under load: cores busy",
-         "prioritize answers prepared at filter"],
+        ["nodes", "idle: CPU ms per pod", "idle: cores busy", "under load: CPU ms per pod", "under load: cores busy"],
         [[r["nodes"], f"{r['idle_cpu'][0] * 1000:.2f}", f"{r['idle_cpu'][1]:.2f}", f"{r['load_cpu'][0] * 1000:.2f}",
-          f"{r['load_cpu'][1]:.2f}", r["prepared"]] for r in results])
+          f"{r['load_cpu'][1]:.2f}"] for r in results])
     loads = markdown_table(
         ["nodes", "scheduled pods/s", "binds", "bind errors", "max binds in flight", "bind p50 ms", "bind p99 ms",
          "node watch events", "pod watch events", "unschedulable"],
@@ -603,7 +585,7 @@ def report(results: list[dict[str, Any]], command: str, load: str, node_churn: f
         "Process CPU time (every thread) of filter + prioritize through the extender's ASGI app in the benchmark's "
         "own process (standalone inventory of bench.extender, pod sizes as above, memo warm): the extender's own "
         "work for the pair without HTTP parsing, which the machine's other load inflates far less than the round "
-        "trips. A prioritize prepared after the filter is counted in full, wherever it ran.",
+        "trips.",
         "",
         markdown_table(["nodes", "pairs", "CPU per pair p50 ms", "CPU per pair p99 ms"],
                        [[c["nodes"], c["pairs"], ms(c["c50"]), ms(c["c99"])] for c in cpu_pairs or []]),

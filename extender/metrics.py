@@ -63,15 +63,6 @@ class ExtenderMetrics:
         self.job_plan_seconds = Histogram(f"{PREFIX}_job_plan_seconds", "Time to plan a job (extender.jobs.planner).",
                                           buckets=_LATENCY_BUCKETS, registry=r)
         self.job_slots = Gauge(f"{PREFIX}_job_slots", "Reserved slots of job plans no pod has taken yet.", registry=r)
-        self.prioritize_prepared = Counter(
-            f"{PREFIX}_prioritize_prepared_total",
-            "Prioritize answers of nodeCacheCapable requests, by source: prepared (worked out right after the pod's "
-            "filter, extender.placement.prepared), changed (prepared, but a node changed since: computed again), "
-            "computed (none prepared for this pod and these nodes).", ["source"], registry=r)
-        self.prioritize_preparations = Counter(
-            f"{PREFIX}_prioritize_preparations_total",
-            "Prioritize answers worked out right after their pod's filter (compare with the prepared answers taken).",
-            registry=r)
         self.watch = WatchMetrics(r, PREFIX)
 
     def bind_gauges(self, reservations: Callable[[], float], nodes: Callable[[], float],

@@ -9,7 +9,6 @@ publishes the verbs. The answer shapes are the Go structs of k8s.io/kube-schedul
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable
 from itertools import chain, repeat
 from typing import Any
@@ -21,11 +20,9 @@ import structlog
 from extender import wire
 from extender.jobs.plans import JobPod
 from extender.placement.engine import FilterOutcome
-from extender.placement.memo import NeedKey, need_key
-from extender.placement.prepared import PREPARED_LIMIT, PreparedScores
 from extender.preempt import NodeVictims, keep_victims
 from extender.service import Extender
-from extender.state.pods import Need, PodNeeds, PodSpecError, pod_needs
+from extender.state.pods import PodSpecError, pod_needs
 
 log = structlog.get_logger(__name__)
 
@@ -66,11 +63,6 @@ class Verbs:
         self._needs_args = (cfg.resource_name, cfg.keys)
         self._plan_in_thread = plan_in_thread
         self._planners = anyio.CapacityLimiter(1)  # plans are made one at a time anyway: hold no more threads
-        prepared = ext.metrics.prioritize_prepared
-        self.prepared = PreparedScores(ext.placement, lambda source: prepared.labels(source).inc(),
-                                       ext.metrics.prioritize_preparations.inc)
-        self._preparing: dict[tuple[str, NeedKey], asyncio.Task[None]] = {}  # preparations not finished yet
-        self._preparers = anyio.CapacityLimiter(1)
 
     def filter(self, data: Any) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """The answer, or for a pod of a job an awaitable of it: planning a job may take tens of milliseconds on a
@@ -89,33 +81,7 @@ class Verbs:
             if not self._plan_in_thread:
                 return self._filter_answer(args, ext.jobs.filter(job_pod, args.names))
             return self._job_filter(args, job_pod)
-        out = ext.placement.filter(args.names, needs.need, self._extra_entries(args))
-        if (args.items is None and needs.uid and needs.size > 0 and len(out.passed) > 1
-                and self.prepared.worth_preparing()):
-            self._prepare_prioritize(needs.uid, out.passed, needs.need)
-        return self._filter_answer(args, out)
-
-    def _prepare_prioritize(self, uid: str, passed: list[str], need: Need) -> None:
-        """Start working out the pod's prioritize answer (extender.placement.prepared) in a worker thread, so the
-        loop stays free to send this answer (a large one goes out over several loop passes) and to read the next
-        request; a prioritize for this pod that arrives meanwhile waits for it instead of computing it again.
-        kube-scheduler asks for no prioritize when one node or none passed."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no event loop (a caller of the plain functions): prioritize computes its answer itself
-        if len(self._preparing) >= PREPARED_LIMIT:
-            return
-        key = (uid, need_key(need))
-        task = loop.create_task(self._prepare(uid, passed, need))
-        self._preparing[key] = task
-        task.add_done_callback(lambda t: self._preparing.pop(key, None) if self._preparing.get(key) is t else None)
-
-    async def _prepare(self, uid: str, passed: list[str], need: Need) -> None:
-        try:
-            await anyio.to_thread.run_sync(self.prepared.prepare, uid, passed, need, limiter=self._preparers)
-        except Exception:
-            log.exception("extender.prioritize.prepare_failed", pod_uid=uid)
+        return self._filter_answer(args, ext.placement.filter(args.names, needs.need, self._extra_entries(args)))
 
     async def _job_filter(self, args: wire.ExtenderArgs, job_pod: JobPod) -> dict[str, Any]:
         out = await anyio.to_thread.run_sync(self.ext.jobs.filter, job_pod, args.names, limiter=self._planners)
@@ -133,8 +99,7 @@ class Verbs:
         return filter_result(out.passed if args.node_names is not None else None, nodes, out.failed,
                              out.unresolvable, "")
 
-    def prioritize(self, data: Any) -> bytes | Awaitable[bytes]:
-        """The answer, or an awaitable of it while this pod's answer is still being prepared after its filter."""
+    def prioritize(self, data: Any) -> bytes:
         args = wire.extender_args(data)
         try:
             needs = pod_needs(args.pod, *self._needs_args)
@@ -143,27 +108,10 @@ class Verbs:
             return host_priority_list(args.names, [0] * len(args.names))
         self.ext.recent.remember(needs)
         job_pod = self.ext.jobs.pod_of(args.pod, needs)
-        if job_pod is not None:
-            scores = self.ext.jobs.score(job_pod, args.names)
-            if scores is not None:
-                return host_priority_list(args.names, scores)
-        elif args.items is None:
-            pending = self._preparing.get((needs.uid, need_key(needs.need)))
-            if pending is not None and not pending.done():
-                return self._prioritize_prepared(pending, args, needs)
-        return self._scores(args, needs, prepared=job_pod is None and args.items is None)
-
-    async def _prioritize_prepared(self, pending: asyncio.Task[None], args: wire.ExtenderArgs,
-                                   needs: PodNeeds) -> bytes:
-        await asyncio.wait([pending])  # not cancelled with this request: the next one may take its answer
-        return self._scores(args, needs, prepared=True)
-
-    def _scores(self, args: wire.ExtenderArgs, needs: PodNeeds, *, prepared: bool) -> bytes:
-        """The answer from the placement engine; `prepared`: taken from extender.placement.prepared if it is
-        there and still holds."""
-        ready = self.prepared.take(needs.uid, args.names, needs.need) if prepared else None
-        scores, offer = ready or self.ext.placement.score_offer(args.names, needs.need, self._extra_entries(args))
-        self.ext.explainer.remember(needs.uid, offer)  # what bind's explanation compares the chosen node with
+        scores = self.ext.jobs.score(job_pod, args.names) if job_pod is not None else None
+        if scores is None:
+            scores, offer = self.ext.placement.score_offer(args.names, needs.need, self._extra_entries(args))
+            self.ext.explainer.remember(needs.uid, offer)  # what bind's explanation compares the chosen node with
         return host_priority_list(args.names, scores)
 
     async def bind(self, data: Any) -> dict[str, Any]:

@@ -84,9 +84,8 @@ async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Ex
             if pending is None:
                 content = result if isinstance(result, bytes) else encode_answer(result)
             del result  # the decoded body and the answer are freed by refcount before the collector is back
-        if pending is not None:  # bind (the apiserver), a job pod's filter (its plan), a prioritize being prepared
-            result = await pending
-            content = result if isinstance(result, bytes) else encode_answer(result)
+        if pending is not None:  # bind (the apiserver), a job pod's filter (its plan): awaited, collector running
+            content = encode_answer(await pending)
     except wire.BadRequest as e:
         code = 400
         metrics.bad_requests.labels(verb).inc()

@@ -132,23 +132,20 @@ class Placement:
         config = self.cache.config
         return policy.rank(self._fits(names, need, extra), config.island_penalty, config.island_spare).scores
 
-    def score_offer(self, names: Iterable[str], need: Need, extra: Mapping[str, NodeEntry] | None = None,
-                    states: list[PlacementState | None] | None = None) -> tuple[list[int], Offer | None]:
+    def score_offer(self, names: Iterable[str], need: Need, extra: Mapping[str, NodeEntry] | None = None
+                    ) -> tuple[list[int], Offer | None]:
         """Scores as `score`, and what the best of the nodes offered (extender.placement.explain), for the
-        explanation bind writes next to the plan. `states`: the nodes' states, when the caller has just read them
-        (extender.placement.prepared keeps them to check the answer later)."""
+        explanation bind writes next to the plan."""
         names = list(names)
         if need.size == 0:
             return [0] * len(names), None
         config = self.cache.config
-        fits = self._fits(names, need, extra, states)
+        fits = self._fits(names, need, extra)
         ranking = policy.rank(fits, config.island_penalty, config.island_spare)
         return ranking.scores, offer(names, fits, ranking, config.island_penalty, config.island_spare)
 
-    def _fits(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None,
-              states: list[PlacementState | None] | None = None) -> list[Fit]:
-        if states is None:
-            states = self._states(names, extra)
+    def _fits(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None) -> list[Fit]:
+        states = self._states(names, extra)
         table = self.memo.scores(need)
         fits = list(map(table.get, states))
         if None in fits:
