@@ -12,6 +12,7 @@ import asyncio
 import gc
 import ipaddress
 import ssl
+import sys
 
 import click
 import structlog
@@ -21,6 +22,8 @@ from extender.logs import configure_logging
 from extender.webhook.command import command as webhook_command
 
 log = structlog.get_logger(__name__)
+
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def is_loopback(host: str) -> bool:
@@ -96,6 +99,10 @@ def serve(config: ExtenderConfig) -> None:
     # collector from walking it on every full collection, which otherwise shows as latency spikes.
     gc.collect()
     gc.freeze()
+    # The event loop answers filter and prioritize while watch and apiserver threads run Python code: a thread that
+    # holds the GIL keeps it up to the switch interval before the loop gets it back, and an answer needs it a few
+    # times (read, decide, write). Python's default of 5 ms put up to tens of ms on an answer under bind load.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     mutual_tls = config.tls_client_ca is not None
     try:
         sock, metrics_sock = listeners(config.host, config.port, config.metrics_host, config.metrics_port)

@@ -3,8 +3,10 @@
 Each route hands its request to extender.http.answers.answer, which owns the body, the errors and the metrics; the
 bodies are declared in the OpenAPI schema by reference (openapi_extra) because no route parses them with pydantic.
 
-These four routes are the scheduling hot path, so they read the Verbs from `request.app.state` themselves rather
-than through a `Depends` (extender.http.dependencies), which costs about 17 us per request: 10% of a 100-node filter.
+These four routes are the scheduling hot path: on the ExtenderAPI app (extender.http.app) a POST to one of them is
+answered by the same `answer` call before FastAPI's router is reached; the routes describe them in the schema and
+answer them on any other app. They read the Verbs from `request.app.state` themselves rather than through a
+`Depends` (extender.http.dependencies), which costs about 17 us per request: 10% of a 100-node filter.
 """
 
 from __future__ import annotations
