@@ -35,7 +35,7 @@ import argparse
 import heapq
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from bench.common import RESULTS, machine_line, markdown_table, percentile
@@ -191,9 +191,9 @@ def _core(
     return (best[1], best[2]) if best else None
 
 
-def first_fit_policy(
-    nodes: list[Node], req: Request, timings: list[float], rng: random.Random
-) -> tuple[Node, MigChoice] | None:
+def _first_fits(nodes: list[Node], req: Request, timings: list[float]) -> Iterator[tuple[Node, MigChoice]]:
+    """Each node of the request's model with its first-fit choice, in node order, timing every call (lazily: a
+    policy that takes the first stops asking)."""
     for node in nodes:
         if node.table.model != req.model:
             continue
@@ -202,23 +202,19 @@ def first_fit_policy(
         choice = first_fit(states, req.profile or "", req.count)
         timings.append(time.perf_counter() - t0)
         if choice is not None:
-            return node, choice
-    return None
+            yield node, choice
+
+
+def first_fit_policy(
+    nodes: list[Node], req: Request, timings: list[float], rng: random.Random
+) -> tuple[Node, MigChoice] | None:
+    return next(_first_fits(nodes, req, timings), None)
 
 
 def random_fit_policy(
     nodes: list[Node], req: Request, timings: list[float], rng: random.Random
 ) -> tuple[Node, MigChoice] | None:
-    feasible = []
-    for node in nodes:
-        if node.table.model != req.model:
-            continue
-        states = node.mig_states()
-        t0 = time.perf_counter()
-        choice = first_fit(states, req.profile or "", req.count)
-        timings.append(time.perf_counter() - t0)
-        if choice is not None:
-            feasible.append((node, choice))
+    feasible = list(_first_fits(nodes, req, timings))
     return rng.choice(feasible) if feasible else None
 
 

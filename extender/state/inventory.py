@@ -85,16 +85,21 @@ def _labels(values: Any, where: str) -> dict[str, str]:
     return values
 
 
+def _mapping(spec: Any, where: str, allowed: frozenset[str]) -> None:
+    """Raises InventoryError unless `spec` is a mapping whose keys are all `allowed`."""
+    if not isinstance(spec, dict):
+        raise InventoryError(f"{where} must be a mapping")
+    unknown = sorted(set(spec) - allowed)
+    if unknown:
+        raise InventoryError(f"{where} has unknown keys {unknown} (allowed: {sorted(allowed)})")
+
+
 def _sharing(topo: Topology, spec: Any, where: str) -> Sharing | None:
     """The node's `sharing` block, read into the contract's Sharing (so it is checked as the plugin's state is)."""
     if spec is None:
         return None
     where = f"{where} sharing"
-    if not isinstance(spec, dict):
-        raise InventoryError(f"{where} must be a mapping")
-    unknown = sorted(set(spec) - _SHARING_KEYS)
-    if unknown:
-        raise InventoryError(f"{where} has unknown keys {unknown} (allowed: {sorted(_SHARING_KEYS)})")
+    _mapping(spec, where, _SHARING_KEYS)
     raw = spec.get("resources")
     if not isinstance(raw, list):
         raise InventoryError(f"{where} needs a 'resources' list")
@@ -141,11 +146,7 @@ def parse_inventory(data: Any, base_dir: Path, locality: Locality | None = None)
     names: set[str] = set()
     for k, spec in enumerate(data["nodes"]):
         where = f"nodes[{k}]"
-        if not isinstance(spec, dict):
-            raise InventoryError(f"{where} must be a mapping")
-        unknown = sorted(set(spec) - _NODE_KEYS)
-        if unknown:
-            raise InventoryError(f"{where} has unknown keys {unknown} (allowed: {sorted(_NODE_KEYS)})")
+        _mapping(spec, where, _NODE_KEYS)
         name = spec.get("name")
         if not isinstance(name, str) or not name:
             raise InventoryError(f"{where} needs a non-empty 'name'")
