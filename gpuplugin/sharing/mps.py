@@ -6,12 +6,26 @@ log directories under the MPS root (a hostPath), and Allocate hands each contain
 per-client limits matching its replicas (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: a
 client can lower, never raise, the daemon's defaults, which are set too).
 
-The daemon forks into the background, so it is not our child to wait on: it is judged by state, every pass asking it
-`get_default_active_thread_percentage` over its pipe. A daemon that does not answer makes its replicas unhealthy,
-is started again (backoff between tries), and its replicas are healthy once it answers. The command and the clock
-are injected, so CI runs the whole loop against a small program that speaks the control protocol; the real daemon
-is exercised on a GPU by bench.sharing. Compute mode is left alone (NVIDIA's daemon sets EXCLUSIVE_PROCESS; that
-is the operator's choice here, not a side effect of installing a plugin).
+The daemon forks into the background, so it is not our child to wait on: it is judged by state, every pass
+(`probe`): the pipe directory, its control socket, the pid file the daemon writes there and whether that process
+lives, and `get_server_list` over the pipe. What follows from the state:
+- it answers: it is used as it is, also by a plugin that did not start it (a restart finds it on the hostPath and
+  adopts it: no second daemon, its clients keep their server); the defaults are sent again, which only affects
+  servers started later;
+- silent, but the pid file names a live control daemon: it is starting or stuck; a second one would be refused,
+  and killing it would end its clients' server, so its replicas are unhealthy and the plugin waits;
+- silent and no live daemon (never started, crashed, killed): started again (backoff between tries).
+Its replicas are unhealthy whenever it does not answer, and healthy once it answers again.
+
+Lifetime: the daemon is started in a session of its own (not in the plugin's process group, so a signal to the
+plugin's group does not reach it), and stopping the plugin only stops watching it: pods holding MPS replicas keep
+their server across a plugin restart. `quit` is sent only when a config removes or replaces the shared set (the
+node waits for the pods holding its replicas first) or when asked (`quit()`; the uninstall path in the README).
+
+The command and the clock are injected, so CI runs the whole loop against a small program that speaks the control
+protocol; the real daemon is exercised on a GPU by bench.sharing and bench.mps_limits. Compute mode is left alone
+(NVIDIA's daemon sets EXCLUSIVE_PROCESS; that is the operator's choice here, not a side effect of installing a
+plugin).
 """
 
 from __future__ import annotations
@@ -39,6 +53,8 @@ LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 COMMAND_TIMEOUT_S = 10.0
+CONTROL_SOCKET = "control"  # in the pipe directory: the control daemon's unix socket
+PID_FILE = "nvidia-cuda-mps-control.pid"  # in the pipe directory: written by the control daemon
 
 
 class MpsError(RuntimeError):
@@ -69,6 +85,8 @@ class MpsShare:
     resource: str
     root: Path
     gpus: tuple[MpsGpu, ...]
+    # a container may hold several replicas of one GPU (failRequestsGreaterThanOne and distinctGpus both false)
+    several_per_client: bool = False
 
     @property
     def directory(self) -> Path:
@@ -102,11 +120,19 @@ class MpsShare:
         mounts = (Mount(str(self.pipe_dir), str(self.pipe_dir)), Mount("/dev/shm", str(self.shm_dir)))
         return env, mounts
 
+    def _most_held(self, gpu: MpsGpu) -> int:
+        return gpu.replicas if self.several_per_client else 1
+
     def default_commands(self) -> list[str]:
-        """The daemon-wide defaults (a client without our environment still gets one replica's share)."""
-        lines = [f"set_default_active_thread_percentage {thread_percentage(max(g.replicas for g in self.gpus))}"]
+        """The daemon-wide defaults: the most one container can be given. A client's environment can only lower
+        them (measured on the H200: bench/results/mps_limits.md), so they are one replica's share where a
+        container holds one replica of a GPU at most (a client without our environment still gets one share),
+        and the whole GPU where it may hold all of them (then its environment is its only limit). The thread
+        percentage is one for the whole daemon: the largest of its GPUs' shares."""
+        most = max(thread_percentage(g.replicas, self._most_held(g)) for g in self.gpus)
+        lines = [f"set_default_active_thread_percentage {most}"]
         for ordinal, gpu in enumerate(self.gpus):
-            limit = memory_limit_mib(gpu)
+            limit = memory_limit_mib(gpu, self._most_held(gpu))
             if limit is not None:
                 lines.append(f"set_default_device_pinned_mem_limit {ordinal} {limit}M")
         return lines
@@ -121,10 +147,34 @@ def run_command(argv: Sequence[str], stdin: str, env: dict[str, str],
     pipe would then never reach end-of-file."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         done = subprocess.run(list(argv), input=stdin, env={**os.environ, **env}, stdout=out, stderr=err, text=True,
-                              timeout=timeout, check=False)
+                              timeout=timeout, check=False, start_new_session=True)
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(done.args, done.returncode, out.read(64 * 1024), err.read(64 * 1024))
+
+
+@dataclass(frozen=True)
+class DaemonState:
+    """What the hostPath says about one shared set's control daemon."""
+
+    pipe_dir: bool
+    socket: bool
+    pid: int | None  # from the pid file
+    alive: bool  # the pid file names a running control daemon
+    servers: tuple[int, ...] | None  # get_server_list's answer; None: it did not answer
+
+    @property
+    def answers(self) -> bool:
+        return self.servers is not None
+
+
+def _is_control_daemon(pid: int, program: str) -> bool:
+    """Whether `pid` runs `program` (a pid file on a hostPath outlives its process, and pids are reused)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(Path(os.fsdecode(arg)).name == program for arg in cmdline[:4] if arg)
 
 
 class MpsDaemon(Worker):
@@ -144,7 +194,10 @@ class MpsDaemon(Worker):
         self._run = runner
         self.healthy: bool | None = None
         self.starts = 0
+        self.adopted = False  # it answered before this runner started one
+        self.state: DaemonState | None = None
         self._next_start = 0.0
+        self._silent_logged = False
 
     # -- talking to the daemon ----------------------------------------------------------------------------------
 
@@ -160,11 +213,22 @@ class MpsDaemon(Worker):
         return done.stdout.strip()
 
     def answers(self) -> bool:
+        return self.probe().answers
+
+    def probe(self) -> DaemonState:
+        pipe = self.share.pipe_dir
         try:
-            self.send("get_default_active_thread_percentage")
-        except MpsError:
-            return False
-        return True
+            pid: int | None = int((pipe / PID_FILE).read_text().strip())
+        except (OSError, ValueError):
+            pid = None
+        try:
+            servers: tuple[int, ...] | None = tuple(int(w) for w in self.send("get_server_list").split())
+        except (MpsError, ValueError):
+            servers = None
+        state = DaemonState(pipe.is_dir(), (pipe / CONTROL_SOCKET).exists(), pid,
+                            pid is not None and _is_control_daemon(pid, Path(self.command[-1]).name), servers)
+        self.state = state
+        return state
 
     def start_daemon(self) -> None:
         for d in (self.share.pipe_dir, self.share.log_dir, self.share.shm_dir):
@@ -178,6 +242,8 @@ class MpsDaemon(Worker):
         self.starts += 1
 
     def quit(self) -> None:
+        """End the daemon and, once their clients are done, its servers (NVIDIA's `quit`): only when the set goes
+        away or on uninstall, never on a plugin stop."""
         try:
             self.send("quit")
             log.info("plugin.mps.stopped", resource=self.share.resource)
@@ -197,11 +263,24 @@ class MpsDaemon(Worker):
     def step(self) -> float:
         """One pass: ask; if silent, mark unhealthy and (backoff allowing) start it and apply the defaults.
         Returns the seconds until the next pass."""
-        if self.answers():
+        state = self.probe()
+        if state.answers:
+            if self.starts == 0 and not self.adopted:
+                self.adopted = True
+                log.info("plugin.mps.adopted", resource=self.share.resource, pipe=str(self.share.pipe_dir),
+                         pid=state.pid, servers=list(state.servers or ()))
+                self.send(*self.share.default_commands())
             self._backoff.reset()
+            self._silent_logged = False
             self._set_health(True)
             return self._interval
         self._set_health(False)
+        if state.alive:
+            if not self._silent_logged:
+                self._silent_logged = True
+                log.warning("plugin.mps.silent", resource=self.share.resource, pid=state.pid,
+                            pipe=str(self.share.pipe_dir), action="waiting: a second daemon would be refused")
+            return self._interval
         now = self._clock()
         if now < self._next_start:
             return min(self._interval, self._next_start - now)
@@ -228,6 +307,9 @@ class MpsDaemon(Worker):
                 log.exception("plugin.mps.pass_failed", resource=self.share.resource)
                 delay = self._interval
 
-    def stop(self, timeout: float | None = None) -> None:
+    def stop(self, timeout: float | None = None, *, retire: bool = False) -> None:
+        """Stop watching. The daemon keeps running for the pods holding its replicas unless `retire` (the set is
+        gone from the config)."""
         super().stop(timeout)
-        self.quit()
+        if retire:
+            self.quit()

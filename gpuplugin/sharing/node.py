@@ -10,7 +10,8 @@ logged once per distinct problem. When PodResources cannot be read, nothing but 
 Serving a layout: the whole-GPU manager serves the GPUs left whole (its runner stops when a shared set takes its
 resource name); each shared set gets its own SharedResourceManager, PluginRunner (socket, registration) and, under
 MPS, MpsDaemon. A set whose definition changed is replaced (stop, then start: the kubelet keeps allocated devices
-across a re-registration, and the ids in use are still advertised). GPU health is kept here across re-layouts.
+across a re-registration, and the ids in use are still advertised); its MPS daemon quits then, while a plugin stop
+leaves it running for its clients. GPU health is kept here across re-layouts.
 """
 
 from __future__ import annotations
@@ -274,7 +275,8 @@ class SharingNode(Worker):
     def _mps_share(self, s: SharedSet) -> MpsShare:
         gpus = {g.index: g for g in self.topology.gpus}
         return MpsShare(s.name, self.mps_root,
-                        tuple(MpsGpu(gpus[i].id, n, gpus[i].memory_mib) for i, n in s.replicas))
+                        tuple(MpsGpu(gpus[i].id, n, gpus[i].memory_mib) for i, n in s.replicas),
+                        several_per_client=not (s.fail_requests_greater_than_one or s.distinct_gpus))
 
     def _start_set(self, s: SharedSet) -> _Served:
         share = self._mps_share(s) if s.strategy == "mps" else None
@@ -296,10 +298,12 @@ class SharingNode(Worker):
         return _Served(s, manager, runner, daemon)
 
     @staticmethod
-    def _stop_set(served: _Served) -> None:
+    def _stop_set(served: _Served, *, retire: bool) -> None:
+        """`retire`: the config dropped or replaced the set, so its MPS daemon quits; a plugin stop leaves it to the
+        pods holding its replicas (the next plugin adopts it)."""
         served.runner.stop()
         if served.daemon is not None:
-            served.daemon.stop()
+            served.daemon.stop(retire=retire)
         served.manager.close()
 
     def apply(self, layout: Layout) -> None:
@@ -308,7 +312,7 @@ class SharingNode(Worker):
             wanted = {s.name: s for s in layout.shared}
             for name in list(self._served):
                 if wanted.get(name) != self._served[name].shared:
-                    self._stop_set(self._served.pop(name))
+                    self._stop_set(self._served.pop(name), retire=True)
             self.whole.set_gpus(layout.whole)
             whole_named_shared = self.whole_resource in wanted
             if whole_named_shared and self._whole_runner is not None:
@@ -334,7 +338,7 @@ class SharingNode(Worker):
         super().stop(timeout)
         with self._lock:
             for name in list(self._served):
-                self._stop_set(self._served.pop(name))
+                self._stop_set(self._served.pop(name), retire=False)
             if self._whole_runner is not None:
                 self._whole_runner.stop()
                 self._whole_runner = None

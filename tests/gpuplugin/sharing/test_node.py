@@ -14,6 +14,7 @@ import pytest
 from gpuplugin.deviceplugin.lifecycle import PluginRunner
 from gpuplugin.deviceplugin.resource import ResourceManager
 from gpuplugin.podresources import PodResourcesClient
+from gpuplugin.sharing.mps import PID_FILE, MpsDaemon, MpsShare
 from gpuplugin.sharing.node import ConfigSource, SharingNode
 from gputopo.contract import replica_id
 from gputopo.core.codec import NodeState, state_from_json, state_to_json
@@ -162,6 +163,7 @@ def test_mps_set_runs_its_daemon_and_hands_out_its_pipe(
     (tmp_path / "mps").write_text("version: v1\nsharing:\n  mps:\n    resources:\n"
                                   "    - {name: nvidia.com/gpu, replicas: 2}\n")
     with short_dir("mps-") as root:
+        pid_file = root / GPU / "pipe" / PID_FILE
         node, client = _node(dgx1, plugin_dir, tmp_path, Label(), pods, mps_root=root, mps_command=FAKE_MPS,
                              mps_interval_s=0.05)
         node.start()
@@ -173,10 +175,23 @@ def test_mps_set_runs_its_daemon_and_hands_out_its_pipe(
             assert node.labels()["nvidia.com/gpu.product"] is None or node.labels()["nvidia.com/gpu.product"].endswith(
                 "-SHARED")
             assert node.labels()["nvidia.com/mps.capable"] == "true"
+            pid = pid_file.read_text()
         finally:
             node.stop()
             client.close()
-        assert not (root / GPU / "pipe" / "control").exists()  # the daemon was told to quit
+        # the plugin stopped; the daemon serves its clients on, and the restarted plugin adopts it
+        assert pid_file.read_text() == pid
+        restarted, client = _node(dgx1, plugin_dir, tmp_path, Label(), pods, mps_root=root, mps_command=FAKE_MPS,
+                                  mps_interval_s=0.05)
+        restarted.start()
+        try:
+            kubelet.wait_for_devices(GPU, 16, 15.0)
+            assert pid_file.read_text() == pid
+        finally:
+            restarted.stop()
+            client.close()
+            MpsDaemon(MpsShare(GPU, root, ()), lambda ok: None, command=FAKE_MPS).quit()  # the uninstall path
+        assert not pid_file.exists()
 
 
 def test_an_mps_set_in_use_is_not_replaced_under_its_clients(
