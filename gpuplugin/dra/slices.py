@@ -81,14 +81,19 @@ def counter_slice_spec(catalog: Catalog) -> dict[str, Any]:
 
 
 def device_spec(catalog: Catalog, name: str, unhealthy: Iterable[int], taint_key: str) -> dict[str, Any]:
+    """One device as the slice lists it. Whole GPUs and sets consume their GPUs' counters; a shared GPU carries
+    `allowMultipleAllocations` and its capacity (with request policies, which the apiserver accepts only together
+    with allowMultipleAllocations); a MIG instance its capacity alone."""
     device = catalog.devices[name]
-    out: dict[str, Any] = {
-        "name": name,
-        "attributes": dict(device.attributes),
-        "consumesCounters": [
+    out: dict[str, Any] = {"name": name, "attributes": dict(device.attributes)}
+    if device.kind == "gpus":
+        out["consumesCounters"] = [
             {"counterSet": COUNTER_SET, "counters": {counter_name(g): {"value": "1"} for g in device.gpus}}
-        ],
-    }
+        ]
+    if device.capacity:
+        out["capacity"] = {k: dict(v) for k, v in device.capacity.items()}
+    if device.multi:
+        out["allowMultipleAllocations"] = True
     if not set(unhealthy).isdisjoint(device.gpus):
         out["taints"] = [{"key": taint_key, "effect": "NoSchedule"}]
     return out
