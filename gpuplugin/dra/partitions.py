@@ -210,15 +210,16 @@ class Consumed:
         return max(self.replicas, by_memory, 1)
 
 
-def consumed(device: Device, result: Mapping[str, Any], where: str) -> Consumed:
-    """Parse a result's `consumedCapacity` for shared `device`; raise ValueError naming what is wrong (the caller
-    wraps it in its ClaimError)."""
+def consumed(device: Device, result: Mapping[str, Any], where: str, domain: str) -> Consumed:
+    """Parse a result's `consumedCapacity` for shared `device` (names plain or qualified by the driver's `domain`);
+    raise ValueError naming what is wrong (the caller wraps it in its ClaimError)."""
     raw = result.get("consumedCapacity")
     share = device.share_mib or 0
     if raw is None:
         return Consumed(1, share)
     if not isinstance(raw, Mapping) or len(raw) > 32:
         raise ValueError(f"{where}: consumedCapacity must be a map of at most 32 capacities, got {str(raw)[:80]}")
+    raw = {str(k).removeprefix(f"{domain}/"): v for k, v in raw.items()}
     unknown = sorted(str(k) for k in raw if k not in device.capacity)
     if unknown:
         raise ValueError(f"{where}: consumedCapacity names {unknown[:4]}, which device {device.name} does not have "
