@@ -88,7 +88,8 @@ def our_results(claim: Mapping[str, Any], uid: str, driver: str, pool: str, know
             out.append(Result(request, device))
             continue
         try:
-            out.append(Result(request, device, share_id(r, f"claim {where}"), consumed(target, r, f"claim {where}", driver)))
+            out.append(Result(request, device, share_id(r, f"claim {where}"),
+                              consumed(target, r, f"claim {where}", driver)))
         except ValueError as e:
             raise ClaimError(str(e)) from None
     if not out:
