@@ -5,9 +5,12 @@ and the apiserver's validation of capacity request policies).
 
 **Shared GPU** (`shared-<i>`, i the topology index): one device with `allowMultipleAllocations: true` and two
 capacities whose unit is one share (what the device plugin calls a replica):
-- `replicas`: value R, requestPolicy default 1, validRange 1..R step 1;
-- `memory`: value R x (the GPU's memory / R), requestPolicy default one share, validRange one share..all, step one
-  share. A request that names no capacity consumes the defaults, one share of each, so R claims fit by default.
+- `replicas`: value R, requestPolicy default 1, validRange 1..R step 1 (1..1 under the config's
+  failRequestsGreaterThanOne, NVIDIA's default for MPS: a request for more is then not allocatable, where the device
+  plugin refuses it in Allocate);
+- `memory`: value R x (the GPU's memory / R), requestPolicy default one share, validRange one share..as many shares
+  as replicas may be asked, step one share. A request that names no capacity consumes the defaults, one share of
+  each, so R claims fit by default.
 The apiserver rejects a requestPolicy without allowMultipleAllocations, validValues together with validRange, a
 default outside the range, a max or min above the value, and a range not a whole number of steps from min: the
 shapes here keep every one of those rules (`check_capacity` states them, tests hold every published device to it).
@@ -65,14 +68,16 @@ def _range_policy(default: int, low: int, high: int, step: int, unit: str = "") 
             "validRange": {"min": f"{low}{unit}", "max": f"{high}{unit}", "step": f"{step}{unit}"}}
 
 
-def shared_device(topology: Topology, gpu: int, replicas: int, strategy: str) -> Device:
-    """The one device of GPU `gpu` (topology index) shared `replicas` ways."""
+def shared_device(topology: Topology, gpu: int, replicas: int, strategy: str, at_most_one: bool = False) -> Device:
+    """The one device of GPU `gpu` (topology index) shared `replicas` ways; `at_most_one`: one replica per request
+    (failRequestsGreaterThanOne)."""
     g = topology.gpus[gpu]
     share = g.memory_mib // replicas if g.memory_mib else None
-    capacity: dict[str, Any] = {REPLICAS: {"value": str(replicas), "requestPolicy": _range_policy(1, 1, replicas, 1)}}
+    most = 1 if at_most_one else replicas
+    capacity: dict[str, Any] = {REPLICAS: {"value": str(replicas), "requestPolicy": _range_policy(1, 1, most, 1)}}
     if share:
         capacity[MEMORY] = {"value": f"{share * replicas}Mi",
-                            "requestPolicy": _range_policy(share, share, share * replicas, share, "Mi")}
+                            "requestPolicy": _range_policy(share, share, share * most, share, "Mi")}
     attributes: dict[str, Any] = {
         "size": {"int": 1},
         "order": {"string": SHARED},
@@ -91,7 +96,8 @@ def shared_device(topology: Topology, gpu: int, replicas: int, strategy: str) ->
 
 def shared_devices(topology: Topology, layout: Layout) -> list[Device]:
     """One device per GPU the layout shares, in topology order."""
-    out = [shared_device(topology, gpu, n, s.strategy) for s in layout.shared for gpu, n in s.replicas]
+    out = [shared_device(topology, gpu, n, s.strategy, s.fail_requests_greater_than_one)
+           for s in layout.shared for gpu, n in s.replicas]
     return sorted(out, key=lambda d: d.gpus)
 
 
@@ -229,14 +235,20 @@ def consumed(device: Device, result: Mapping[str, Any], where: str, domain: str)
         memory = parse_quantity(str(raw[MEMORY])) / MIB if MEMORY in raw else Decimal(share)
     except QuantityError as e:
         raise ValueError(f"{where}: consumedCapacity: {e}") from None
-    if replicas != replicas.to_integral_value() or not 1 <= replicas <= device.replicas:
+    most = per_request_most(device)
+    if replicas != replicas.to_integral_value() or not 1 <= replicas <= most:
         raise ValueError(f"{where}: consumedCapacity replicas {raw.get(REPLICAS)} is not a whole number from 1 to "
-                         f"{device.replicas} (device {device.name})")
-    total = device.replicas * share
+                         f"{most} (device {device.name})")
+    total = most * share
     if memory < 0 or (share and memory > total):
-        raise ValueError(f"{where}: consumedCapacity memory {raw.get(MEMORY)} is beyond the {total}Mi of device "
-                         f"{device.name}")
+        raise ValueError(f"{where}: consumedCapacity memory {raw.get(MEMORY)} is beyond the {total}Mi one request "
+                         f"may take of device {device.name}")
     return Consumed(int(replicas), int(memory.to_integral_value()))
+
+
+def per_request_most(device: Device) -> int:
+    """The most replicas one request may take of a shared device: its replicas policy's max."""
+    return int(parse_quantity(device.capacity[REPLICAS]["requestPolicy"]["validRange"]["max"]))
 
 
 def share_id(result: Mapping[str, Any], where: str) -> str | None:

@@ -19,7 +19,7 @@ import pytest
 
 from gpuplugin.dra.catalog import Catalog
 from gpuplugin.dra.cdi import CdiWriter
-from gpuplugin.dra.driver import Driver
+from gpuplugin.dra.driver import ClaimKey, Driver
 from gpuplugin.dra.metrics import DraMetrics
 from gpuplugin.dra.partitions import (
     CapacityError,
@@ -51,10 +51,11 @@ H100_MIXED = RECORDINGS / "synthetic-hgx-h100-80gb-8gpu-mig-mixed.json"
 RECORDED_SLICE = SHARED / "recordings" / "kube-apiserver-dra" / "resourceslice-counter-consuming-devices.json"
 
 
-def sharing(strategy: str = "timeSlicing", replicas: int = 4) -> str:
+def sharing(strategy: str = "timeSlicing", replicas: int = 4, fail: bool | None = None) -> str:
+    flag = "" if fail is None else f"\n    failRequestsGreaterThanOne: {str(fail).lower()}"
     return f"""version: v1
 sharing:
-  {strategy}:
+  {strategy}:{flag}
     resources:
       - name: nvidia.com/gpu
         rename: nvidia.com/gpu.shared
@@ -235,7 +236,7 @@ def test_an_apiserver_that_drops_or_refuses_shared_devices_gets_whole_gpus(make_
 
 
 def test_claims_share_a_gpu_with_the_replica_environment_and_never_beyond_its_capacity(make_node: Any) -> None:
-    node = make_node(sharing("mps"))
+    node = make_node(sharing("mps", fail=False))
     assert node.settled()
     gpu0 = node.found.topology.gpus[0]
     share_mib = gpu0.memory_mib // 4
@@ -263,6 +264,15 @@ def test_claims_share_a_gpu_with_the_replica_environment_and_never_beyond_its_ca
     assert "beyond what is left" in node.refusal(node.claim("infer-4", [share()]))
     node.kubelet.unprepare(DRIVER, [key])
     node.prepare(node.claim("infer-5", [share()]))  # a share given back is there again
+
+
+def test_fail_requests_greater_than_one_caps_what_one_request_may_take(make_node: Any) -> None:
+    node = make_node(sharing("mps"))  # NVIDIA's default under MPS: failRequestsGreaterThanOne true
+    assert node.settled()
+    policy = node.devices()["shared-0"]["capacity"]["replicas"]["requestPolicy"]
+    assert policy == {"default": "1", "validRange": {"min": "1", "max": "1", "step": "1"}}
+    assert "not a whole number from 1 to 1" in node.refusal(node.claim("two", [share(replicas="2")]))
+    node.prepare(node.claim("one", [share()]))
 
 
 @pytest.mark.parametrize("mutate, words", [
@@ -368,3 +378,21 @@ def test_a_request_policy_without_multiple_allocations_is_refused() -> None:
     assert "allowMultipleAllocations must be true" in _capacity_problem(GOOD, False)[1]
     with pytest.raises(CapacityError, match="allowMultipleAllocations must be true"):
         check_capacity("replicas", GOOD, multi=False)
+
+
+def test_a_restarted_driver_keeps_counting_the_shares_prepared_before(make_node: Any) -> None:
+    node = make_node(sharing(replicas=2))
+    assert node.settled()
+    first = share()
+    key = node.claim("held", [first])
+    node.prepare(key)
+    # a second driver on the same state file (the DaemonSet pod restarted): the share is still held
+    again = Driver(node.driver.catalog, driver_name=DRIVER, pool=NODE, state=StateFile(node.root / "plugin" /
+                   "state.json"), cdi=CdiWriter(node.root / "cdi", DRIVER),
+                   get_claim=lambda ns, n: get_claim(node.api, ns, n))
+    (held,) = again.prepared()[key[1]].devices
+    assert (held.share_id, held.replicas) == (first["shareID"], 1)
+    ns, uid, name = node.claim("second", [share()])
+    third = node.claim("third", [share()])
+    assert not isinstance(again.prepare([ClaimKey(ns, uid, name)])[uid], str)
+    assert "beyond what is left" in again.prepare([ClaimKey(*third)])[third[1]]
