@@ -102,7 +102,8 @@ def run_driver(settings: DraSettings, stop: threading.Event) -> None:
             teardown.undo(daemon.stop)
         publisher = SlicePublisher(api, PoolPlanner(catalog, taint_key=settings.taint_key,
                                                     republish=settings.republish, fallback=fallback,
-                                                    on_fallback=driver.use_catalog),
+                                                    on_fallback=driver.use_catalog,
+                                                    sick_devices=driver.sick_devices),
                                    lambda: (driver.used_gpus(), driver.unhealthy_gpus()),
                                    driver=settings.driver_name, node=settings.node, metrics=metrics,
                                    min_interval_s=settings.min_publish_interval_s,
@@ -116,11 +117,16 @@ def run_driver(settings: DraSettings, stop: threading.Event) -> None:
             raise StartupError(str(e)) from None
         teardown.undo(server.stop)
         if found.backend is not None:
-            from gpuplugin.health import HealthMonitor
+            from gpuplugin.health import HealthMonitor, MigInstanceWatch
 
+            instances = [MigInstanceWatch(m.nvml_index, d.gpu_instance_id, d.compute_instance_id, d.uuid)
+                         for m in found.mig if m.enabled for d in m.devices
+                         if any(x.uuid == d.uuid for x in catalog.devices.values())]
             monitor = HealthMonitor(found.backend, {found.nvml_indices.get(g.index, g.index): g.id
                                                     for g in found.topology.gpus},
-                                    lambda ids, healthy: driver.set_health(ids, healthy))
+                                    lambda ids, healthy: driver.set_health(ids, healthy), mig_instances=instances,
+                                    on_instance_change=lambda uuids, healthy: driver.set_instance_health(
+                                        uuids, healthy))
             monitor.start()
             teardown.undo(monitor.stop)
         if settings.metrics_port:

@@ -75,6 +75,7 @@ class Driver:
         self._health_cond = threading.Condition(self._lock)
         self._health_serial = 0
         self._unhealthy: dict[int, str] = {}
+        self._sick_instances: dict[str, str] = {}  # MIG device name -> why (its own Xids)
         self._claims = state.load()
         self._check_loaded()
         stale = cdi.remove_all_but(self._claims)
@@ -118,6 +119,11 @@ class Driver:
     def unhealthy_gpus(self) -> set[int]:
         with self._lock:
             return set(self._unhealthy)
+
+    def sick_devices(self) -> set[str]:
+        """MIG devices unhealthy by their own instance's Xids (their GPU is not in the topology)."""
+        with self._lock:
+            return set(self._sick_instances)
 
     def held_devices(self) -> set[str]:
         with self._lock:
@@ -176,6 +182,10 @@ class Driver:
                              f"that claim(s) {', '.join(clash)} hold: refusing to hand a GPU out twice")
         self._check_mig(where, results)
         self._check_capacity(where, results)
+        ill = sorted({r.device for r in results if r.device in self._sick_instances})
+        if ill:
+            raise ClaimError(f"claim {where} is allocated unhealthy MIG instances: "
+                             + "; ".join(f"{n}: {self._sick_instances[n]}" for n in ill))
         sick = sorted({g for r in results for g in devices[r.device].gpus if g in self._unhealthy})
         if sick:
             why = "; ".join(f"GPU {g} ({self.catalog.topology.gpus[g].id}): {self._unhealthy[g]}" for g in sick)
@@ -312,6 +322,29 @@ class Driver:
             self.metrics.health_transitions.labels(to="healthy" if healthy else "unhealthy").inc()
             self.on_change()
 
+    def set_instance_health(self, uuids: Iterable[str], healthy: bool,
+                            reason: str = "reported by the health monitor") -> None:
+        """Mark MIG instances (by MIG UUID) healthy or not: the health monitor's on_instance_change."""
+        by_uuid = {d.uuid: n for n, d in self.catalog.devices.items() if d.kind == "mig"}
+        changed = False
+        with self._lock:
+            for u in uuids:
+                name = by_uuid.get(u)
+                if name is None:
+                    log.warning("dra.health.unknown_instance", uuid=u)
+                elif healthy and name in self._sick_instances:
+                    del self._sick_instances[name]
+                    changed = True
+                elif not healthy and name not in self._sick_instances:
+                    self._sick_instances[name] = reason
+                    changed = True
+            if changed:
+                self._health_serial += 1
+                self._health_cond.notify_all()
+        if changed:
+            self.metrics.health_transitions.labels(to="healthy" if healthy else "unhealthy").inc()
+            self.on_change()
+
     def device_health(self) -> list[tuple[str, bool, str]]:
         """(device, healthy, message) for every device, in catalog order."""
         with self._lock:
@@ -319,7 +352,9 @@ class Driver:
             for name, d in self.catalog.devices.items():
                 sick = [g for g in d.gpus if g in self._unhealthy]
                 msg = "; ".join(f"GPU {g}: {self._unhealthy[g]}" for g in sick)
-                out.append((name, not sick, msg[:1024]))
+                if name in self._sick_instances:
+                    msg = f"MIG instance {d.uuid}: {self._sick_instances[name]}"
+                out.append((name, not sick and name not in self._sick_instances, msg[:1024]))
             return out
 
     @property

@@ -21,8 +21,10 @@ from gpuplugin.dra.slices import Layout, arrange, slice_contents
 
 class PoolPlanner:
     def __init__(self, catalog: Catalog, *, taint_key: str, republish: bool = True, fallback: Catalog | None = None,
-                 on_fallback: Callable[[Catalog], bool] = lambda catalog: True) -> None:
+                 on_fallback: Callable[[Catalog], bool] = lambda catalog: True,
+                 sick_devices: Callable[[], Iterable[str]] = lambda: ()) -> None:
         self.catalog = catalog
+        self.sick_devices = sick_devices  # devices unhealthy by themselves (MIG instances), tainted
         self.taint_key = taint_key
         self.republish = republish
         self.fallback = fallback
@@ -51,8 +53,10 @@ class PoolPlanner:
         """Slice contents by index (0: the counters) for this state; remembers the layout for the next call."""
         used, unhealthy = set(used), set(unhealthy)
         order = self.order(used, unhealthy)
-        self.layout = arrange(order, free_devices(self.catalog, used, unhealthy), self.layout)
-        return slice_contents(self.catalog, self.layout, unhealthy, taint_key=self.taint_key)
+        free = free_devices(self.catalog, used, unhealthy) - set(self.sick_devices())
+        self.layout = arrange(order, free, self.layout)
+        return slice_contents(self.catalog, self.layout, unhealthy, taint_key=self.taint_key,
+                              sick_devices=self.sick_devices())
 
     def adopt(self, contents: Sequence[Mapping[str, Any]]) -> None:
         """Start from the layout already on the server (contents by index), so a restarted driver can keep

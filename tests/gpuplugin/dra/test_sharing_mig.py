@@ -140,7 +140,8 @@ def make_node() -> Iterator[Any]:
                         metrics=metrics, mps=mps_shares(found.topology, layout, to_share, root / "mps"),
                         on_change=lambda: box[0].request() if box else None)
         publisher = SlicePublisher(api, PoolPlanner(catalog, taint_key=TAINT, fallback=fallback,
-                                                    on_fallback=driver.use_catalog),
+                                                    on_fallback=driver.use_catalog,
+                                                    sick_devices=driver.sick_devices),
                                    lambda: (driver.used_gpus(), driver.unhealthy_gpus()), driver=DRIVER, node=NODE,
                                    metrics=metrics, min_interval_s=0.0)
         box.append(publisher)
@@ -320,6 +321,29 @@ def test_a_mig_instance_prepares_once_with_its_device_nodes(make_node: Any) -> N
     assert [n["path"] for n in edits["deviceNodes"]] == list(d.device_nodes) and len(d.device_nodes) == 3
     again = node.claim("mig-b", [{"request": "mig", "driver": DRIVER, "pool": NODE, "device": name}])
     assert "refusing to hand an instance out twice" in node.refusal(again)
+
+
+def test_an_instance_xid_taints_that_mig_device_alone_and_refuses_new_claims_of_it(make_node: Any) -> None:
+    node = make_node(None)
+    assert node.settled()
+    seven = next(m for m in node.found.mig if m.nvml_index == 7)
+    sick, other = seven.devices[0], seven.devices[1]
+    sick_name, other_name = (f"mig-7-{d.gpu_instance_id}-{d.compute_instance_id}" for d in (sick, other))
+    stream = node.kubelet.watch_health(DRIVER, timeout=20)
+    assert all(d.health == 1 for d in next(stream).devices)
+    node.driver.set_instance_health([sick.uuid], healthy=False, reason="Xid 94 on GI 1 CI 0")
+    update = {d.device.device_name: d for d in next(stream).devices}
+    stream.cancel()
+    assert update[sick_name].health == 2 and "Xid 94" in update[sick_name].message
+    assert update[other_name].health == 1
+    assert node.settled()
+    tainted = {n for n, d in node.devices().items() if d.get("taints")}
+    assert tainted == {sick_name}
+    key = node.claim("on-sick", [{"request": "mig", "driver": DRIVER, "pool": NODE, "device": sick_name}])
+    assert "unhealthy MIG instances" in node.refusal(key)
+    node.driver.set_instance_health([sick.uuid], healthy=True)
+    assert node.settled() and not any(d.get("taints") for d in node.devices().values())
+    node.prepare(key)
 
 
 def test_a_claim_for_a_mig_instance_that_no_longer_exists_is_refused_by_name(make_node: Any) -> None:
