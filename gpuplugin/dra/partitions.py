@@ -83,7 +83,6 @@ def shared_device(topology: Topology, gpu: int, replicas: int, strategy: str, at
         "order": {"string": SHARED},
         "uuid": {"string": g.id[:64]},
         "sharing": {"string": strategy},
-        "replicas": {"int": replicas},
     }
     if g.model:
         attributes["model"] = {"string": g.model[:64]}

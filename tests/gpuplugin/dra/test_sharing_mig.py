@@ -180,8 +180,7 @@ def test_shared_gpus_and_mig_instances_are_published_in_the_1_36_shapes(make_nod
     assert devices["shared-0"] == {
         "name": "shared-0",
         "attributes": {"size": {"int": 1}, "order": {"string": "shared"}, "uuid": {"string": gpu0.id},
-                       "sharing": {"string": "time-slicing"}, "replicas": {"int": 4},
-                       "model": {"string": gpu0.model}},
+                       "sharing": {"string": "time-slicing"}, "model": {"string": gpu0.model}},
         "capacity": {
             "replicas": {"value": "4", "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "4",
                                                                                         "step": "1"}}},
