@@ -42,6 +42,7 @@ class Discovered:
     minors: dict[int, int] = field(default_factory=dict)
     nvml_indices: dict[int, int] = field(default_factory=dict)
     backend: Any = None  # the live NVML backend, for the health monitor
+    mig: tuple[Any, ...] = ()  # gputopo.discovery.nvml_mig.MigGpu of the MIG-enabled GPUs (the DRA driver's)
 
 
 def discover(topology: Path | None) -> Discovered:
@@ -82,6 +83,7 @@ def discover(topology: Path | None) -> Discovered:
         minors={i: d.minor for i, d in enumerate(node.devices) if d.minor is not None},
         nvml_indices={i: d.nvml_index for i, d in enumerate(node.devices)},
         backend=backend,
+        mig=node.mig,
     )
 
 

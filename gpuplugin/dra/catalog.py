@@ -10,6 +10,12 @@ Both consume the GPU's one counter, so a GPU is never handed out through both. G
 devices too (`set-0-1-2-3`, group "set-4"), each consuming one shared counter per member GPU so that the scheduler's
 allocator never hands a GPU out twice.
 
+Two more groups come from gpuplugin.dra.partitions and are passed in whole: "shared" (a GPU the sharing config
+shares, one multi-allocatable device with a capacity; such a GPU is `exclude`d from the whole-GPU devices, so it is
+never offered both ways) and "mig" (one device per existing MIG instance of a MIG-enabled GPU, which is not in the
+topology at all). Neither consumes counters: the scheduler accounts a shared GPU by its capacity, and a MIG instance
+is a device of its own.
+
 **The trap this module is built around:** the allocator recomputes the counters an allocated device uses from the
 device as currently published. A device that disappears, or whose counter list changes, while a claim holds it
 gives its GPUs away a second time. So a device's name and counters are a pure function of its member GPUs (the
@@ -40,6 +46,9 @@ STANDARD_DOMAIN = "resource.kubernetes.io"
 RINGS = "gpu"  # group (and name prefix) of the singles whose first N free form good rings
 ONE = "one"  # group (and name prefix) of the singles in the order successive 1-GPU claims take them
 SINGLE_GROUPS = (RINGS, ONE)
+SHARED = "shared"  # group (and name prefix) of shared GPUs (gpuplugin.dra.partitions)
+MIG = "mig"  # group (and name prefix) of MIG instances (gpuplugin.dra.partitions)
+STATIC_GROUPS = (SHARED, MIG)  # published in catalog order whatever the state
 _NAME_RE = re.compile(r"^(?:(gpu|one)-(\d+)|set-(\d+(?:-\d+)+))$")
 
 
@@ -90,10 +99,23 @@ class Device:
     numa_nodes: int
     nvlink_island: bool
     attributes: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    # shared and MIG devices only (gpuplugin.dra.partitions):
+    capacity: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    multi: bool = False  # allowMultipleAllocations
+    uuid: str = ""  # the GPU's (shared) or the MIG instance's UUID
+    replicas: int = 0  # shares of a shared GPU
+    share_mib: int | None = None  # GPU memory per share (None: the GPU's memory is unknown)
+    strategy: str = ""  # "time-slicing" | "mps" for a shared GPU
+    device_nodes: tuple[str, ...] = ()  # a MIG instance's: the parent's /dev/nvidiaN and its capability nodes
 
     @property
     def size(self) -> int:
         return len(self.gpus)
+
+    @property
+    def kind(self) -> str:
+        """"gpus" for whole GPUs and sets, else the group ("shared", "mig")."""
+        return self.group if self.group in STATIC_GROUPS else "gpus"
 
 
 @dataclass(frozen=True)
@@ -113,8 +135,10 @@ class Catalog:
     """The devices of one node. `groups` lists device names per group (RINGS, ONE, then sets by size), each in
     static order."""
 
-    def __init__(self, topology: Topology, devices: Sequence[Device], offered: Sequence[Offered]) -> None:
+    def __init__(self, topology: Topology, devices: Sequence[Device], offered: Sequence[Offered],
+                 whole: Iterable[int] | None = None) -> None:
         self.topology = topology
+        self.whole = frozenset(range(topology.size) if whole is None else whole)  # GPUs offered whole
         self.ranker = SetRanker(topology)
         self.devices: dict[str, Device] = {d.name: d for d in devices}
         self.offered = tuple(offered)
@@ -129,45 +153,63 @@ class Catalog:
         set_sizes: Iterable[int] = DEFAULT_SET_SIZES,
         max_devices: int = DEFAULT_MAX_DEVICES,
         keep: Iterable[str] = (),
+        exclude: Iterable[int] = (),
+        extra: Sequence[Device] = (),
     ) -> Catalog:
         """Every GPU alone (in both single groups), plus sets of each size in `set_sizes` that is 2..min(16, GPUs),
         within `max_devices` in total. `keep` names devices that must be offered whatever the budget (ones a claim
-        still holds)."""
+        still holds). GPUs in `exclude` (shared ones) are in no such device; `extra` (shared and MIG devices) is
+        appended as it is."""
         n = topology.size
+        excluded = set(exclude)
+        whole = [g for g in range(n) if g not in excluded]
         if n > MAX_GPUS:
             raise CatalogError(
                 f"{n} GPUs: a DRA pool of counter-consuming devices offers at most {MAX_GPUS} GPUs per node "
                 "(one shared counter set holds 32 counters; a claim holds at most 32 devices)"
             )
-        sizes = sorted({s for s in set_sizes if 2 <= s <= min(n, MAX_SET_SIZE)})
+        sizes = sorted({s for s in set_sizes if 2 <= s <= min(len(whole), MAX_SET_SIZE)})
         bad = [s for s in set_sizes if s < 2 or s > MAX_SET_SIZE]
         if bad:
             raise CatalogError(f"set sizes must be within 2..{MAX_SET_SIZE}, got {bad}")
-        room = max_devices - len(SINGLE_GROUPS) * n
+        room = max_devices - len(SINGLE_GROUPS) * len(whole) - len(extra)
         if room < 0:
-            raise CatalogError(f"max devices {max_devices} is fewer than the node's {len(SINGLE_GROUPS) * n} "
-                               f"single-GPU devices (every GPU is offered in {len(SINGLE_GROUPS)} groups)")
+            raise CatalogError(f"max devices {max_devices} is fewer than the node's {len(SINGLE_GROUPS) * len(whole)} "
+                               f"single-GPU devices (every GPU is offered in {len(SINGLE_GROUPS)} groups) plus "
+                               f"{len(extra)} shared and MIG devices")
         ranker = SetRanker(topology)
-        limits = _share(room, {s: math.comb(n, s) for s in sizes})
-        chosen: dict[int, list[GpuSet]] = {1: [(g,) for g in range(n)]}
+        limits = _share(room, {s: math.comb(len(whole), s) for s in sizes})
+        chosen: dict[int, list[GpuSet]] = {1: [(g,) for g in whole]}
         for s in sizes:
-            chosen[s] = ranker.select(s, limits[s])
+            # with GPUs left out, ask for more and drop those holding one (fewer may remain: `offered` says so)
+            asked = limits[s] if not excluded else min(math.comb(n, s), 8 * limits[s] + 64)
+            chosen[s] = [m for m in ranker.select(s, asked) if excluded.isdisjoint(m)][: limits[s]]
+        extra_names = {d.name for d in extra}
         for name in keep:
+            if name in extra_names or name.startswith((f"{SHARED}-", f"{MIG}-")):
+                continue  # not budgeted; one that is gone is the driver's to report (Driver._check_loaded)
             members = parse_device_name(name)
             if members is None or not members or max(members) >= n:
                 raise CatalogError(f"held device {name!r} is not a device of this {n}-GPU node")
+            if not excluded.isdisjoint(members):
+                raise CatalogError(f"held device {name!r} holds GPUs {sorted(excluded & set(members))} that are to "
+                                   "be shared: keep them whole until the claim ends (gpuplugin.dra.partitions)")
             if members not in chosen.setdefault(len(members), []):
                 chosen[len(members)].append(members)
         islands = {g: tuple(isl) for isl in topology.nvlink_islands() for g in isl}
         devices = []
-        offered = [Offered(1, n, n)]
+        offered = [Offered(1, len(whole), len(whole))]
         for s in sorted(chosen):
             ordered = sorted(chosen[s], key=lambda m: (tuple(-x for x in ranker.static_key(m)), m))
             for group in SINGLE_GROUPS if s == 1 else (set_group(s),):
                 devices += [_device(topology, ranker, m, islands, group) for m in ordered]
             if s > 1:
-                offered.append(Offered(s, len(ordered), math.comb(n, s)))
-        return cls(topology, devices, offered)
+                offered.append(Offered(s, len(ordered), math.comb(len(whole), s)))
+        names = {d.name for d in devices}
+        clash = sorted(names & extra_names)
+        if clash or len(extra_names) != len(extra):
+            raise CatalogError(f"shared and MIG device names clash: {clash[:4]}")
+        return cls(topology, [*devices, *extra], offered, whole)
 
     def gpus_of(self, names: Iterable[str]) -> set[int]:
         return {g for name in names for g in self.devices[name].gpus}
@@ -179,6 +221,7 @@ class Catalog:
             what = "single GPUs" if o.size == 1 else f"sets of {o.size}"
             parts.append(f"{len(SINGLE_GROUPS)} x {o.possible} {what}" if o.size == 1 else
                          f"all {o.possible} {what}" if o.complete else f"{o.offered} of {o.possible} {what}")
+        parts += [f"{len(self.groups[g])} {g}" for g in STATIC_GROUPS if self.groups.get(g)]
         return f"{len(self.devices)} devices: " + ", ".join(parts)
 
 

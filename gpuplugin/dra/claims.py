@@ -17,15 +17,19 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpuplugin.dra.errors import ClaimError
+from gpuplugin.dra.partitions import Consumed, consumed, share_id
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_ENV = 32
+MAX_RESULTS = 32  # allocated devices per claim (docs/reference/dra-api.md §5)
 
 
 @dataclass(frozen=True)
 class Result:
     request: str  # top-level request name ("r" of "r/sub")
     device: str
+    share_id: str | None = None  # shared GPUs only
+    consumed: Consumed | None = None  # shared GPUs only: what the result takes of the device's capacity
 
 
 class GpuConfig(BaseModel):
@@ -62,6 +66,8 @@ def our_results(claim: Mapping[str, Any], uid: str, driver: str, pool: str, know
     results = (allocation.get("devices") or {}).get("results")
     if not isinstance(results, list):
         raise ClaimError(f"claim {where}: status.allocation.devices.results is missing")
+    if len(results) > MAX_RESULTS:
+        raise ClaimError(f"claim {where} has {len(results)} allocation results; the API allows {MAX_RESULTS}")
     out = []
     for r in results:
         if not isinstance(r, Mapping) or r.get("driver") != driver:
@@ -71,8 +77,21 @@ def our_results(claim: Mapping[str, Any], uid: str, driver: str, pool: str, know
             raise ClaimError(f"claim {where} is allocated device {r.get('pool')}/{device} of another pool; "
                              f"this node's pool is {pool}")
         if device not in known:
-            raise ClaimError(f"claim {where} is allocated device {device!r}, which node {pool} does not have")
-        out.append(Result(str(r.get("request", "")).split("/")[0], device))
+            raise ClaimError(f"claim {where} is allocated device {str(device)[:80]!r}, which node {pool} does not "
+                             "have (a MIG instance destroyed since, a GPU no longer shared, or another node's)")
+        request = str(r.get("request", "")).split("/")[0]
+        target = known[device]
+        if not getattr(target, "multi", False):
+            if r.get("shareID") is not None or r.get("consumedCapacity") is not None:
+                raise ClaimError(f"claim {where}: device {device} is not shared, yet its result carries a shareID "
+                                 "or consumedCapacity")
+            out.append(Result(request, device))
+            continue
+        try:
+            out.append(Result(request, device, share_id(r, f"claim {where}"),
+                              consumed(target, r, f"claim {where}", driver)))
+        except ValueError as e:
+            raise ClaimError(str(e)) from None
     if not out:
         raise ClaimError(f"claim {where} has no device of driver {driver}")
     return out

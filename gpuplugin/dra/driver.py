@@ -4,7 +4,12 @@ Kubernetes client: the claim getter and the change callback are handed in.
 - Prepare is idempotent (a prepared claim answers from the state file) and all-or-nothing per claim: nothing is
   written unless every check passed, and the CDI spec is removed again if the state cannot be saved.
 - A claim whose devices would share a GPU with another prepared claim is refused: the allocator should never do
-  that, and if a republish ever let it, this is the last line that keeps a GPU from being handed out twice.
+  that, and if a republish ever let it, this is the last line that keeps a GPU from being handed out twice. The
+  same holds for a MIG instance; a shared GPU is refused instead when the claims prepared on it would consume more
+  than its capacity (gpuplugin.dra.partitions).
+- A shared GPU's claim gets what the device plugin's Allocate gives a container holding that many replicas of it:
+  under MPS the pipe directory, the per-client thread and memory limits and the mounts (MpsShare.client), through
+  its CDI device; time-slicing adds nothing to the GPU's device node.
 - Unprepare of an unknown claim succeeds (the kubelet may repeat it, after our restart or the claim's deletion).
 - A GPU turning unhealthy taints the devices holding it (republished) and shows in the health stream; claims
   already prepared keep their devices (the kubelet decides about running pods); new prepares of it are refused.
@@ -19,12 +24,13 @@ from dataclasses import dataclass
 
 import structlog
 
-from gpuplugin.dra.catalog import Catalog
-from gpuplugin.dra.cdi import CdiWriter
-from gpuplugin.dra.claims import our_config, our_results
+from gpuplugin.dra.catalog import Catalog, Device
+from gpuplugin.dra.cdi import CdiWriter, DeviceEdits
+from gpuplugin.dra.claims import Result, our_config, our_results
 from gpuplugin.dra.errors import ClaimError, DraError
 from gpuplugin.dra.metrics import DraMetrics
 from gpuplugin.dra.state import PreparedClaim, PreparedDevice, StateFile
+from gpuplugin.sharing.mps import MpsShare
 
 log = structlog.get_logger(__name__)
 
@@ -52,8 +58,10 @@ class Driver:
         nvidia_cdi: bool = True,
         metrics: DraMetrics | None = None,
         on_change: Callable[[], None] = lambda: None,
+        mps: Mapping[str, MpsShare] | None = None,
     ) -> None:
         self.catalog = catalog
+        self.mps = dict(mps or {})  # GPU UUID -> the MPS share it is served through
         self.driver_name = driver_name
         self.pool = pool
         self.state = state
@@ -67,21 +75,39 @@ class Driver:
         self._health_cond = threading.Condition(self._lock)
         self._health_serial = 0
         self._unhealthy: dict[int, str] = {}
+        self._sick_instances: dict[str, str] = {}  # MIG device name -> why (its own Xids)
         self._claims = state.load()
         self._check_loaded()
         stale = cdi.remove_all_but(self._claims)
         if stale:
             log.warning("dra.cdi.removed_stale", claims=stale)
 
-    def _check_loaded(self) -> None:
+    def _uuids(self, device: Device) -> tuple[str, ...]:
         ids = self.catalog.topology.ids
+        return tuple(ids[g] for g in device.gpus) if device.kind == "gpus" else (device.uuid,)
+
+    def _check_loaded(self) -> None:
         for claim in self._claims.values():
             for d in claim.devices:
                 members = self.catalog.devices.get(d.device)
-                now = tuple(ids[g] for g in members.gpus) if members else None
+                now = self._uuids(members) if members else None
                 if now != d.gpus:
                     log.error("dra.state.mismatch", claim=claim.uid, device=d.device, recorded=d.gpus,
                               now=now, why="the topology changed under a prepared claim")
+
+    def use_catalog(self, catalog: Catalog) -> bool:
+        """Serve `catalog` from now on (the publisher's fallback to whole GPUs); False, and nothing changes, when a
+        prepared claim holds a device that `catalog` lacks or has otherwise."""
+        with self._lock:
+            lost = sorted(d.device for c in self._claims.values() for d in c.devices
+                          if d.device not in catalog.devices or catalog.devices[d.device] != self.catalog.devices.get(
+                              d.device))
+            if lost:
+                log.error("dra.catalog.switch_refused", held=lost[:8], why="prepared claims hold these devices")
+                return False
+            self.catalog = catalog
+            log.info("dra.catalog.switched", summary=catalog.summary())
+            return True
 
     # ---- state for the publisher ----
 
@@ -93,6 +119,11 @@ class Driver:
     def unhealthy_gpus(self) -> set[int]:
         with self._lock:
             return set(self._unhealthy)
+
+    def sick_devices(self) -> set[str]:
+        """MIG devices unhealthy by their own instance's Xids (their GPU is not in the topology)."""
+        with self._lock:
+            return set(self._sick_instances)
 
     def held_devices(self) -> set[str]:
         with self._lock:
@@ -135,48 +166,103 @@ class Driver:
 
     def _prepare_one(self, key: ClaimKey) -> tuple[PreparedDevice, ...]:
         claim = self.get_claim(key.namespace, key.name)
-        results = our_results(claim, key.uid, self.driver_name, self.pool, self.catalog.devices)
+        devices = self.catalog.devices
+        results = our_results(claim, key.uid, self.driver_name, self.pool, devices)
         env = our_config(claim, self.driver_name)
-        gpus = [g for r in results for g in self.catalog.devices[r.device].gpus]
+        where = f"{key.namespace}/{key.name}"
+        whole = [r for r in results if devices[r.device].kind == "gpus"]
+        gpus = [g for r in whole for g in devices[r.device].gpus]
         if len(gpus) != len(set(gpus)):
-            raise ClaimError(f"claim {key.namespace}/{key.name} is allocated devices that share GPUs")
-        held = {g: c for c in self._claims.values() for d in c.devices if d.device in self.catalog.devices
-                for g in self.catalog.devices[d.device].gpus}
+            raise ClaimError(f"claim {where} is allocated devices that share GPUs")
+        held = {g: c for c in self._claims.values() for d in c.devices if d.device in devices
+                and devices[d.device].kind == "gpus" for g in devices[d.device].gpus}
         clash = sorted({held[g].namespace + "/" + held[g].name for g in gpus if g in held})
         if clash:
-            raise ClaimError(f"claim {key.namespace}/{key.name} is allocated GPUs {sorted(set(gpus) & set(held))} "
+            raise ClaimError(f"claim {where} is allocated GPUs {sorted(set(gpus) & set(held))} "
                              f"that claim(s) {', '.join(clash)} hold: refusing to hand a GPU out twice")
-        sick = sorted(g for g in gpus if g in self._unhealthy)
+        self._check_mig(where, results)
+        self._check_capacity(where, results)
+        ill = sorted({r.device for r in results if r.device in self._sick_instances})
+        if ill:
+            raise ClaimError(f"claim {where} is allocated unhealthy MIG instances: "
+                             + "; ".join(f"{n}: {self._sick_instances[n]}" for n in ill))
+        sick = sorted({g for r in results for g in devices[r.device].gpus if g in self._unhealthy})
         if sick:
             why = "; ".join(f"GPU {g} ({self.catalog.topology.gpus[g].id}): {self._unhealthy[g]}" for g in sick)
-            raise ClaimError(f"claim {key.namespace}/{key.name} is allocated unhealthy GPUs: {why}")
-        by_device: dict[str, list[str]] = {}
+            raise ClaimError(f"claim {where} is allocated unhealthy GPUs: {why}")
+        by_entry: dict[tuple[str, str | None], list[Result]] = {}
         for r in results:
-            by_device.setdefault(r.device, [])
-            if r.request not in by_device[r.device]:
-                by_device[r.device].append(r.request)
-        ids = self.catalog.topology.ids
-        devices = []
-        for name, requests in by_device.items():
-            members = self.catalog.devices[name].gpus
+            by_entry.setdefault((r.device, r.share_id), []).append(r)
+        edits = {name: self._edits(devices[name], [r for r in results if r.device == name])
+                 for name in dict.fromkeys(r.device for r in results)}
+        prepared = []
+        for (name, share), rs in by_entry.items():
+            device = devices[name]
+            uuids = self._uuids(device)
             cdi_ids = [self.cdi.device_id(key.uid, name)]
             if self.nvidia_cdi:
-                cdi_ids += [f"nvidia.com/gpu={ids[g]}" for g in members]
-            devices.append(PreparedDevice(tuple(requests), self.pool, name, tuple(ids[g] for g in members),
-                                          tuple(cdi_ids)))
-        minors = {name: [self.minors.get(g, g) for g in self.catalog.devices[name].gpus] for name in by_device}
-        self.cdi.write(key.uid, minors, env)
+                cdi_ids += [f"nvidia.com/gpu={u}" for u in uuids]
+            requests = tuple(dict.fromkeys(r.request for r in rs))
+            replicas = sum(r.consumed.replicas for r in rs if r.consumed)
+            memory = sum(r.consumed.memory_mib for r in rs if r.consumed)
+            prepared.append(PreparedDevice(requests, self.pool, name, uuids, tuple(cdi_ids), share, replicas, memory))
+        self.cdi.write(key.uid, edits, env)
         claims = dict(self._claims)
-        claims[key.uid] = PreparedClaim(key.uid, key.namespace, key.name, tuple(devices))
+        claims[key.uid] = PreparedClaim(key.uid, key.namespace, key.name, tuple(prepared))
         try:
             self.state.save(claims)
         except DraError:
             self.cdi.remove(key.uid)
             raise
         self._claims = claims
-        log.info("dra.claim.prepared", claim=f"{key.namespace}/{key.name}", uid=key.uid,
-                 devices=list(by_device))
-        return tuple(devices)
+        log.info("dra.claim.prepared", claim=where, uid=key.uid, devices=list(edits))
+        return tuple(prepared)
+
+    def _check_mig(self, where: str, results: Sequence[Result]) -> None:
+        """A MIG instance goes to one claim, once."""
+        names = [r.device for r in results if self.catalog.devices[r.device].kind == "mig"]
+        if len(names) != len(set(names)):
+            raise ClaimError(f"claim {where} is allocated one MIG instance twice")
+        holders = {d.device: f"{c.namespace}/{c.name}" for c in self._claims.values() for d in c.devices}
+        taken = sorted(n for n in names if n in holders)
+        if taken:
+            raise ClaimError(f"claim {where} is allocated MIG instance(s) {taken} that claim(s) "
+                             f"{sorted({holders[n] for n in taken})} hold: refusing to hand an instance out twice")
+
+    def _check_capacity(self, where: str, results: Sequence[Result]) -> None:
+        """The claims prepared on a shared GPU never consume more than its capacity: the scheduler accounts it,
+        and this keeps a stale or forged allocation from overcommitting the GPU."""
+        devices = self.catalog.devices
+        for name in dict.fromkeys(r.device for r in results if devices[r.device].multi):
+            device = devices[name]
+            mine = [r.consumed for r in results if r.device == name and r.consumed]
+            others = [d for c in self._claims.values() for d in c.devices if d.device == name]
+            replicas = sum(c.replicas for c in mine) + sum(d.replicas for d in others)
+            memory = sum(c.memory_mib for c in mine) + sum(d.memory_mib for d in others)
+            total_memory = device.replicas * (device.share_mib or 0)
+            if replicas > device.replicas or (device.share_mib and memory > total_memory):
+                used_r = sum(d.replicas for d in others)
+                used_m = sum(d.memory_mib for d in others)
+                raise ClaimError(
+                    f"claim {where} asks {sum(c.replicas for c in mine)} replicas and "
+                    f"{sum(c.memory_mib for c in mine)}Mi of shared GPU {name}, beyond what is left: {len(others)} "
+                    f"prepared allocation(s) hold {used_r} of {device.replicas} replicas and {used_m} of "
+                    f"{total_memory}Mi")
+
+    def _edits(self, device: Device, results: Sequence[Result]) -> DeviceEdits:
+        """The CDI edits of one device of a claim (all its results on that device together)."""
+        if device.kind == "mig":
+            if not device.device_nodes and not self.nvidia_cdi:
+                raise ClaimError(f"MIG instance {device.name} ({device.uuid}): its device nodes are unknown "
+                                 "(/proc/driver/nvidia-caps/mig-minors unreadable) and NVIDIA's CDI names are off")
+            return DeviceEdits(device.device_nodes)
+        nodes = tuple(f"/dev/nvidia{self.minors.get(g, g)}" for g in device.gpus)
+        share = self.mps.get(device.uuid) if device.kind == "shared" else None
+        if share is None:
+            return DeviceEdits(nodes)
+        held = sum(r.consumed.shares(device.share_mib) for r in results if r.consumed) or 1
+        env, mounts = share.client([(device.uuid, min(held, device.replicas))])
+        return DeviceEdits(nodes, env, mounts)
 
     def unprepare(self, claims: Sequence[ClaimKey]) -> dict[str, str]:
         """Per claim UID: "" on success (unknown claims too), else an error message."""
@@ -236,6 +322,29 @@ class Driver:
             self.metrics.health_transitions.labels(to="healthy" if healthy else "unhealthy").inc()
             self.on_change()
 
+    def set_instance_health(self, uuids: Iterable[str], healthy: bool,
+                            reason: str = "reported by the health monitor") -> None:
+        """Mark MIG instances (by MIG UUID) healthy or not: the health monitor's on_instance_change."""
+        by_uuid = {d.uuid: n for n, d in self.catalog.devices.items() if d.kind == "mig"}
+        changed = False
+        with self._lock:
+            for u in uuids:
+                name = by_uuid.get(u)
+                if name is None:
+                    log.warning("dra.health.unknown_instance", uuid=u)
+                elif healthy and name in self._sick_instances:
+                    del self._sick_instances[name]
+                    changed = True
+                elif not healthy and name not in self._sick_instances:
+                    self._sick_instances[name] = reason
+                    changed = True
+            if changed:
+                self._health_serial += 1
+                self._health_cond.notify_all()
+        if changed:
+            self.metrics.health_transitions.labels(to="healthy" if healthy else "unhealthy").inc()
+            self.on_change()
+
     def device_health(self) -> list[tuple[str, bool, str]]:
         """(device, healthy, message) for every device, in catalog order."""
         with self._lock:
@@ -243,7 +352,9 @@ class Driver:
             for name, d in self.catalog.devices.items():
                 sick = [g for g in d.gpus if g in self._unhealthy]
                 msg = "; ".join(f"GPU {g}: {self._unhealthy[g]}" for g in sick)
-                out.append((name, not sick, msg[:1024]))
+                if name in self._sick_instances:
+                    msg = f"MIG instance {d.uuid}: {self._sick_instances[name]}"
+                out.append((name, not sick and name not in self._sick_instances, msg[:1024]))
             return out
 
     @property

@@ -17,3 +17,11 @@ class StateError(DraError):
 
 class ServeError(DraError):
     """The driver's gRPC sockets cannot be served."""
+
+
+class CapacityRefused(DraError):
+    """The apiserver did not take a slice's multi-allocatable devices. `reason`: "invalid" (422) or "dropped"."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(message)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gputopo.kube.watching import WatchMetrics
 
@@ -30,4 +30,10 @@ class DraMetrics:
                                          buckets=PUBLISH_BUCKETS, registry=r)
         self.health_transitions = Counter(f"{PREFIX}_health_transitions", "GPU health changes, by new state.",
                                           ["to"], registry=r)
+        self.consumable_capacity = Gauge(f"{PREFIX}_consumable_capacity", "1 while shared GPUs are published as "
+                                         "multi-allocatable devices with a capacity (KEP-5075), 0 otherwise.",
+                                         registry=r)
+        self.capacity_refusals = Counter(f"{PREFIX}_capacity_refusals", "Publications of shared GPUs the apiserver "
+                                         "did not take, by reason (invalid: 422; dropped: stored without "
+                                         "allowMultipleAllocations or request policies).", ["reason"], registry=r)
         self.watch = WatchMetrics(r, PREFIX)

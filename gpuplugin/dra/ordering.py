@@ -7,24 +7,29 @@ request of N). So, per group, the free devices come first, then every other devi
 - singles `gpu-<i>` (requests of N singles, `nvidia.com/gpu: N`): an order whose first N form good rings;
 - singles `one-<i>` (1-GPU claims): the order successive 1-GPU allocations should take them, so that a lone GPU is
   taken where it breaks no block (gputopo.core.ranking says why one order cannot serve both).
-Used and unhealthy GPUs are never free. Only the order changes with the state: which devices exist never does
-(catalog.py).
+Used and unhealthy GPUs are never free, nor are shared ones for the whole-GPU groups. Shared GPUs and MIG instances
+keep their catalog order (one device per GPU or instance: there is nothing to choose between for the allocator's
+first fit that the class's selectors do not already decide). Only the order changes with the state: which devices
+exist never does (catalog.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpuplugin.dra.catalog import ONE, RINGS, Catalog, device_name
+from gpuplugin.dra.catalog import ONE, RINGS, STATIC_GROUPS, Catalog, device_name
 
 
 def publication_order(
     catalog: Catalog, used: Iterable[int] = (), unhealthy: Iterable[int] = ()
 ) -> dict[str, list[str]]:
     """Device names per group (catalog.groups' keys and order), in the order to publish them for this state."""
-    free = set(range(catalog.topology.size)) - set(used) - set(unhealthy)
+    free = set(catalog.whole) - set(used) - set(unhealthy)
     out: dict[str, list[str]] = {}
     for group, names in catalog.groups.items():
+        if group in STATIC_GROUPS:
+            out[group] = list(names)
+            continue
         if group == RINGS:
             first = [device_name((g,), RINGS) for g in catalog.ranker.single_order(free)]
         elif group == ONE:

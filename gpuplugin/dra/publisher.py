@@ -14,6 +14,12 @@ writes the allocation when it binds the pod, seconds before the kubelet prepares
 follows is offered an order for what is really free, not one step stale. Claims cannot be selected by node on the
 server, so the watch spans the cluster and keeps only this pool's devices; where RBAC does not grant list and
 watch on resourceclaims, the order follows prepares only (said once in the log).
+
+Shared GPUs (consumable capacity) are published only where the apiserver takes them: a write of a slice holding
+multi-allocatable devices that fails with 422 Invalid, or that comes back without `allowMultipleAllocations` or
+without the request policies (the apiserver drops the fields of a disabled feature gate), makes the pool fall back
+to whole GPUs (PoolPlanner.fall_back), logged as an error `dra.capacity.refused` with the apiserver's words,
+counted in gpuplugin_dra_capacity_refusals_total{reason} and shown by gpuplugin_dra_consumable_capacity = 0.
 """
 
 from __future__ import annotations
@@ -27,13 +33,14 @@ import kubernetes.client
 import structlog
 
 from gpuplugin.dra.claims import allocated_here, claim_ref
+from gpuplugin.dra.errors import CapacityRefused
 from gpuplugin.dra.metrics import DraMetrics
 from gpuplugin.dra.pool import PoolPlanner
 from gpuplugin.dra.slices import parse_slice_index, slice_name_prefix
 from gpuplugin.dra.sync import Write, observed_from, plan
 from gputopo.kube import SYNC, Watcher, get_node, list_objects
 from gputopo.kube.dra import create_slice, delete_slice, replace_slice
-from gputopo.kube.errors import KubeApiError
+from gputopo.kube.errors import Invalid, KubeApiError
 from gputopo.kube.fetching import ApiResource
 from gputopo.retry import Backoff
 from gputopo.workers import Worker
@@ -83,6 +90,7 @@ class SlicePublisher(Worker):
         self._allocated_lock = threading.Lock()
         self._adopted = False
         self._sync_lock = threading.Lock()  # one sync at a time (the thread's, or a caller's)
+        self.metrics.consumable_capacity.set(1 if planner.shares_capacity else 0)
 
     def start(self) -> Self:
         self._owner = self._node_owner()
@@ -183,8 +191,21 @@ class SlicePublisher(Worker):
         used, unhealthy = self.state()
         used = set(used) | self.allocated_gpus()
         writes = plan(observed, self.planner.wanted(used, unhealthy), driver=self.driver, node=self.node)
-        for w in writes:
-            self._apply(w)
+        try:
+            for w in writes:
+                self._apply(w)
+        except CapacityRefused as e:
+            self.metrics.capacity_refusals.labels(reason=e.reason).inc()
+            if not self.planner.fall_back():
+                log.error("dra.capacity.refused", error=str(e), reason=e.reason,
+                          consequence="cannot fall back to whole GPUs (a claim holds a shared GPU, or no fallback)")
+                raise
+            self.metrics.consumable_capacity.set(0)
+            log.error("dra.capacity.refused", error=str(e), reason=e.reason,
+                      consequence="shared GPUs are published as whole GPUs from now on; enable the "
+                                  "DRAConsumableCapacity feature gate (apiserver, scheduler, kubelet; Kubernetes "
+                                  "1.34+) or run with --no-consumable-capacity")
+            return self._sync()
         if writes:
             old = max((o.generation for o in observed), default=0)
             same = all(w.body is None or w.body["spec"]["pool"]["generation"] == old for w in writes)
@@ -218,13 +239,22 @@ class SlicePublisher(Worker):
         meta: dict[str, Any] = {}
         if self._owner:
             meta["ownerReferences"] = self._owner
-        if w.op == "create":
-            meta["generateName"] = slice_name_prefix(w.index, self.driver, self.node)
-            create_slice(self.api, {**w.body, "metadata": meta})
-        else:
-            assert w.name is not None
-            meta.update(name=w.name, resourceVersion=w.resource_version)
-            replace_slice(self.api, w.name, {**w.body, "metadata": meta})
+        try:
+            if w.op == "create":
+                meta["generateName"] = slice_name_prefix(w.index, self.driver, self.node)
+                got = create_slice(self.api, {**w.body, "metadata": meta})
+            else:
+                assert w.name is not None
+                meta.update(name=w.name, resourceVersion=w.resource_version)
+                got = replace_slice(self.api, w.name, {**w.body, "metadata": meta})
+        except Invalid as e:
+            if _multi(w.body):
+                raise CapacityRefused(f"the apiserver refused a slice with shared GPUs: {e.message}", "invalid") from e
+            raise
+        dropped = _dropped(w.body, got)
+        if dropped:
+            raise CapacityRefused(f"the apiserver stored shared GPUs {dropped[:4]} without allowMultipleAllocations "
+                                  "or their request policies (the DRAConsumableCapacity gate is off there)", "dropped")
 
     def _node_owner(self) -> list[dict[str, Any]] | None:
         """The Node as controller owner, so slices go with a deleted Node; None (said once) when unreadable."""
@@ -236,3 +266,21 @@ class SlicePublisher(Worker):
             return None
         return [{"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": node["metadata"]["uid"],
                  "controller": True}]
+
+
+def _multi(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [d for d in body["spec"].get("devices") or () if d.get("allowMultipleAllocations")]
+
+
+def _dropped(sent: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    """Names of multi-allocatable devices we sent that came back without that flag or a request policy."""
+    back = {d.get("name"): d for d in (got.get("spec") or {}).get("devices") or () if isinstance(d, dict)}
+    out = []
+    for d in _multi(sent):
+        b = back.get(d["name"]) or {}
+        policies = [k for k, c in (d.get("capacity") or {}).items() if "requestPolicy" in c]
+        kept = b.get("allowMultipleAllocations") is True and all(
+            "requestPolicy" in ((b.get("capacity") or {}).get(k) or {}) for k in policies)
+        if not kept:
+            out.append(d["name"])
+    return out

@@ -78,8 +78,10 @@ class _DraPlugin(dra_grpc.DRAPluginServicer):
                 continue
             entry = out.claims[uid]
             for d in result:
-                entry.devices.add(request_names=list(d.request_names), pool_name=d.pool, device_name=d.device,
-                                  cdi_device_ids=list(d.cdi_device_ids))
+                device = entry.devices.add(request_names=list(d.request_names), pool_name=d.pool,
+                                           device_name=d.device, cdi_device_ids=list(d.cdi_device_ids))
+                if d.share_id is not None:  # a shared GPU's allocation: the kubelet keys the device by it
+                    device.share_id = d.share_id
         return out
 
     def NodeUnprepareResources(self, request: dra_pb2.NodeUnprepareResourcesRequest,

@@ -14,6 +14,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpuplugin.dra.catalog import DEFAULT_MAX_DEVICES, DEFAULT_SET_SIZES, MAX_SET_SIZE
+from gpuplugin.sharing.config import DEFAULT_CONFIG_LABEL
+from gpuplugin.sharing.mps import DEFAULT_CONTROL, DEFAULT_MPS_ROOT
 from gputopo.contract import DEFAULT_PREFIX, dns_subdomain_problem
 from gputopo.settings import Cli, LogLevel, NodeName, Port, ReadableFile, SettingsLoader
 
@@ -58,6 +60,21 @@ class DraSettings(BaseModel):
         0.2, ge=0, description="Seconds between two republishes at least.")
     health: bool = Field(True, description="Serve the dra-health v1alpha1 service fed by NVML Xid health.")
     nvidia_cdi: bool = Field(True, description="Also name NVIDIA's CDI devices (nvidia.com/gpu=<uuid>) per GPU.")
+    sharing_config_dir: Path | None = Field(
+        None, description="Directory of GPU sharing configs in NVIDIA's device plugin format (the device plugin's "
+                          "ConfigMap); a GPU it shares is published as one device with a capacity. Unset: no "
+                          "sharing.")
+    sharing_config_default: str | None = Field(
+        None, description="The config a node without the label gets [the one named default, else the only one].")
+    sharing_config_label: str = Field(DEFAULT_CONFIG_LABEL, description="Node label naming this node's config "
+                                                                        "(read at start).")
+    consumable_capacity: bool = Field(
+        True, description="Publish shared GPUs as multi-allocatable devices with a capacity (DRAConsumableCapacity, "
+                          "beta in 1.36); --no-consumable-capacity publishes them whole. An apiserver that refuses "
+                          "them makes the driver fall back to whole GPUs by itself.")
+    mps_root: Path = Field(DEFAULT_MPS_ROOT, description="Host directory of the MPS pipe, log and shm directories.")
+    mps_control: str = Field(DEFAULT_CONTROL, description="The MPS control program run per MPS-shared set.")
+    mig: bool = Field(True, description="Publish the existing MIG instances of MIG-enabled GPUs as devices.")
     metrics_port: Port = Field(8080, description="Port of /metrics and /healthz; 0 turns them off.")
     log_level: LogLevel = Field("info", description="Least level logged.")
 

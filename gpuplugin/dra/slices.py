@@ -80,27 +80,36 @@ def counter_slice_spec(catalog: Catalog) -> dict[str, Any]:
     return {"sharedCounters": [{"name": COUNTER_SET, "counters": counters}]}
 
 
-def device_spec(catalog: Catalog, name: str, unhealthy: Iterable[int], taint_key: str) -> dict[str, Any]:
+def device_spec(catalog: Catalog, name: str, unhealthy: Iterable[int], taint_key: str,
+                sick: Iterable[str] = ()) -> dict[str, Any]:
+    """One device as the slice lists it. Whole GPUs and sets consume their GPUs' counters; a shared GPU carries
+    `allowMultipleAllocations` and its capacity (with request policies, which the apiserver accepts only together
+    with allowMultipleAllocations); a MIG instance its capacity alone."""
     device = catalog.devices[name]
-    out: dict[str, Any] = {
-        "name": name,
-        "attributes": dict(device.attributes),
-        "consumesCounters": [
+    out: dict[str, Any] = {"name": name, "attributes": dict(device.attributes)}
+    if device.kind == "gpus":
+        out["consumesCounters"] = [
             {"counterSet": COUNTER_SET, "counters": {counter_name(g): {"value": "1"} for g in device.gpus}}
-        ],
-    }
-    if not set(unhealthy).isdisjoint(device.gpus):
+        ]
+    if device.capacity:
+        out["capacity"] = {k: dict(v) for k, v in device.capacity.items()}
+    if device.multi:
+        out["allowMultipleAllocations"] = True
+    if not set(unhealthy).isdisjoint(device.gpus) or name in set(sick):
         out["taints"] = [{"key": taint_key, "effect": "NoSchedule"}]
     return out
 
 
 def slice_contents(
-    catalog: Catalog, layout: Layout, unhealthy: Iterable[int] = (), *, taint_key: str
+    catalog: Catalog, layout: Layout, unhealthy: Iterable[int] = (), *, taint_key: str,
+    sick_devices: Iterable[str] = (),
 ) -> list[dict[str, Any]]:
-    """The `spec` parts that differ per slice (sharedCounters or devices), index 0 first."""
+    """The `spec` parts that differ per slice (sharedCounters or devices), index 0 first. Devices on `unhealthy`
+    GPUs and those named in `sick_devices` (MIG instances with their own Xids) are tainted."""
     sick = set(unhealthy)
+    names_sick = set(sick_devices)
     out = [counter_slice_spec(catalog)]
-    out += [{"devices": [device_spec(catalog, n, sick, taint_key) for n in names]} for names in layout]
+    out += [{"devices": [device_spec(catalog, n, sick, taint_key, names_sick) for n in names]} for names in layout]
     return out
 
 

@@ -3,7 +3,7 @@ its own restarts and expects the same answers; an unprepare may come after a dri
 
 Written atomically (temporary file, fsync, rename), so a crash leaves the old or the new state, never half of one.
 A file that cannot be read stops the driver with an error naming it: starting empty would forget GPUs that running
-containers hold.
+containers hold. The shared-GPU fields of a device are optional on read, so files written before them still load.
 """
 
 from __future__ import annotations
@@ -26,8 +26,11 @@ class PreparedDevice:
     request_names: tuple[str, ...]
     pool: str
     device: str
-    gpus: tuple[str, ...]  # GPU UUIDs, to notice a topology that changed under a held device
+    gpus: tuple[str, ...]  # GPU (or MIG instance) UUIDs, to notice a topology that changed under a held device
     cdi_device_ids: tuple[str, ...]
+    share_id: str | None = None  # a shared GPU's allocation: the scheduler's shareID
+    replicas: int = 0  # a shared GPU's allocation: the replicas and memory (MiB) it consumes
+    memory_mib: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,8 @@ class StateFile:
             for uid, c in data["claims"].items():
                 devices = tuple(
                     PreparedDevice(tuple(d["request_names"]), d["pool"], d["device"], tuple(d["gpus"]),
-                                   tuple(d["cdi_device_ids"]))
+                                   tuple(d["cdi_device_ids"]), d.get("share_id"), int(d.get("replicas", 0)),
+                                   int(d.get("memory_mib", 0)))
                     for d in c["devices"]
                 )
                 claims[uid] = PreparedClaim(uid, c["namespace"], c["name"], devices)

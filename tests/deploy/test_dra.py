@@ -76,3 +76,29 @@ def test_chart_classes_are_the_example_classes(objects: list[dict]) -> None:
         a["deviceClassName"] for rs in templates.values() for r in rs for a in r.get("firstAvailable", [])}
     assert asked - {None} <= set(static)
     assert templates["one-gpu"][0]["exactly"]["deviceClassName"] == "one-gpu.gpu-topology.io"
+
+
+def test_the_driver_reads_the_plugins_sharing_configs_and_mps_paths() -> None:
+    config = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
+    values = {"dra": {"enabled": True}, "plugin": {"sharing": {"enabled": True, "default": "mps",
+                                                               "configs": {"mps": config}}}}
+    objects = render_chart(ChartVariant("gpu-topology", "gpu-topology", values))
+    for obj in objects:
+        kubernetes_validate.validate(obj, "1.36.0", strict=True)
+    (ds,) = find(objects, "DaemonSet", "gpu-topology-dra")
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    out = subprocess.run([sys.executable, "-m", "gpuplugin.cli", *container["args"], "--print-config"],
+                         capture_output=True, text=True, env=dict(os.environ, NODE_NAME="node-a"), timeout=60)
+    assert out.returncode == 0, out.stderr
+    settings = json.loads(out.stdout)
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (cm,) = find(objects, "ConfigMap", "gpu-topology-plugin-sharing")
+    assert volumes[mounts[settings["sharing_config_dir"]]]["configMap"]["name"] == cm["metadata"]["name"]
+    assert settings["sharing_config_default"] == "mps" and "mps" in cm["data"]
+    assert volumes[mounts[settings["mps_root"]]]["hostPath"]["path"] == settings["mps_root"]
+    assert volumes[mounts["/dev/shm"]]["hostPath"]["path"] == settings["mps_root"] + "/shm"
+    assert pod["hostPID"] is True
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"

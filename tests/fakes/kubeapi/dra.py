@@ -6,13 +6,21 @@ kind/apiVersion, `metadata.generation`, a created claim with `"status": {}`, lis
 422 Status bodies for slices over the limits (64 counter-consuming / 128 devices per slice, 2 counter sets per
 device, a counter set twice, `devices` and `sharedCounters` together). Slices take `generateName`; field selectors
 `spec.driver`, `spec.nodeName` and `metadata.name` select them, for list, watch and delete-collection.
+
+Consumable capacity (KEP-5075) as the apiserver's validation.go checks it: a capacity's requestPolicy only on a
+device with allowMultipleAllocations, not validValues and validRange together, a default inside the policy, min and
+max within the value, a range a whole number of steps from min, at most 10 ascending validValues. `capacity` picks
+the apiserver: "on" (1.36 defaults), "off" (the DRAConsumableCapacity gate off: the fields are dropped on write, as
+dropDisabledFields does) or "invalid" (422 for any multi-allocatable device, an apiserver that refuses them).
 """
 
 from __future__ import annotations
 
 import random
+from decimal import Decimal
 from typing import Any
 
+from gputopo.quantity import QuantityError, parse_quantity
 from tests.fakes.kubeapi.core import decode_body
 from tests.fakes.kubeapi.objects import Obj, clone, now
 from tests.fakes.kubeapi.selectors import FieldReq, Selector, parse_label_selector
@@ -42,8 +50,10 @@ _SUFFIX = "bcdfghjklmnpqrstvwxz2456789"  # the apiserver's generateName alphabet
 class FakeDraKubeApi(FakeKubeApi):
     """FakeKubeApi plus resource.k8s.io/v1 (see the module docstring)."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, capacity: str = "on", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        assert capacity in ("on", "off", "invalid")
+        self.capacity = capacity
         for resource in KINDS:
             self._store[resource] = {}
         self._rng = random.Random(0)
@@ -175,6 +185,7 @@ class FakeDraKubeApi(FakeKubeApi):
                                                "Required value: name or generateName is required")]))
         if resource == "resourceslices":
             self._check_slice(name, obj.get("spec"))
+            obj = {**obj, "spec": self._drop_disabled(obj.get("spec"))}
         meta: Obj = {"name": name}
         if meta_in.get("generateName"):
             meta["generateName"] = meta_in["generateName"]
@@ -224,6 +235,7 @@ class FakeDraKubeApi(FakeKubeApi):
                 spec = obj.get("spec") or {}
                 if resource == "resourceslices":
                     self._check_slice(name, spec)
+                    spec = self._drop_disabled(spec)
                     for fixed, path in (("driver", "spec.driver"), ("nodeName", "spec.nodeName")):
                         if spec.get(fixed) != old["spec"].get(fixed):
                             raise ApiError(invalid(kind, name, [("FieldValueInvalid", path,
@@ -243,8 +255,17 @@ class FakeDraKubeApi(FakeKubeApi):
                 return old
             return clone(self._put(resource, key, new, old))
 
-    @staticmethod
-    def _check_slice(name: str, spec: Any) -> None:
+    def _drop_disabled(self, spec: Any) -> Any:
+        if self.capacity != "off" or not isinstance(spec, dict) or not spec.get("devices"):
+            return spec
+        spec = clone(spec)
+        for d in spec["devices"]:
+            d.pop("allowMultipleAllocations", None)
+            for c in (d.get("capacity") or {}).values():
+                c.pop("requestPolicy", None)
+        return spec
+
+    def _check_slice(self, name: str, spec: Any) -> None:
         """The apiserver's validation of the limits recorded in kube-apiserver-dra/status-invalid-*.json."""
         kind = "ResourceSlice"
         if not isinstance(spec, dict):
@@ -269,6 +290,17 @@ class FakeDraKubeApi(FakeKubeApi):
                                                          f"spec.devices[{i}].consumesCounters[{j}]",
                                                          f'Duplicate value: "{c.get("counterSet")}"')]))
                 seen.add(c.get("counterSet"))
+            multi = d.get("allowMultipleAllocations") is True
+            if multi and self.capacity == "invalid":
+                where = f"spec.devices[{i}].allowMultipleAllocations"
+                raise ApiError(invalid(kind, name, [("FieldValueForbidden", where,
+                                                     "Forbidden: not supported by this API server")]))
+            for cname, cap in (d.get("capacity") or {}).items():
+                problem = _capacity_problem(cap, multi)
+                if problem:
+                    raise ApiError(invalid(kind, name, [("FieldValueInvalid",
+                                                         f"spec.devices[{i}].capacity[{cname}].{problem[0]}",
+                                                         problem[1])]))
         for fld in ("driver", "nodeName"):
             if not isinstance(spec.get(fld), str) or not spec[fld]:
                 raise ApiError(invalid(kind, name, [("FieldValueRequired", f"spec.{fld}", "Required value")]))
@@ -277,3 +309,60 @@ class FakeDraKubeApi(FakeKubeApi):
                 pool["resourceSliceCount"] <= 0:
             raise ApiError(invalid(kind, name, [("FieldValueRequired", "spec.pool", "Required value")]))
 
+
+
+def _capacity_problem(cap: Any, multi: bool) -> tuple[str, str] | None:
+    """(field, message) of the first rule of validation.go's capacity checks that `cap` breaks, else None."""
+    def q(v: Any) -> Decimal:
+        try:
+            return parse_quantity(str(v))
+        except QuantityError:
+            return Decimal("NaN")
+
+    if not isinstance(cap, dict) or "value" not in cap:
+        return ("value", "Required value")
+    policy = cap.get("requestPolicy")
+    if policy is None:
+        return None
+    if not multi:
+        return ("requestPolicy", "Forbidden: allowMultipleAllocations must be true")
+    value = q(cap["value"])
+    values, rng = policy.get("validValues"), policy.get("validRange")
+    if values and rng is not None:
+        return ("requestPolicy", 'Forbidden: exactly one policy can be specified, cannot specify "validValues" and '
+                                 '"validRange" at the same time')
+    if not values and rng is None:
+        return None
+    if "default" not in policy:
+        return ("requestPolicy.default", "Required value")
+    default = q(policy["default"])
+    if values:
+        qs = [q(v) for v in values]
+        if len(qs) > 10:
+            return ("requestPolicy.validValues", f"Too many: {len(qs)}: must have at most 10 items")
+        if qs != sorted(qs):
+            return ("requestPolicy.validValues", "values must be sorted in ascending order")
+        if any(v > value for v in qs):
+            return ("requestPolicy.validValues", "option is larger than capacity value")
+        if default not in qs:
+            return ("requestPolicy.validValues", "default value is not valid according to the requestPolicy")
+        return None
+    if "min" not in rng:
+        return ("requestPolicy.validRange.min", "Required value")
+    low = q(rng["min"])
+    if low > value:
+        return ("requestPolicy.validRange.min", "min is larger than capacity value")
+    if default < low:
+        return ("requestPolicy.validRange.min", "default is less than min")
+    if "max" in rng:
+        high = q(rng["max"])
+        if low > high or high > value or default > high:
+            return ("requestPolicy.validRange.max", "min/default above max, or max above the capacity value")
+    if "step" in rng:
+        step = q(rng["step"])
+        if low + step > value:
+            return ("requestPolicy.validRange.step", "one step is larger than capacity value")
+        for v in [default] + ([q(rng["max"])] if "max" in rng else []):
+            if (v - low) % step != 0:
+                return ("requestPolicy.validRange.step", "value is not a multiple of a given step")
+    return None

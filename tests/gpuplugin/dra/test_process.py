@@ -12,7 +12,7 @@ import urllib.request
 from sim.dra_allocator import Alternative, Request, allocate, by_size
 from sim.dra_kubelet import DraKubeletSim
 from sim.ports import free_port
-from tests.deploy.test_rbac_calls import assert_equals_table
+from tests.deploy.test_rbac_calls import assert_equals_table, declared, observed
 from tests.fakes.kubeapi import FakeDraKubeApi
 from tests.gpuplugin.dra.conftest import DGX1, DRIVER, NODE, RECORDED_CLAIM
 from tests.helpers.kube import write_kubeconfig
@@ -69,3 +69,38 @@ def test_driver_process_serves_a_claim_and_calls_only_its_declared_api() -> None
         assert not (root / "plugin" / "dra.sock").exists()
         assert not (root / "registry" / f"{DRIVER}-reg.sock").exists()
         assert_equals_table("dra", list(fake.requests))
+
+
+def test_driver_process_shares_the_gpus_its_labelled_config_shares() -> None:
+    with short_dir("draps-") as root, FakeDraKubeApi() as fake:
+        fake.add_node({"metadata": {"name": NODE, "labels": {"nvidia.com/device-plugin.config": "two"}}})
+        configs = root / "sharing"
+        configs.mkdir()
+        for name, replicas in (("default", 4), ("two", 2)):
+            (configs / name).write_text(f"version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+                                        f"      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu.shared\n"
+                                        f"        replicas: {replicas}\n        devices: [0, 1]\n")
+        env = dict(os.environ, KUBECONFIG=str(write_kubeconfig(root / "kubeconfig", fake.url)), NODE_NAME=NODE)
+        args = [sys.executable, "-m", "gpuplugin.cli", "dra", "--topology", str(DGX1), "--registry-dir",
+                str(root / "registry"), "--plugin-dir", str(root / "plugin"), "--cdi-dir", str(root / "cdi"),
+                "--metrics-port", str(port := free_port()), "--min-publish-interval", "0", "--log-level",
+                "warning", "--sharing-config-dir", str(configs)]
+        with open(root / "log", "w") as log, DraKubeletSim(root / "registry", NODE) as kubelet:
+            proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                kubelet.wait_registered(DRIVER, timeout=WAIT)
+
+                def devices() -> dict[str, dict]:
+                    return {d["name"]: d for s in fake.slices(NODE) for d in s["spec"].get("devices") or ()}
+                assert eventually(lambda: "shared-1" in devices(), WAIT), (root / "log").read_text()
+                got = devices()
+                assert got["shared-0"]["capacity"]["replicas"]["value"] == "2"  # the labelled config, not default
+                assert got["shared-0"]["allowMultipleAllocations"] is True
+                assert "gpu-0" not in got and "gpu-2" in got
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as scraped:
+                    assert "gpuplugin_dra_consumable_capacity 1.0" in scraped.read().decode()
+            finally:
+                stop_process(proc, WAIT)
+                assert proc.returncode == 0, (root / "log").read_text()
+        # the label is read with a call the table grants already: nothing undeclared is called
+        assert observed(list(fake.requests)) <= declared("dra")
