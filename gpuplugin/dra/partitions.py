@@ -270,6 +270,9 @@ def mps_shares(topology: Topology, layout: Layout, gpus: Iterable[int], root: Pa
         replicas = [(i, n) for i, n in s.replicas if i in chosen]
         if s.strategy != "mps" or not replicas:
             continue
-        share = MpsShare(s.name, root, tuple(MpsGpu(by_index[i].id, n, by_index[i].memory_mib) for i, n in replicas))
+        # A claim may take several shares of one GPU (capacity `replicas` > 1) unless failRequestsGreaterThanOne: the
+        # daemon's defaults must allow that much, since a client's env can only lower them.
+        share = MpsShare(s.name, root, tuple(MpsGpu(by_index[i].id, n, by_index[i].memory_mib) for i, n in replicas),
+                         several_per_client=not s.fail_requests_greater_than_one)
         out.update({g.uuid: share for g in share.gpus})
     return out

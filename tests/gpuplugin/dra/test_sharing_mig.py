@@ -419,3 +419,15 @@ def test_a_restarted_driver_keeps_counting_the_shares_prepared_before(make_node:
     third = node.claim("third", [share()])
     assert not isinstance(again.prepare([ClaimKey(ns, uid, name)])[uid], str)
     assert "beyond what is left" in again.prepare([ClaimKey(*third)])[third[1]]
+
+
+@pytest.mark.parametrize(("fail", "threads"), [(False, 100), (True, 25)])
+def test_mps_daemon_defaults_allow_what_one_claim_may_take(fail: bool, threads: int) -> None:
+    """A client's env can only lower the daemon's defaults, so where a claim may take all four shares of a GPU the
+    defaults must be the whole GPU; under failRequestsGreaterThanOne one share."""
+    found = h100()
+    layout = resolve(parse_config(sharing("mps", fail=fail)), found.topology, "nvidia.com/gpu")
+    to_share, _ = gpus_to_share(layout, ())
+    shares = mps_shares(found.topology, layout, to_share, Path("/run/nvidia/mps"))
+    (share,) = set(shares.values())
+    assert share.default_commands()[0] == f"set_default_active_thread_percentage {threads}"
