@@ -6,8 +6,8 @@ with the one it serves, and tests can check NVIDIA's examples without a kubelet.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from gpuplugin.sharing.config import SHARED_SUFFIX, SharingConfig, SharingConfigError
 from gputopo.core.topology import Topology
@@ -70,8 +70,41 @@ def _gpu_index(ref: object, topology: Topology, where: str) -> int:
     raise SharingConfigError(f"no GPU {text[:80]!r} on this node", where)
 
 
-def resolve(config: SharingConfig, topology: Topology, whole_resource: str) -> Layout:
-    """The layout `config` asks for on a node of `topology` whose whole GPUs are `whole_resource`."""
+@dataclass(frozen=True)
+class MigView:
+    """What MIG serves on the node (gpuplugin.sharing.mig_node): resource -> MIG UUIDs, and the MIG-enabled GPUs."""
+
+    resources: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    gpus: frozenset[str] = frozenset()
+
+    @property
+    def uuids(self) -> frozenset[str]:
+        return frozenset(u for ids in self.resources.values() for u in ids)
+
+
+def check_mps_on_mig(config: SharingConfig, mig: MigView, whole_resource: str) -> None:
+    """SharingConfigError when an MPS config would run MPS on a MIG GPU: NVIDIA's plugin refuses MIG and MPS on one
+    GPU too (its MPS daemon serves whole GPUs). Checked at config time, so the file is refused, not a pod."""
+    if config.strategy != "mps" or config.section is None:
+        return
+    domain = whole_resource.split("/", 1)[0] if "/" in whole_resource else "nvidia.com"
+    why = "MIG and MPS on one GPU are refused (NVIDIA's plugin refuses them too)"
+    for n, entry in enumerate(config.section.resources):
+        where = f"sharing.mps.resources[{n}]"
+        if entry.name in mig.resources or entry.name.startswith(f"{domain}/mig-"):
+            raise SharingConfigError(f"{entry.name} is served as MIG devices on this node; {why}", f"{where}.name")
+        if isinstance(entry.devices, list):
+            for k, ref in enumerate(entry.devices):
+                if str(ref) in mig.gpus or str(ref) in mig.uuids or str(ref).startswith("MIG-"):
+                    raise SharingConfigError(f"{str(ref)[:80]!r} is a MIG GPU or MIG device; {why}",
+                                             f"{where}.devices[{k}]")
+
+
+def resolve(config: SharingConfig, topology: Topology, whole_resource: str, mig: MigView | None = None) -> Layout:
+    """The layout `config` asks for on a node of `topology` whose whole GPUs are `whole_resource`, beside the MIG
+    devices `mig` serves (MPS is refused on those)."""
+    if mig is not None:
+        check_mps_on_mig(config, mig, whole_resource)
     section = config.section
     if config.strategy is None or section is None:
         return whole_layout(topology)
