@@ -88,8 +88,9 @@ class MigResourceManager(ResourceManager):
         """Nothing to warm: the preference is a sort, not a search."""
 
     def preferred(self, available_ids: Sequence[str], must_include_ids: Sequence[str], size: int) -> Preference:
-        """Fewest GPUs, partly used GPUs first: must-include ids, then instances from the GPUs with the fewest
-        available instances (ties: lower NVML index). Never raises; unknown ids are left out and logged."""
+        """Fewest GPUs, partly used GPUs first: must-include ids, then, while some are missing, all from the GPU
+        with the fewest available instances that can give them all (best fit), else as many as the fullest GPU
+        gives (ties: lower NVML index). Never raises; unknown ids are left out and logged."""
         with self._lock:
             by_id = dict(self._by_id)
         problems = [f"unknown device id {x!r}" for x in available_ids if x not in by_id]
@@ -105,8 +106,13 @@ class MigResourceManager(ResourceManager):
                 if x not in must:
                     per_gpu[by_id[x].index].append(x)
             chosen = list(must[:size])
-            for gpu in sorted(per_gpu, key=lambda g: (len(per_gpu[g]), g)):
-                chosen += per_gpu[gpu][: size - len(chosen)]
+            while len(chosen) < size and per_gpu:
+                left = size - len(chosen)
+                fits = [g for g in per_gpu if len(per_gpu[g]) >= left]
+                # one GPU can finish: the one with the fewest instances left (best fit); else the fullest one
+                gpu = (min(fits, key=lambda g: (len(per_gpu[g]), g)) if fits
+                       else max(per_gpu, key=lambda g: (len(per_gpu[g]), -g)))
+                chosen += per_gpu.pop(gpu)[:left]
             reason = FallbackReason.BAD_REQUEST if problems else FallbackReason.NO_PLAN
             pref = Preference(tuple(chosen), Source.ALLOCATOR, reason, tuple(problems))
         if pref.problems:
