@@ -9,13 +9,16 @@ What differs from whole GPUs, and why:
   nodes /dev/nvidia-caps/nvidia-cap<N> (from mig-minors), plus the control nodes of the whole-GPU path.
 - The preference packs: MIG instances have no NVLink between them, so a container asking for several gets them on
   the fewest GPUs, taken from the GPUs already partly used first (whole free GPUs stay for bigger asks).
+- Time-slicing (NVIDIA offers it on MIG devices): a shared instance is advertised as replicas `<MIG UUID>::<n>`,
+  and Allocate applies the sharing config's rules (failRequestsGreaterThanOne, distinctGpus) to MIG devices.
 - The set of devices changes without a restart when the GPU is re-partitioned (`set_instances`); the caller
   (gpuplugin.sharing.mig_node) keeps advertising an instance a pod still holds.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import dataclasses
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,9 +34,12 @@ from gpuplugin.deviceplugin.allocation import (
     existing_nodes,
 )
 from gpuplugin.deviceplugin.devices import Device
+from gpuplugin.deviceplugin.errors import AllocationRequestError
 from gpuplugin.deviceplugin.preferred import FallbackReason, Preference, Source
 from gpuplugin.deviceplugin.resource import DeviceState, ResourceManager, brief_ids
+from gpuplugin.sharing.layout import MigShare
 from gpuplugin.sharing.mig_strategy import MigInstance
+from gputopo.contract import replica_id
 
 log = structlog.get_logger(__name__)
 
@@ -47,31 +53,38 @@ def mig_device(inst: MigInstance, numa_node: int | None = None) -> Device:
 
 
 class MigResourceManager(ResourceManager):
-    def __init__(self, resource_name: str, instances: Iterable[MigInstance], *,
+    def __init__(self, resource_name: str, instances: Iterable[MigInstance], *, share: MigShare | None = None,
                  numa: dict[int, int | None] | None = None, **kwargs: Any) -> None:
         super().__init__(None, gpus=(), **kwargs)
         self.resource_name = resource_name
         self._numa = dict(numa or {})
         self._instances: dict[str, MigInstance] = {}
-        self.set_instances(instances)
+        self.share: MigShare | None = None
+        self.set_instances(instances, share)
 
     def _update_gauge(self) -> None:
         """The devices gauge counts whole GPUs (one gauge per process); MIG devices are in the node's state."""
 
     def instances(self) -> tuple[MigInstance, ...]:
         with self._lock:
-            return tuple(self._instances[d.id] for d in self.devices)
+            return tuple(self._instances[u] for u in sorted(self._instances))
 
-    def set_instances(self, instances: Iterable[MigInstance]) -> None:
-        """Serve these instances from now on (a re-partition); health is kept for instances served before, and
-        every stream gets the new complete list at once."""
+    def set_instances(self, instances: Iterable[MigInstance], share: MigShare | None = None) -> None:
+        """Serve these instances from now on (a re-partition), as replicas `<MIG UUID>::<n>` of those `share`
+        shares (time-slicing); health is kept for devices served before, and every stream gets the new complete
+        list at once."""
         by_uuid = {i.uuid: i for i in instances}
-        devices = tuple(mig_device(by_uuid[u], self._numa.get(by_uuid[u].nvml_index)) for u in sorted(by_uuid))
+        devices: list[Device] = []
+        for u in sorted(by_uuid):
+            base = mig_device(by_uuid[u], self._numa.get(by_uuid[u].nvml_index))
+            n = share.replicas.get(u) if share is not None else None
+            devices += [base] if n is None else [dataclasses.replace(base, id=replica_id(u, k)) for k in range(n)]
         with self._lock:
             self._instances = by_uuid
-            self.devices = devices
+            self.share = share
+            self.devices = tuple(devices)
             self._by_id = {d.id: d for d in devices}
-            self._by_uuid = dict(self._by_id)
+            self._by_uuid = {d.uuid: d for d in devices if d.id == d.uuid}
             self._healthy = {d.id: self._healthy.get(d.id, True) for d in devices}
             snap = tuple(DeviceState(d, self._healthy[d.id]) for d in devices)
             subs = list(self._subs)
@@ -102,9 +115,22 @@ class MigResourceManager(ResourceManager):
                               tuple(problems))
         else:
             per_gpu: dict[int, list[str]] = defaultdict(list)
-            for x in avail:
+            # replicas: the first of each instance first, so a request spreads over distinct instances
+            for x in sorted(avail, key=lambda x: (int(x.rpartition("::")[2]) if by_id[x].id != by_id[x].uuid else 0,
+                                                   x)):
                 if x not in must:
                     per_gpu[by_id[x].index].append(x)
+            share = self.share
+            if share is not None and share.distinct:
+                seen = {by_id[x].uuid for x in must}
+                for gpu, xs in per_gpu.items():
+                    kept = []
+                    for x in xs:
+                        if by_id[x].uuid not in seen:
+                            seen.add(by_id[x].uuid)
+                            kept.append(x)
+                    per_gpu[gpu] = kept
+                per_gpu = defaultdict(list, {g: xs for g, xs in per_gpu.items() if xs})
             chosen = list(must[:size])
             while len(chosen) < size and per_gpu:
                 left = size - len(chosen)
@@ -113,6 +139,7 @@ class MigResourceManager(ResourceManager):
                 gpu = (min(fits, key=lambda g: (len(per_gpu[g]), g)) if fits
                        else max(per_gpu, key=lambda g: (len(per_gpu[g]), -g)))
                 chosen += per_gpu.pop(gpu)[:left]
+            chosen += [x for x in avail if x not in chosen][: size - len(chosen)]  # distinct ones ran out
             reason = FallbackReason.BAD_REQUEST if problems else FallbackReason.NO_PLAN
             pref = Preference(tuple(chosen), Source.ALLOCATOR, reason, tuple(problems))
         if pref.problems:
@@ -124,8 +151,18 @@ class MigResourceManager(ResourceManager):
 
     def _allocate(self, ids: Sequence[str]) -> ContainerAllocation:
         devices = self._checked(ids)
+        share = self.share
+        held = Counter(d.uuid for d in devices)
+        if share is not None and share.fail_requests_greater_than_one and len(devices) > 1:
+            raise AllocationRequestError(f"request for '{self.resource_name}: {len(devices)}' too large: maximum "
+                                         "request size for shared resources is 1")
+        twice = sorted(u for u, n in held.items() if n > 1)
+        if share is not None and share.distinct and twice:
+            raise AllocationRequestError(
+                f"request holds several replicas of MIG device {brief_ids(twice)}; {self.resource_name} gives "
+                "distinct MIG devices (distinctGpus: false in the sharing config allows replicas of one)")
         with self._lock:
-            instances = [self._instances[d.id] for d in devices]
+            instances = [self._instances[u] for u in held]
         alloc = mig_container_allocation(instances, self.list_strategy, self.keys.gpus, self.dev_root)
         if alloc.missing_nodes and (quiet := self._missing_nodes.admit()) is not None:
             log.warning("plugin.allocate.device_nodes_missing", resource=self.resource_name,

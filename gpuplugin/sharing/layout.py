@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuplugin.sharing.config import SHARED_SUFFIX, SharingConfig, SharingConfigError
+from gpuplugin.sharing.mig_strategy import MigInstance
 from gputopo.core.topology import Topology
 
 
@@ -63,7 +64,8 @@ def _gpu_index(ref: object, topology: Topology, where: str) -> int:
         return index
     text = str(ref)
     if text.startswith("MIG-") or ":" in text:
-        raise SharingConfigError(f"{text!r} is a MIG device; sharing MIG devices is not supported here", where)
+        raise SharingConfigError(f"{text!r} is a MIG device; share it in an entry named after its MIG resource "
+                                 "(nvidia.com/mig-<profile>, as NVIDIA's config does)", where)
     for gpu in topology.gpus:
         if gpu.id == text:
             return gpu.index
@@ -80,6 +82,84 @@ class MigView:
     @property
     def uuids(self) -> frozenset[str]:
         return frozenset(u for ids in self.resources.values() for u in ids)
+
+
+def is_mig_resource(name: str, mig: MigView, whole_resource: str) -> bool:
+    """A resource MIG devices are served as (`nvidia.com/mig-<profile>`, or whatever the MIG node serves)."""
+    domain = whole_resource.split("/", 1)[0] if "/" in whole_resource else "nvidia.com"
+    return name in mig.resources or name.startswith(f"{domain}/mig-")
+
+
+@dataclass(frozen=True)
+class MigShare:
+    """Time-slicing of one MIG resource's instances: replicas per MIG UUID, and the config's request rules."""
+
+    replicas: Mapping[str, int]
+    fail_requests_greater_than_one: bool
+    distinct: bool
+
+
+@dataclass(frozen=True)
+class MigSharing:
+    """MIG resources after time-slicing: resource -> instances, and the shares of the replicated ones."""
+
+    resources: Mapping[str, tuple[MigInstance, ...]]
+    shares: Mapping[str, MigShare] = field(default_factory=dict)
+
+
+def share_mig(config: SharingConfig | None, resources: Mapping[str, tuple[MigInstance, ...]],
+              whole_resource: str) -> MigSharing:
+    """Time-slicing on MIG instances, as NVIDIA offers it: a `timeSlicing` entry naming a MIG resource served here
+    (`nvidia.com/mig-1g.10gb`; `nvidia.com/gpu` under the single strategy) shares its instances, all, the first N
+    (MIG UUID order) or those `devices` names by MIG UUID, advertised as `rename` (or `<name>.shared`). Entries
+    naming whole GPUs are the SharingNode's. Raises SharingConfigError naming the field."""
+    if config is None or config.strategy != "time-slicing" or config.section is None:
+        return MigSharing(dict(resources))
+    section = config.section
+    out = {name: list(insts) for name, insts in resources.items()}
+    shares: dict[str, MigShare] = {}
+    taken: dict[str, int] = {}
+    for n, entry in enumerate(section.resources):
+        where = f"sharing.timeSlicing.resources[{n}]"
+        if entry.name not in resources:
+            if is_mig_resource(entry.name, MigView(), whole_resource):
+                raise SharingConfigError(f"{entry.name} is not served on this node (MIG resources here: "
+                                         f"{sorted(resources) or 'none'})", f"{where}.name")
+            continue
+        pool = {i.uuid: i for i in resources[entry.name]}
+        if entry.devices == "all":
+            chosen = sorted(pool)
+        elif isinstance(entry.devices, int):
+            if entry.devices > len(pool):
+                raise SharingConfigError(f"asks for {entry.devices} MIG devices; {entry.name} has {len(pool)}",
+                                         f"{where}.devices")
+            chosen = sorted(pool)[: entry.devices]
+        else:
+            chosen = []
+            for k, ref in enumerate(entry.devices):
+                if str(ref) not in pool:
+                    raise SharingConfigError(f"{str(ref)[:80]!r} is not a MIG device of {entry.name} on this node "
+                                             "(name MIG devices by MIG UUID)", f"{where}.devices[{k}]")
+                chosen.append(str(ref))
+        for uuid in chosen:
+            if uuid in taken:
+                raise SharingConfigError(f"MIG device {uuid} is already shared by resources[{taken[uuid]}]",
+                                         f"{where}.devices")
+            taken[uuid] = n
+        advertised = entry.rename or (entry.name + SHARED_SUFFIX if section.rename_by_default else entry.name)
+        out[entry.name] = [i for i in out[entry.name] if i.uuid not in set(chosen)]
+        if advertised != entry.name and advertised in resources:
+            raise SharingConfigError(f"rename clash: {advertised} is already served", f"{where}.rename")
+        if advertised == entry.name and out[entry.name]:
+            raise SharingConfigError(f"rename clash: replicas would be advertised as {entry.name}, the name of "
+                                     f"{len(out[entry.name])} MIG devices left unshared; set rename or "
+                                     "renameByDefault, or share every one", f"{where}.rename")
+        out.setdefault(advertised, []).extend(pool[u] for u in chosen)
+        share = shares.get(advertised)
+        replicas = {**(share.replicas if share else {}), **dict.fromkeys(chosen, entry.replicas)}
+        shares[advertised] = MigShare(replicas, config.fail_requests_greater_than_one, section.distinct_gpus)
+    return MigSharing({name: tuple(sorted(insts, key=lambda i: i.uuid)) for name, insts in sorted(out.items())
+                       if insts}, shares)
 
 
 def check_mps_on_mig(config: SharingConfig, mig: MigView, whole_resource: str) -> None:
@@ -113,6 +193,9 @@ def resolve(config: SharingConfig, topology: Topology, whole_resource: str, mig:
     per_name: dict[str, list[tuple[int, int]]] = {}
     for n, entry in enumerate(section.resources):
         where = f"{base}.resources[{n}]"
+        if mig is not None and config.strategy == "time-slicing" and is_mig_resource(entry.name, mig,
+                                                                                     whole_resource):
+            continue  # replicas of MIG devices: the MIG node serves them (share_mig)
         if entry.name != whole_resource:
             raise SharingConfigError(f"only {whole_resource} (this plugin's resource) can be shared; "
                                      f"{entry.name!r} is not served here (MIG resources are not shared)",

@@ -27,7 +27,7 @@ import structlog
 
 from gpuplugin.deviceplugin.mig import MigResourceManager
 from gpuplugin.sharing.config import SharingConfig, SharingConfigError, choose_config, read_config
-from gpuplugin.sharing.layout import MigView, check_mps_on_mig
+from gpuplugin.sharing.layout import MigShare, MigSharing, MigView, check_mps_on_mig, share_mig
 from gpuplugin.sharing.mig_strategy import MigInstance, MigPlan, MigStrategy, plan_mig
 from gpuplugin.sharing.node import ConfigSource, InUse, Serve, _Problems, socket_for
 from gputopo.discovery.nvml_backend import NvmlBackend
@@ -47,6 +47,7 @@ class MigStatus:
     left_out: Mapping[str, str] = field(default_factory=dict)  # GPU or MIG UUID -> why it is not advertised
     refused: str | None = None  # the strategy refused as a whole (single on a non-uniform node)
     draining: tuple[str, ...] = ()  # MIG UUIDs the layout dropped, advertised until their pods release them
+    replicas: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # time-sliced resource -> UUID -> n
 
     def reason(self) -> str | None:
         """Why MIG devices of this node are not advertised, in one line; None when every one is."""
@@ -150,9 +151,8 @@ class MigNode(Worker):
     def _reconcile_health(self) -> None:
         for name, s in self._served.items():
             bad = self._sick | self._draining.get(name, set())
-            ids = [d.id for d in s.manager.devices]
-            sick = [x for x in ids if x in bad]
-            well = [x for x in ids if x not in bad]
+            sick = [d.id for d in s.manager.devices if d.uuid in bad]
+            well = [d.id for d in s.manager.devices if d.uuid not in bad]
             if sick:
                 s.manager.set_health(sick, False)
             if well:
@@ -199,7 +199,12 @@ class MigNode(Worker):
                 self._say("plugin.mig.podresources_failed", f"{type(e).__name__}: {e}"[:300],
                           action="nothing is taken away until the kubelet says what is in use")
                 held = None
-        self.apply(plan, held, source)
+        sharing = MigSharing(dict(plan.resources))
+        try:
+            sharing = share_mig(config, plan.resources, self.whole_resource)
+        except SharingConfigError as e:
+            self._say("plugin.mig.sharing_refused", str(e), field=e.field, action="MIG devices served unshared")
+        self.apply(plan, held, source, sharing)
         self.layout = layout
         self.passes += 1
         return self._poll
@@ -215,47 +220,59 @@ class MigNode(Worker):
 
     # -- serving ------------------------------------------------------------------------------------------------
 
-    def apply(self, plan: MigPlan, held: Mapping[str, Iterable[str]] | None, source: str) -> None:
-        """Serve `plan`, keeping every served instance a pod holds (`held`: resource -> ids; None: unknown, keep
-        everything served)."""
+    def apply(self, plan: MigPlan, held: Mapping[str, Iterable[str]] | None, source: str,
+              sharing: MigSharing | None = None) -> None:
+        """Serve `plan` (its resources time-sliced as `sharing` says), keeping every served instance a pod holds
+        (`held`: resource -> device ids; None: unknown, keep everything served)."""
+        sharing = sharing if sharing is not None else MigSharing(dict(plan.resources))
         with self._lock:
             wanted: dict[str, dict[str, MigInstance]] = {
-                name: {i.uuid: i for i in insts} for name, insts in plan.resources.items()}
+                name: {i.uuid: i for i in insts} for name, insts in sharing.resources.items()}
+            shares: dict[str, MigShare | None] = {name: sharing.shares.get(name) for name in wanted}
             draining: dict[str, set[str]] = {}
             for name, s in self._served.items():
-                keep = None if held is None else set(held.get(name, ()))
+                keep = None if held is None else {x.split("::", 1)[0] for x in held.get(name, ())}
                 for inst in s.manager.instances():
                     if inst.uuid in wanted.get(name, {}):
                         continue
                     if keep is None or inst.uuid in keep:
                         wanted.setdefault(name, {})[inst.uuid] = inst
                         draining.setdefault(name, set()).add(inst.uuid)
-            before = {name: {i.uuid for i in s.manager.instances()} for name, s in self._served.items()}
+                        old = s.manager.share
+                        if old is not None and inst.uuid in old.replicas:  # keep its replicas as they were
+                            new = shares.get(name) or MigShare({}, old.fail_requests_greater_than_one, old.distinct)
+                            shares[name] = MigShare({**new.replicas, inst.uuid: old.replicas[inst.uuid]},
+                                                    new.fail_requests_greater_than_one, new.distinct)
+            before = {name: ({i.uuid for i in s.manager.instances()}, s.manager.share)
+                      for name, s in self._served.items()}
             for name in [n for n in self._served if n not in wanted]:
                 s = self._served.pop(name)
                 s.runner.stop()
                 s.manager.close()
                 log.info("plugin.mig.resource_stopped", resource=name)
             for name, insts in sorted(wanted.items()):
+                share = shares.get(name)
                 if name in self._served:
-                    if before.get(name) != set(insts):
-                        self._served[name].manager.set_instances(insts.values())
+                    if before.get(name) != (set(insts), share):
+                        self._served[name].manager.set_instances(insts.values(), share)
                     continue
-                manager = MigResourceManager(name, insts.values(), numa=self._numa, **self._options)
+                manager = MigResourceManager(name, insts.values(), share=share, numa=self._numa, **self._options)
                 runner = self._serve(manager, name, socket_for(self.whole_socket, name))
                 self._served[name] = _Served(manager, runner)
                 log.info("plugin.mig.resource_started", resource=name, devices=len(insts))
             self._draining = draining
             self._reconcile_health()
-            after = {name: {i.uuid for i in s.manager.instances()} for name, s in self._served.items()}
+            after = {name: ({i.uuid for i in s.manager.instances()}, s.manager.share)
+                     for name, s in self._served.items()}
             self._status = MigStatus(
-                plan.strategy, source, {n: tuple(sorted(ids)) for n, ids in sorted(after.items())},
-                dict(plan.left_out), plan.refused, tuple(sorted(u for ids in draining.values() for u in ids)))
+                plan.strategy, source, {n: tuple(sorted(ids)) for n, (ids, _) in sorted(after.items())},
+                dict(plan.left_out), plan.refused, tuple(sorted(u for ids in draining.values() for u in ids)),
+                {n: dict(share.replicas) for n, (_, share) in sorted(after.items()) if share is not None})
             changed = after != before
             instances = [i for s in self._served.values() for i in s.manager.instances()]
         if changed:
             log.info("plugin.mig.applied", strategy=str(plan.strategy), strategy_from=source,
-                     counts={n: len(ids) for n, ids in sorted(after.items())},
+                     counts={n: len(s.manager.devices) for n, s in sorted(self._served.items())},
                      draining=sorted(u for ids in draining.values() for u in ids)[:8])
             if self.on_instances is not None:
                 self.on_instances(instances)

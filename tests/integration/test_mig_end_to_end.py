@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from gputopo.core.mig import A100_80GB
-from sim.kubelet import KubeletSimulator, SimDevice
+from sim.kubelet import AdmissionError, KubeletSimulator, SimDevice
 from tests.fakes.gpunode import GpuNode, gpu_node
 from tests.fixtures.nvml import RECORDINGS
 from tests.helpers.mig import ALL_1G, BALANCED_80, make_dev_nodes, mig_recording, write_recording
@@ -190,3 +190,39 @@ def test_a_repartition_re_advertises_and_never_takes_away_an_instance_a_pod_hold
         assert eventually(lambda: any(e.get("resource") == THREE for e in events(node, "plugin.mig.resource_stopped")),
                           WAIT), node.log_tail()
         assert THREE not in healthy(kubelet) and node.process.poll() is None
+
+
+def test_time_slicing_on_mig_instances_through_the_sharing_config(tmp_path: Path) -> None:
+    a, b = "MIG-b1040100-5e7d-4000-8000-000000000000", "MIG-b1040200-5e7d-4000-8000-000000000001"
+    directory = configs(tmp_path, f"""version: v1
+flags:
+  migStrategy: mixed
+sharing:
+  timeSlicing:
+    renameByDefault: true
+    resources:
+    - name: nvidia.com/mig-1g.10gb
+      replicas: 3
+      devices: ["{a}", "{b}"]
+    - name: nvidia.com/gpu
+      replicas: 2
+      devices: [0]
+""")
+    shared = "nvidia.com/mig-1g.10gb.shared"
+    with gpu_node(NODE, None, nvml_recording=H100_MIXED,
+                  args=["--sharing-config-dir", str(directory), *FAST]) as node:
+        kubelet = node.kubelet
+        want = {**H100_MIXED_COUNTS, GPU: 3, ONE: 8, shared: 6, "nvidia.com/gpu.shared": 2}
+        assert eventually(lambda: healthy(kubelet) == want, WAIT), (healthy(kubelet), node.log_tail())
+        assert ids(kubelet.devices(shared)) == {f"{u}::{k}" for u in (a, b) for k in range(3)}
+        replicas = [d.id for d in kubelet.devices(shared)]
+        # a 2-replica request gets two distinct MIG devices (distinctGpus, the default), and Allocate holds to it
+        assert {x.split("::")[0] for x in kubelet.preferred_raw(shared, replicas, [], 2)} == {a, b}
+        resp = kubelet.allocate(shared, [f"{a}::1"])
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == a
+        try:
+            kubelet.allocate(shared, [f"{a}::0", f"{a}::2"])
+        except AdmissionError as e:
+            assert "distinct MIG devices" in e.details
+        else:
+            raise AssertionError("two replicas of one MIG device were allocated to one container")

@@ -56,12 +56,15 @@ def test_instance_xids_turn_exactly_those_advertised_instances_unhealthy(
         assert replay.wait_drained(WAIT)
         # GPU 5's GI 3 (its 2g.20gb) by an instance Xid; GPU 6 by a GPU-wide one (both its 3g.40gb); GPU 7's GI 3
         # is split in 1c compute instances, which mixed does not advertise
-        assert eventually(lambda: not any(d.healthy for d in kubelet.devices(TWO)), WAIT)
-        bad = {d.id for r in (ONE, TWO, THREE) for d in kubelet.devices(r) if not d.healthy}
-        assert bad == {"MIG-b1050300-5e7d-4000-8000-000000000002", "MIG-b1060100-5e7d-4000-8000-000000000000",
-                       "MIG-b1060200-5e7d-4000-8000-000000000001"}
-        assert bad <= monitor.unhealthy_instances()
-        assert sum(d.healthy for d in kubelet.devices(ONE)) == 10
+        expected = {"MIG-b1050300-5e7d-4000-8000-000000000002", "MIG-b1060100-5e7d-4000-8000-000000000000",
+                    "MIG-b1060200-5e7d-4000-8000-000000000001"}
+
+        def bad() -> set[str]:
+            return {d.id for r in (ONE, TWO, THREE) for d in kubelet.devices(r) if not d.healthy}
+
+        assert eventually(lambda: bad() == expected, WAIT), bad()
+        assert expected <= monitor.unhealthy_instances()
+        assert kubelet.wait_for_devices(ONE, 10, WAIT)
     finally:
         monitor.stop()
         node.stop()

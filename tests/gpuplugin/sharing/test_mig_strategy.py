@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpuplugin.sharing.config import SharingConfigError, parse_config
-from gpuplugin.sharing.layout import MigView, resolve
+from gpuplugin.sharing.layout import MigView, resolve, share_mig
 from gpuplugin.sharing.mig_strategy import MigPlan, MigStrategy, plan_mig
 from gputopo.core.mig import A100_80GB, H100_80GB
 from gputopo.discovery.nvml import DiscoveryError, discover_node
@@ -121,3 +121,47 @@ def test_mps_on_a_mig_gpu_is_refused_at_config_time(name: str, devices: str, fie
 def test_h100_table_layouts_build_a_valid_recording() -> None:
     rec = mig_recording(H100_80GB, [None] * 4 + [list(ALL_1G)] * 4)
     assert plan(rec, MigStrategy.MIXED).counts() == {"nvidia.com/mig-1g.10gb": 28}
+
+
+TS_ON = """version: v1
+sharing:
+  timeSlicing:
+    resources:
+    - name: {name}
+      replicas: 2
+      rename: {rename}
+      devices: {devices}
+"""
+
+
+@pytest.mark.parametrize(("name", "rename", "devices", "field", "message"), [
+    ("nvidia.com/mig-1g.10gb", "nvidia.com/mig.shared", '["MIG-b1050300-5e7d-4000-8000-000000000002"]',
+     "sharing.timeSlicing.resources[0].devices[0]", "is not a MIG device of nvidia.com/mig-1g.10gb"),
+    ("nvidia.com/mig-4g.40gb", "nvidia.com/mig.shared", "all", "sharing.timeSlicing.resources[0].name",
+     "nvidia.com/mig-4g.40gb is not served on this node"),
+    ("nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb", "all", "sharing.timeSlicing.resources[0].rename",
+     "rename clash"),
+    ("nvidia.com/mig-1g.10gb", "nvidia.com/mig-1g.10gb", "2", "sharing.timeSlicing.resources[0].rename",
+     "rename clash"),
+])
+def test_time_slicing_of_mig_devices_refuses_what_it_cannot_serve(name: str, rename: str, devices: str, field: str,
+                                                                  message: str) -> None:
+    gpus, _, _ = mig_of(canonical(H100_MIXED))
+    p = plan_mig(MigStrategy.MIXED, gpus, 4, GPU)
+    config = parse_config(TS_ON.format(name=name, rename=rename, devices=devices))
+    with pytest.raises(SharingConfigError) as e:
+        share_mig(config, p.resources, GPU)
+    assert e.value.field == field and message in str(e.value)
+
+
+def test_time_slicing_of_mig_devices_replicates_the_named_ones() -> None:
+    gpus, _, _ = mig_of(canonical(H100_MIXED))
+    p = plan_mig(MigStrategy.MIXED, gpus, 4, GPU)
+    config = parse_config(TS_ON.format(name="nvidia.com/mig-3g.40gb", rename="nvidia.com/mig-3g.40gb.shared",
+                                       devices="2"))
+    out = share_mig(config, p.resources, GPU)
+    assert [i.uuid for i in out.resources["nvidia.com/mig-3g.40gb.shared"]] == [
+        "MIG-b1050400-5e7d-4000-8000-000000000003", "MIG-b1060100-5e7d-4000-8000-000000000000"]
+    assert [i.uuid for i in out.resources["nvidia.com/mig-3g.40gb"]] == ["MIG-b1060200-5e7d-4000-8000-000000000001"]
+    assert out.shares["nvidia.com/mig-3g.40gb.shared"].replicas == dict.fromkeys(
+        ["MIG-b1050400-5e7d-4000-8000-000000000003", "MIG-b1060100-5e7d-4000-8000-000000000000"], 2)
