@@ -52,7 +52,8 @@ class SharingConfigError(ValueError):
         super().__init__(f"{where}{at}{message}")
 
 
-# `devices`: "all", a count of GPUs (the first N by index), or GPU indices / UUIDs. MIG ids are refused at resolve.
+# `devices`: "all", a count of GPUs (the first N by index), or GPU indices / UUIDs; in an entry named after a MIG
+# resource, MIG UUIDs (gpuplugin.sharing.layout.share_mig).
 DeviceRef = int | str
 Devices = Literal["all"] | Annotated[int, Field(gt=0)] | list[DeviceRef]
 

@@ -29,7 +29,7 @@ from gpuplugin.deviceplugin.mig import MigResourceManager
 from gpuplugin.sharing.config import SharingConfig, SharingConfigError, choose_config, read_config
 from gpuplugin.sharing.layout import MigShare, MigSharing, MigView, check_mps_on_mig, share_mig
 from gpuplugin.sharing.mig_strategy import MigInstance, MigPlan, MigStrategy, plan_mig
-from gpuplugin.sharing.node import ConfigSource, InUse, Serve, _Problems, socket_for
+from gpuplugin.sharing.node import ConfigSource, InUse, Problems, Serve, socket_for
 from gputopo.discovery.nvml_backend import NvmlBackend
 from gputopo.discovery.nvml_mig import MigGpu, discover_mig
 from gputopo.workers import Worker
@@ -90,7 +90,7 @@ class MigNode(Worker):
         self._served: dict[str, _Served] = {}
         self._draining: dict[str, set[str]] = {}  # resource -> MIG UUIDs kept only because a pod holds them
         self._sick: set[str] = set()
-        self._problems = _Problems()
+        self._problems = Problems()
         self._status = MigStatus(MigStrategy.NONE, "default")
         self.layout: tuple[MigGpu, ...] = ()
         self.passes = 0
@@ -167,28 +167,32 @@ class MigNode(Worker):
             return config.mig_strategy, "sharing config flags.migStrategy"
         return MigStrategy.NONE, "default"
 
-    def _say(self, event: str, message: str, **kw: Any) -> None:
-        if self._problems.first(f"{event}:{message}"):
-            log.warning(event, error=message, **kw)
+    def _first(self, event: str, message: str) -> bool:
+        """True the first time this problem is seen (a pass runs every few seconds: each is logged once)."""
+        return self._problems.first(f"{event}:{message}")
 
     def step(self) -> float:
         try:
             layout = discover_mig(self.backend, self.gpus)
         except Exception as e:  # NVML gone for a moment: keep serving what is served
-            self._say("plugin.mig.discovery_failed", f"{type(e).__name__}: {e}"[:300], action="keeping the layout")
+            error = f"{type(e).__name__}: {e}"[:300]
+            if self._first("discovery_failed", error):
+                log.warning("plugin.mig.discovery_failed", error=error, action="keeping the layout")
             return self._poll
         config = self._read_config()
         strategy, source = self._strategy(config)
         plan = plan_mig(strategy, layout, self.whole_gpus, self.whole_resource)
-        if plan.refused is not None:
-            self._say("plugin.mig.strategy_refused", plan.refused, strategy=str(strategy),
-                      action="no MIG device advertised; whole GPUs served")
+        if plan.refused is not None and self._first("strategy_refused", plan.refused):
+            log.warning("plugin.mig.strategy_refused", error=plan.refused, strategy=str(strategy),
+                        action="no MIG device advertised; whole GPUs served")
         if config is not None:
             try:
                 check_mps_on_mig(config, MigView({k: frozenset(v) for k, v in plan.ids().items()},
                                                  frozenset(u for _, u in self.gpus)), self.whole_resource)
             except SharingConfigError as e:
-                self._say("plugin.mig.mps_refused", str(e), field=e.field, action="the MPS config is not applied")
+                if self._first("mps_refused", str(e)):
+                    log.warning("plugin.mig.mps_refused", error=str(e), field=e.field,
+                                action="the MPS config is not applied")
         held: Mapping[str, Iterable[str]] | None
         if self._in_use is None or not self._served:  # nothing served: nothing a pod could hold
             held = {}
@@ -196,14 +200,18 @@ class MigNode(Worker):
             try:
                 held = self._in_use()
             except Exception as e:
-                self._say("plugin.mig.podresources_failed", f"{type(e).__name__}: {e}"[:300],
-                          action="nothing is taken away until the kubelet says what is in use")
+                error = f"{type(e).__name__}: {e}"[:300]
+                if self._first("podresources_failed", error):
+                    log.warning("plugin.mig.podresources_failed", error=error,
+                                action="nothing is taken away until the kubelet says what is in use")
                 held = None
         sharing = MigSharing(dict(plan.resources))
         try:
             sharing = share_mig(config, plan.resources, self.whole_resource)
         except SharingConfigError as e:
-            self._say("plugin.mig.sharing_refused", str(e), field=e.field, action="MIG devices served unshared")
+            if self._first("sharing_refused", str(e)):
+                log.warning("plugin.mig.sharing_refused", error=str(e), field=e.field,
+                            action="MIG devices served unshared")
         self.apply(plan, held, source, sharing)
         self.layout = layout
         self.passes += 1
@@ -295,7 +303,7 @@ def config_reader(source: ConfigSource) -> Callable[[], SharingConfig | None]:
     """The config file the node label (else the default) names, read at each call, for a node with no whole GPU
     (no SharingNode reads it there); a bad file or an unreadable label keeps the last good one."""
     state: dict[str, Any] = {"label": None, "config": None}
-    problems = _Problems()
+    problems = Problems()
 
     def read() -> SharingConfig | None:
         if source.read_label is not None:

@@ -63,7 +63,7 @@ def socket_for(base: str, resource: str) -> str:
 
 
 @dataclass
-class _Problems:
+class Problems:
     """Each distinct problem logged once (a pass runs every few seconds)."""
 
     said: set[str] = field(default_factory=set)
@@ -105,7 +105,7 @@ class SharingNode(Worker):
         self._served: dict[str, _Served] = {}
         self._sick: set[str] = set()  # GPU uuids
         self._label: str | None = None
-        self._problems = _Problems()
+        self._problems = Problems()
         self._subs: set[Subscription] = set()
         self._plan_watch: Any = None
         self.applied = 0
