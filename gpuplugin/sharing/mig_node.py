@@ -173,7 +173,7 @@ class MigNode(Worker):
 
     def step(self) -> float:
         try:
-            layout = discover_mig(self.backend, self.gpus)
+            layout = discover_mig(self.backend, self.gpus, quiet=self.passes > 0)
         except Exception as e:  # NVML gone for a moment: keep serving what is served
             error = f"{type(e).__name__}: {e}"[:300]
             if self._first("discovery_failed", error):
@@ -193,8 +193,15 @@ class MigNode(Worker):
                 if self._first("mps_refused", str(e)):
                     log.warning("plugin.mig.mps_refused", error=str(e), field=e.field,
                                 action="the MPS config is not applied")
+        sharing = MigSharing(dict(plan.resources))
+        try:
+            sharing = share_mig(config, plan.resources, self.whole_resource)
+        except SharingConfigError as e:
+            if self._first("sharing_refused", str(e)):
+                log.warning("plugin.mig.sharing_refused", error=str(e), field=e.field,
+                            action="MIG devices served unshared")
         held: Mapping[str, Iterable[str]] | None
-        if self._in_use is None or not self._served:  # nothing served: nothing a pod could hold
+        if self._in_use is None or not self._drops(sharing):  # nothing would go: no need to ask the kubelet
             held = {}
         else:
             try:
@@ -205,17 +212,21 @@ class MigNode(Worker):
                     log.warning("plugin.mig.podresources_failed", error=error,
                                 action="nothing is taken away until the kubelet says what is in use")
                 held = None
-        sharing = MigSharing(dict(plan.resources))
-        try:
-            sharing = share_mig(config, plan.resources, self.whole_resource)
-        except SharingConfigError as e:
-            if self._first("sharing_refused", str(e)):
-                log.warning("plugin.mig.sharing_refused", error=str(e), field=e.field,
-                            action="MIG devices served unshared")
         self.apply(plan, held, source, sharing)
         self.layout = layout
         self.passes += 1
         return self._poll
+
+    def _drops(self, sharing: MigSharing) -> bool:
+        """Whether serving `sharing` would stop advertising a device served now (only then is PodResources asked:
+        the kubelet rate-limits it)."""
+        with self._lock:
+            for name, s in self._served.items():
+                wanted = {i.uuid for i in sharing.resources.get(name, ())}
+                if any(i.uuid not in wanted for i in s.manager.instances()) or (
+                        s.manager.share != sharing.shares.get(name)):
+                    return True
+        return False
 
     def loop(self) -> None:
         delay = self._poll
