@@ -16,6 +16,7 @@ from gpuplugin.deviceplugin.allocation import ListStrategy
 from gpuplugin.deviceplugin.devices import IdStrategy
 from gpuplugin.deviceplugin.lifecycle import DEFAULT_RESOURCE_NAME, DEFAULT_SOCKET_NAME
 from gpuplugin.sharing.config import DEFAULT_CONFIG_LABEL
+from gpuplugin.sharing.mig_strategy import MigStrategy
 from gpuplugin.sharing.mps import DEFAULT_CONTROL, DEFAULT_MPS_ROOT
 from gputopo.contract import DEFAULT_PREFIX, Keys
 from gputopo.settings import (
@@ -93,6 +94,17 @@ class PluginConfig(BaseModel):
     mps_root: Path = Field(DEFAULT_MPS_ROOT, description="Host directory of the MPS pipe, log and shm directories "
                                                          "(a hostPath mounted at the same path).")
     mps_control: str = Field(DEFAULT_CONTROL, description="The MPS control program run per shared set.")
+    mig_strategy: MigStrategy | None = Field(
+        None, description="NVIDIA's migStrategy: none (MIG-enabled GPUs left out, the reason kept for the node), "
+                          "single (every MIG device as the plugin's resource, on a uniformly partitioned node only), "
+                          "mixed (nvidia.com/mig-<profile> per profile beside the whole GPUs). Unset: the sharing "
+                          "config's flags.migStrategy, else none; set, it wins over the file.")
+    mig_poll_interval: float = Field(10.0, description="Seconds between re-reads of the MIG layout through NVML "
+                                                       "(instances created or destroyed are re-advertised).")
+    nvml_recording: ReadableFile | None = Field(
+        None, description="Answer NVML from this recording (gpuplugin record) instead of the driver: discovery, MIG "
+                          "and health run as on the recorded node; the file is re-read when it changes. For tests "
+                          "and demos.")
 
     @field_validator("socket_name")
     @classmethod
@@ -117,7 +129,12 @@ class PluginConfig(BaseModel):
                 raise ValueError(f"{v!r} is not a comma-separated list of Xid numbers") from None
         return v
 
-    @field_validator("health_probe_interval", "sharing_poll_interval")
+    @field_validator("mig_strategy", mode="before")
+    @classmethod
+    def _mig_strategy(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
+
+    @field_validator("health_probe_interval", "sharing_poll_interval", "mig_poll_interval")
     @classmethod
     def _probe_interval(cls, v: float) -> float:
         if not v > 0:
@@ -139,6 +156,12 @@ class PluginConfig(BaseModel):
     def health_recovery_s(self) -> float | None:
         """The health monitor's recovery time; None keeps an unhealthy GPU unhealthy."""
         return None if self.health_recovery == "never" else float(self.health_recovery)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PluginConfig:
+        if self.topology is not None and self.nvml_recording is not None:
+            raise ValueError("topology and nvml_recording both name the node's GPUs; give one")
+        return self
 
     @model_validator(mode="after")
     def _socket_path_length(self) -> PluginConfig:

@@ -116,6 +116,16 @@ class HealthMonitor(Worker):
 
     # --- public -------------------------------------------------------------------------------------------------
 
+    def watch_instances(self, instances: Iterable[MigInstanceWatch]) -> None:
+        """Watch these MIG instances from now on (a re-partition changed them): the state of instances watched
+        before is kept, new ones start healthy, and their GPUs are watched too."""
+        fresh = {i.uuid: i for i in instances}
+        with self._lock:
+            self._instances = fresh
+            self._inst_state = {u: self._inst_state.get(u) or _GpuHealth() for u in fresh}
+            for inst in fresh.values():
+                self._state.setdefault(inst.gpu, _GpuHealth())
+
     def unhealthy_ids(self) -> frozenset[str]:
         with self._lock:
             return frozenset(self._devices[g] for g, s in self._state.items() if not s.healthy and g in self._devices)
@@ -252,7 +262,7 @@ class HealthMonitor(Worker):
         return True
 
     def _probe_all(self, now: float, changes: dict[int, bool]) -> None:
-        for gpu in self._state:
+        for gpu in list(self._state):
             try:
                 self._probe(self._backend, gpu)
             except NvmlError as e:

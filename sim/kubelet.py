@@ -292,6 +292,11 @@ class KubeletSimulator:
             r = self._resources.get(resource)
             return list(r.devices.values()) if r else []
 
+    def resources(self) -> dict[str, list[SimDevice]]:
+        """Every resource a plugin registered, with its latest complete device list (the node's capacity)."""
+        with self._cond:
+            return {name: list(r.devices.values()) for name, r in sorted(self._resources.items())}
+
     def registrations(self, resource: str) -> int:
         with self._cond:
             r = self._resources.get(resource)

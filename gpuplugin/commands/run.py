@@ -38,16 +38,47 @@ class NvmlUnavailable(StartupError):
 
 @dataclass
 class Discovered:
-    topology: Any
+    topology: Any  # None: every GPU of the node is MIG-enabled (only `run` accepts that: all_mig=True)
     minors: dict[int, int] = field(default_factory=dict)
     nvml_indices: dict[int, int] = field(default_factory=dict)
-    backend: Any = None  # the live NVML backend, for the health monitor
-    mig: tuple[Any, ...] = ()  # gputopo.discovery.nvml_mig.MigGpu of the MIG-enabled GPUs (the DRA driver's)
+    backend: Any = None  # the NVML backend (live or a replayed recording), for health and MIG
+    mig: tuple[Any, ...] = ()  # gputopo.discovery.nvml_mig.MigGpu of the GPUs with MIG enabled or pending
+
+    @property
+    def mig_gpus(self) -> list[tuple[int, str]]:
+        """(NVML index, UUID) of the MIG-enabled GPUs: the ones the MIG layout is re-read on."""
+        return [(m.nvml_index, m.uuid) for m in self.mig if m.enabled]
 
 
-def discover(topology: Path | None) -> Discovered:
-    """The node's topology: from the `topology` file, else live NVML (imported lazily: a topology file needs no
-    driver). Both node agents (`run`, `dra`) start here."""
+def nvml_backend(recording: Path | None) -> Any:
+    """The live NVML library, initialised, or a replay of `recording` (re-read when the file changes)."""
+    from gputopo.discovery.nvml_backend import LiveNvmlBackend, NvmlError
+
+    if recording is not None:
+        from gputopo.core.errors import TopologyParseError
+        from gputopo.discovery.recording import RecordingFileBackend
+
+        try:
+            replay = RecordingFileBackend(recording)
+        except TopologyParseError as e:
+            raise StartupError(f"cannot replay NVML: {e}") from None
+        replay.init()
+        return replay
+    backend = LiveNvmlBackend()
+    try:
+        backend.init()
+    except NvmlError as e:
+        raise NvmlUnavailable(
+            f"cannot initialise NVML: {e}. Is the NVIDIA driver installed and visible in this container? "
+            "(--topology FILE runs without NVML)"
+        ) from None
+    return backend
+
+
+def discover(topology: Path | None, recording: Path | None = None, *, all_mig: bool = False) -> Discovered:
+    """The node's topology: from the `topology` file, else NVML, live or replayed from `recording` (imported
+    lazily: a topology file needs no driver). Both node agents (`run`, `dra`) start here. `all_mig`: a node whose
+    every GPU is MIG-enabled gives a Discovered without topology instead of failing."""
     if topology is not None:
         from gputopo.core.errors import CoreError
         from gputopo.discovery.loader import load_topology_file
@@ -58,22 +89,22 @@ def discover(topology: Path | None) -> Discovered:
             raise StartupError(f"cannot load topology: {e}") from None
     try:
         from gputopo.discovery.nvml import DiscoveryError, discover_node
-        from gputopo.discovery.nvml_backend import LiveNvmlBackend, NvmlError
+        from gputopo.discovery.nvml_backend import NvmlError
     except ImportError as e:
         raise NvmlUnavailable(
             f"NVML discovery is unavailable ({e}); pass --topology FILE to run without NVML"
         ) from None
-    backend = LiveNvmlBackend()
-    try:
-        backend.init()
-    except NvmlError as e:
-        raise NvmlUnavailable(
-            f"cannot initialise NVML: {e}. Is the NVIDIA driver installed and visible in this container? "
-            "(--topology FILE runs without NVML)"
-        ) from None
+    backend = nvml_backend(recording)
     try:
         node = discover_node(backend)
-    except (DiscoveryError, NvmlError) as e:
+    except DiscoveryError as e:
+        if all_mig and any(m.enabled for m in e.mig):
+            log.info("plugin.gpu.all_mig", gpus=len(e.mig), hint="every GPU is MIG-enabled: only MIG devices, as "
+                                                                  "--mig-strategy serves them")
+            return Discovered(None, backend=backend, mig=e.mig)
+        backend.shutdown()
+        raise StartupError(f"NVML discovery failed: {e}") from None
+    except NvmlError as e:
         backend.shutdown()
         raise StartupError(f"NVML discovery failed: {e}") from None
     for gone in node.excluded:
@@ -87,20 +118,45 @@ def discover(topology: Path | None) -> Discovered:
     )
 
 
-def start_health(cfg: PluginConfig, found: Discovered, manager: Any) -> Any:
-    """The NVML health monitor feeding manager.set_health, or None without NVML (a topology file)."""
+def start_health(cfg: PluginConfig, found: Discovered, manager: Any, mig: Any = None) -> Any:
+    """The NVML health monitor feeding manager.set_health (whole GPUs; `manager` None when there are none) and
+    mig.set_instance_health (MIG instances, re-watched after every re-partition), or None without NVML."""
     if found.backend is None:
         log.info("plugin.health.off")
         return None
-    from gpuplugin.health import HealthMonitor
+    from gpuplugin.health import HealthMonitor, MigInstanceWatch
 
-    served = manager.all_devices if hasattr(manager, "all_devices") else manager.devices
+    def watches(instances: Any) -> list[MigInstanceWatch]:
+        return [MigInstanceWatch(i.nvml_index, i.device.gpu_instance_id, i.device.compute_instance_id, i.uuid)
+                for i in instances]
+
+    served = () if manager is None else (manager.all_devices if hasattr(manager, "all_devices") else manager.devices)
     devices = {d.nvml_index: d.uuid for d in served}
-    monitor = HealthMonitor(found.backend, devices, manager.set_health, ignored_xids=cfg.ignored_xids,
-                            probe_interval_s=cfg.health_probe_interval, recovery_s=cfg.health_recovery_s)
+    instances = [i for insts in mig.served().values() for i in insts] if mig is not None else []
+    monitor = HealthMonitor(found.backend, devices, manager.set_health if manager is not None else lambda *_: None,
+                            ignored_xids=cfg.ignored_xids, probe_interval_s=cfg.health_probe_interval,
+                            recovery_s=cfg.health_recovery_s, mig_instances=watches(instances),
+                            on_instance_change=mig.set_instance_health if mig is not None else None)
+    if mig is not None:
+        mig.on_instances = lambda now: monitor.watch_instances(watches(now))
+        monitor.watch_instances(watches([i for insts in mig.served().values() for i in insts]))
     monitor.start()
-    log.info("plugin.health.on", gpus=len(devices))
+    log.info("plugin.health.on", gpus=len(devices), mig_instances=len(instances))
     return monitor
+
+
+def start_mig(cfg: PluginConfig, found: Discovered, serve: Callable[..., Any], *, whole_gpus: int,
+              read_config: Callable[[], Any], in_use: Callable[[], Any], metrics: Any) -> Any:
+    """The MIG node (gpuplugin.sharing.mig_node) when some GPU is MIG-enabled; None otherwise."""
+    if not found.mig_gpus or found.backend is None:
+        return None
+    from gpuplugin.sharing.mig_node import MigNode
+
+    return MigNode(found.backend, found.mig_gpus, whole_gpus=whole_gpus, whole_resource=cfg.resource_name,
+                   whole_socket=cfg.socket_name, serve=serve, strategy=cfg.mig_strategy, read_config=read_config,
+                   in_use=in_use, poll_interval_s=cfg.mig_poll_interval,
+                   manager_options={"list_strategy": cfg.device_list_strategy, "keys": cfg.keys,
+                                    "dev_root": cfg.dev_root, "metrics": metrics}).start()
 
 
 def no_cluster_reason(cfg: PluginConfig) -> str | None:
@@ -159,6 +215,8 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
     from gpuplugin.deviceplugin.resource import ResourceManager
     from gpuplugin.metrics import MetricsServer, PluginMetrics
     from gpuplugin.podresources import PodResourcesClient
+    from gpuplugin.sharing.layout import MigView
+    from gpuplugin.sharing.mig_node import config_reader
     from gpuplugin.sharing.node import ConfigSource, SharingNode
     from gputopo.metrics import process_registry
 
@@ -166,79 +224,104 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
         log.warning("plugin.config.deprecated", setting="device_list_strategy", value="cdi", now="cdi-cri",
                     hint="cdi now means cdi-cri (CDI names in the CRI field only); say cdi-cri, or cdi-annotations "
                          "for runtimes that read the cdi.k8s.io/ annotations")
-    found = discover(cfg.topology)
+    found = discover(cfg.topology, cfg.nvml_recording, all_mig=True)
     metrics = PluginMetrics(process_registry())
     with Teardown("gpuplugin run") as teardown:
         if found.backend is not None:
             teardown.undo(found.backend.shutdown)
+        pods = PodResourcesClient(str(cfg.pod_resources_socket))
+        teardown.undo(pods.close)
+        read_label, close_label = label_reader(cfg)
+        if close_label is not None:
+            teardown.undo(close_label)
+        source = ConfigSource(cfg.sharing_config_dir, cfg.sharing_config_default, read_label)
+        mig_gpus = frozenset(uuid for _, uuid in found.mig_gpus)
+        mig: Any = None  # the MIG node, once started; the sharing layout's MIG + MPS check reads it
+
+        def serve(m: ResourceManager, resource: str, socket: str) -> PluginRunner:
+            return PluginRunner(m, cfg.device_plugin_dir, resource, socket).start()
+
+        def mig_view() -> MigView:
+            return mig.view() if mig is not None else MigView({}, mig_gpus)
+
+        node: Any = None
         try:
-            manager = ResourceManager(
-                found.topology,
-                id_strategy=cfg.device_id_strategy,
-                list_strategy=cfg.device_list_strategy,
-                keys=cfg.keys,
-                dev_root=cfg.dev_root,
-                minors=found.minors,
-                nvml_indices=found.nvml_indices,
-                metrics=metrics,
-            )
-            teardown.undo(manager.close)
-            pods = PodResourcesClient(str(cfg.pod_resources_socket))
-            teardown.undo(pods.close)
-            read_label, close_label = label_reader(cfg)
-            if close_label is not None:
-                teardown.undo(close_label)
-
-            def serve(m: ResourceManager, resource: str, socket: str) -> PluginRunner:
-                return PluginRunner(m, cfg.device_plugin_dir, resource, socket).start()
-
-            node = SharingNode(
-                manager, cfg.resource_name, cfg.socket_name, serve,
-                ConfigSource(cfg.sharing_config_dir, cfg.sharing_config_default, read_label),
-                in_use=pods.in_use, mps_root=cfg.mps_root, mps_command=(cfg.mps_control,),
-                poll_interval_s=cfg.sharing_poll_interval,
-            ).start()
+            if found.topology is not None:
+                manager = ResourceManager(
+                    found.topology,
+                    id_strategy=cfg.device_id_strategy,
+                    list_strategy=cfg.device_list_strategy,
+                    keys=cfg.keys,
+                    dev_root=cfg.dev_root,
+                    minors=found.minors,
+                    nvml_indices=found.nvml_indices,
+                    metrics=metrics,
+                )
+                teardown.undo(manager.close)
+                node = SharingNode(
+                    manager, cfg.resource_name, cfg.socket_name, serve, source,
+                    in_use=pods.in_use, mps_root=cfg.mps_root, mps_command=(cfg.mps_control,),
+                    poll_interval_s=cfg.sharing_poll_interval, mig_view=mig_view,
+                ).start()
+                teardown.undo(node.stop)
+            mig = start_mig(cfg, found, serve, whole_gpus=0 if found.topology is None else found.topology.size,
+                            read_config=(lambda: node.config) if node is not None else config_reader(source),
+                            in_use=pods.in_use, metrics=metrics)
         except DevicePluginError as e:
             raise StartupError(str(e)) from None
-        teardown.undo(node.stop)
+        if mig is not None:
+            teardown.undo(mig.stop)
         log.info(
             "plugin.server.started",
             resource=cfg.resource_name,
             socket=str(cfg.device_plugin_dir / cfg.socket_name),
-            gpus=len(manager.devices),
-            shared=node.shared_names(),
-            fabric=found.topology.fabric,
+            gpus=len(node.whole.devices) if node is not None else 0,
+            shared=node.shared_names() if node is not None else [],
+            mig={k: len(v) for k, v in mig.status().resources.items()} if mig is not None else None,
+            fabric=found.topology.fabric if found.topology is not None else None,
         )
-        threading.Thread(target=manager.prewarm, name="allocator-prewarm", daemon=True).start()
-        monitor = start_health(cfg, found, node)
+        if node is not None:
+            threading.Thread(target=node.whole.prewarm, name="allocator-prewarm", daemon=True).start()
+        monitor = start_health(cfg, found, node, mig)
         if monitor is not None:
             teardown.undo(monitor.stop)
         if cfg.metrics_port:
+            def ready() -> bool:
+                return (node is None or node.ready()) and (mig is None or mig.ready())
+
             try:
-                server = MetricsServer(metrics.registry, node.ready, cfg.metrics_port).start()
+                server = MetricsServer(metrics.registry, ready, cfg.metrics_port).start()
             except OSError as e:
                 raise StartupError(f"cannot serve metrics on port {cfg.metrics_port}: {e.strerror or e}") from None
             teardown.undo(server.stop)
             log.info("plugin.metrics.on", port=server.port)
-        sharing_options: dict[str, Any] = {}
-        if cfg.sharing_config_dir is not None:
-            sharing_options["sharing"] = lambda: node.sharing(pods.in_use())
-            if cfg.sharing_labels:
-                sharing_options["extra_labels"] = node.labels
-        publisher = start_publication(cfg, node, **sharing_options)
-        if publisher is not None and hasattr(publisher, "stop"):
-            teardown.undo(publisher.stop)
-        refresh = None
-        if publisher is not None:
-            # a GPU pod ended: publish its devices free as soon as the kubelet lets go of them (it may lag the API)
-            refresh = lambda: publisher.publisher.trigger(follow_s=POD_END_FOLLOW_S)  # noqa: E731
-        plans = start_plan_watch(cfg, node, refresh)
-        if plans is not None:
-            teardown.undo(plans)
+        if node is not None:
+            start_node_publication(cfg, node, pods, teardown)
+        else:
+            log.info("plugin.publish.off", reason="no whole GPU on this node (every GPU is MIG-enabled)")
         if on_ready is not None:
             on_ready()
         stop.wait()
         log.info("plugin.process.stopping")
+
+
+def start_node_publication(cfg: PluginConfig, node: Any, pods: Any, teardown: Teardown) -> None:
+    """The node publisher and the plan watch of the whole GPUs (and their shared sets)."""
+    sharing_options: dict[str, Any] = {}
+    if cfg.sharing_config_dir is not None:
+        sharing_options["sharing"] = lambda: node.sharing(pods.in_use())
+        if cfg.sharing_labels:
+            sharing_options["extra_labels"] = node.labels
+    publisher = start_publication(cfg, node, **sharing_options)
+    if publisher is not None and hasattr(publisher, "stop"):
+        teardown.undo(publisher.stop)
+    refresh = None
+    if publisher is not None:
+        # a GPU pod ended: publish its devices free as soon as the kubelet lets go of them (it may lag the API)
+        refresh = lambda: publisher.publisher.trigger(follow_s=POD_END_FOLLOW_S)  # noqa: E731
+    plans = start_plan_watch(cfg, node, refresh)
+    if plans is not None:
+        teardown.undo(plans)
 
 
 def start_plan_watch(cfg: PluginConfig, manager: Any,

@@ -84,9 +84,9 @@ def cdi_name(device: Device) -> str:
     return f"{CDI_KIND}={device.uuid}"
 
 
-def cdi_annotation_key(devices: Sequence[Device]) -> str:
-    """Deterministic per device set, so a replayed checkpoint and a fresh answer agree."""
-    digest = hashlib.sha256(",".join(d.uuid for d in devices).encode()).hexdigest()[:16]
+def cdi_annotation_key(uuids: Sequence[str]) -> str:
+    """Deterministic per device set (GPU or MIG UUIDs), so a replayed checkpoint and a fresh answer agree."""
+    digest = hashlib.sha256(",".join(uuids).encode()).hexdigest()[:16]
     return f"{CDI_ANNOTATION_PREFIX}{CDI_ANNOTATION_PLUGIN}_{digest}"
 
 
@@ -97,16 +97,24 @@ def device_nodes(devices: Sequence[Device], dev_root: Path) -> tuple[tuple[Devic
     A node that does not exist would make the container runtime fail the container, so it is left out (and the
     caller logs the GPU nodes): on a host without the driver the runtime hook or CDI spec is the only source of truth.
     """
-    nodes = []
-    missing = []
-    for d in devices:
-        name = f"nvidia{d.minor}"
-        if (dev_root / "dev" / name).exists():
-            nodes.append(DeviceNode(f"/dev/{name}"))
+    nodes, missing = existing_nodes([f"/dev/nvidia{d.minor}" for d in devices], dev_root)
+    return nodes + control_nodes(dev_root), tuple(m.removeprefix("/dev/") for m in missing)
+
+
+def existing_nodes(paths: Sequence[str], dev_root: Path) -> tuple[tuple[DeviceNode, ...], tuple[str, ...]]:
+    """The /dev paths that exist under `dev_root`, as device nodes, and the paths that do not."""
+    nodes, missing = [], []
+    for path in paths:
+        if (dev_root / path.lstrip("/")).exists():
+            nodes.append(DeviceNode(path))
         else:
-            missing.append(name)
-    nodes += [DeviceNode(f"/dev/{name}") for name in CONTROL_DEVICES if (dev_root / "dev" / name).exists()]
+            missing.append(path)
     return tuple(nodes), tuple(missing)
+
+
+def control_nodes(dev_root: Path) -> tuple[DeviceNode, ...]:
+    """The driver's control nodes every GPU container needs (whole GPU or MIG device), those the host has."""
+    return existing_nodes([f"/dev/{name}" for name in CONTROL_DEVICES], dev_root)[0]
 
 
 def container_allocation(
@@ -127,7 +135,7 @@ def container_allocation(
     if strategy is ListStrategy.ENVVAR:
         envs[VISIBLE_DEVICES_ENV] = visible_devices(ordered, id_strategy)
     elif strategy is ListStrategy.CDI_ANNOTATIONS:
-        annotations[cdi_annotation_key(ordered)] = ",".join(cdi_name(d) for d in ordered)
+        annotations[cdi_annotation_key([d.uuid for d in ordered])] = ",".join(cdi_name(d) for d in ordered)
     else:  # CDI_CRI, and its old name CDI: one channel only, so the runtime is not handed the devices twice
         cdi = tuple(cdi_name(d) for d in ordered)
     nodes, missing = device_nodes(ordered, dev_root)

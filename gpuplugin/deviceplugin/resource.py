@@ -110,11 +110,13 @@ class Subscription:
 
 
 class ResourceManager:
-    """Devices of one extended resource built from a Topology, with health, preference and allocation logic."""
+    """Devices of one extended resource built from a Topology, with health, preference and allocation logic.
+    Subclasses serve other devices with the same streams, health and checks: replicas (gpuplugin.sharing.manager)
+    and MIG instances (gpuplugin.deviceplugin.mig)."""
 
     def __init__(
         self,
-        topology: Topology,
+        topology: Topology | None,
         *,
         id_strategy: IdStrategy | str = IdStrategy.UUID,
         list_strategy: ListStrategy | str = ListStrategy.ENVVAR,
@@ -133,7 +135,8 @@ class ResourceManager:
         self.list_strategy = ListStrategy(list_strategy)
         self.keys = keys
         self.dev_root = Path(dev_root)
-        self.all_devices = build_devices(topology, self.id_strategy, minors, nvml_indices)
+        # None: devices that are not whole GPUs of a topology (MIG instances: gpuplugin.deviceplugin.mig)
+        self.all_devices = () if topology is None else build_devices(topology, self.id_strategy, minors, nvml_indices)
         served = None if gpus is None else frozenset(gpus)
         self.devices = tuple(d for d in self.all_devices if served is None or d.index in served)
         self.metrics = metrics if metrics is not None else PluginMetrics()

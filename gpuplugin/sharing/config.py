@@ -5,7 +5,13 @@ Teams migrating keep the file they have: the same keys (`sharing.timeSlicing` / 
 (replicas >= 2, one strategy per node). Beyond NVIDIA, `rename` and `devices` are honoured (NVIDIA strips them at
 load time), so one node can hold shared and whole GPUs and different replica counts per GPU (NVIDIA #1786).
 The other members NVIDIA's file may carry (`flags`, `resources`, `imex`) are accepted and not applied: our
-settings come from gputopo.settings, one loader; `flags` are logged once so nobody thinks they took effect.
+settings come from gputopo.settings, one loader; `flags` are logged once so nobody thinks they took effect. One flag
+is applied: `flags.migStrategy` (none, single, mixed; checked here, so a bad value names its field), because a team
+moving from NVIDIA's plugin has the node's MIG strategy in this file, chosen per node by the same label. Which wins:
+the plugin's own `mig-strategy` setting when it is set (flag, environment or --config), else the chosen file's
+`flags.migStrategy`, else none. The setting wins because it is the explicit choice for this DaemonSet (NVIDIA's
+plugin also lets a command-line flag override the file); the file's value follows the node label, so a node
+relabelled to another config changes strategy without a restart (gpuplugin.sharing.mig_node re-decides).
 
 Per node the config is chosen as NVIDIA's config-manager chooses it: a directory of named files (a mounted
 ConfigMap: one key per config), the node label `nvidia.com/device-plugin.config` naming one, else the default
@@ -24,6 +30,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gpuplugin.sharing.mig_strategy import MigStrategy, MigStrategyError, strategy_from_flags
 from gputopo.settings import ExtendedResourceName
 
 DEFAULT_CONFIG_LABEL = "nvidia.com/device-plugin.config"
@@ -45,7 +52,8 @@ class SharingConfigError(ValueError):
         super().__init__(f"{where}{at}{message}")
 
 
-# `devices`: "all", a count of GPUs (the first N by index), or GPU indices / UUIDs. MIG ids are refused at resolve.
+# `devices`: "all", a count of GPUs (the first N by index), or GPU indices / UUIDs; in an entry named after a MIG
+# resource, MIG UUIDs (gpuplugin.sharing.layout.share_mig).
 DeviceRef = int | str
 Devices = Literal["all"] | Annotated[int, Field(gt=0)] | list[DeviceRef]
 
@@ -142,6 +150,11 @@ class SharingConfig:
             return self.section.fail_requests_greater_than_one
         return self.strategy == "mps"
 
+    @property
+    def mig_strategy(self) -> MigStrategy | None:
+        """`flags.migStrategy` (validated by parse_config), None when the file does not set it."""
+        return strategy_from_flags(self.flags)
+
 
 NO_SHARING = SharingConfig(None, None, {})
 
@@ -179,6 +192,10 @@ def parse_config(text: str | bytes, source: str = "") -> SharingConfig:
         err = min(e.errors(), key=lambda x: len(x["loc"]))  # the outermost problem: union branches nest deeper
         message = str(err["msg"]).removeprefix("Value error, ")
         raise SharingConfigError(message[:500], _field_path(tuple(err["loc"])), source) from None
+    try:
+        strategy_from_flags(model.flags)
+    except MigStrategyError as e:
+        raise SharingConfigError(str(e).removeprefix("flags.migStrategy: "), "flags.migStrategy", source) from None
     sharing = model.sharing
     if sharing is None or (sharing.time_slicing is None and sharing.mps is None):
         return SharingConfig(None, None, model.flags)

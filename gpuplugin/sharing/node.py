@@ -26,8 +26,8 @@ from typing import Any
 import structlog
 
 from gpuplugin.deviceplugin.resource import ResourceManager, Subscription
-from gpuplugin.sharing.config import SharingConfigError, choose_config, read_config
-from gpuplugin.sharing.layout import Layout, SharedSet, advertised_counts, describe, resolve, whole_layout
+from gpuplugin.sharing.config import NO_SHARING, SharingConfig, SharingConfigError, choose_config, read_config
+from gpuplugin.sharing.layout import Layout, MigView, SharedSet, advertised_counts, describe, resolve, whole_layout
 from gpuplugin.sharing.manager import SharedResourceManager
 from gpuplugin.sharing.mps import DEFAULT_CONTROL, MpsDaemon, MpsGpu, MpsShare
 from gputopo.core.codec import SharedGpu, SharedResource, Sharing
@@ -64,7 +64,7 @@ def socket_for(base: str, resource: str) -> str:
 
 
 @dataclass
-class _Problems:
+class Problems:
     """Each distinct problem logged once (a pass runs every few seconds)."""
 
     said: set[str] = field(default_factory=set)
@@ -84,8 +84,11 @@ class SharingNode(Worker):
     def __init__(self, whole: ResourceManager, whole_resource: str, whole_socket: str, serve: Serve,
                  source: ConfigSource, *, in_use: InUse | None = None, mps_root: Path = Path("/run/nvidia/mps"),
                  mps_command: tuple[str, ...] = (DEFAULT_CONTROL,), mps_interval_s: float = 5.0,
-                 poll_interval_s: float = 10.0) -> None:
+                 poll_interval_s: float = 10.0, mig_view: Callable[[], MigView] | None = None) -> None:
         super().__init__("sharing-node", join_timeout_s=30.0)
+        self._mig_view = mig_view
+        # the last config file read and validated (its flags.migStrategy is read by gpuplugin.sharing.mig_node)
+        self.config: SharingConfig | None = None
         self.whole = whole
         self.topology = whole.topology
         self.whole_resource = whole_resource
@@ -103,7 +106,7 @@ class SharingNode(Worker):
         self._served: dict[str, _Served] = {}
         self._sick: set[str] = set()  # GPU uuids
         self._label: str | None = None
-        self._problems = _Problems()
+        self._problems = Problems()
         self._subs: set[Subscription] = set()
         self._plan_watch: Any = None
         self.applied = 0
@@ -204,10 +207,12 @@ class SharingNode(Worker):
                                 action="keeping the last label read")
         try:
             choice = choose_config(self.source.directory, self._label, self.source.default)
+            config = NO_SHARING if choice.path is None else read_config(choice.path)
+            self.config = config
             if choice.path is None:
                 return whole_layout(self.topology)
-            config = read_config(choice.path)
-            return resolve(config, self.topology, self.whole_resource)
+            mig = self._mig_view() if self._mig_view is not None else None
+            return resolve(config, self.topology, self.whole_resource, mig)
         except SharingConfigError as e:
             if self._problems.first(str(e)):
                 log.warning("plugin.sharing.config_refused", error=str(e), field=e.field,

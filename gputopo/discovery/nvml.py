@@ -159,7 +159,7 @@ def discover_node(backend: NvmlBackend) -> NodeDiscovery:
                 uuid=uuid,
                 pci_bus_id=bus,
                 reason="MIG enabled",
-                hint="MIG devices are not advertised by this plugin",
+                hint="not a whole GPU: its MIG devices are served per the MIG strategy (gpuplugin run --mig-strategy)",
             )
             continue
         facts.append(_gpu_facts(backend, i, uuid, bus))

@@ -114,17 +114,18 @@ def _try(problems: list[str], fn: Callable[..., T], *args: Any, expected: tuple[
         return None
 
 
-def read_mig_minors(backend: NvmlBackend) -> MigMinors | None:
-    """The capability minors, or None (logged) when the file cannot be read."""
+def read_mig_minors(backend: NvmlBackend, *, quiet: bool = False) -> MigMinors | None:
+    """The capability minors, or None (logged; at debug level when `quiet`) when the file cannot be read."""
     try:
         text = backend.mig_minors()
     except NvmlError as e:
-        log.warning("discovery.mig.minors_unreadable", error=e.name, message=e.message,
-                    consequence="MIG devices have no capability device nodes")
+        (log.debug if quiet else log.warning)("discovery.mig.minors_unreadable", error=e.name, message=e.message,
+                                              consequence="MIG devices have no capability device nodes")
         return None
     minors = parse_mig_minors(text)
     if minors.bad_lines:
-        log.warning("discovery.mig.minors_lines_ignored", count=len(minors.bad_lines), first=minors.bad_lines[0])
+        (log.debug if quiet else log.warning)("discovery.mig.minors_lines_ignored", count=len(minors.bad_lines),
+                                              first=minors.bad_lines[0])
     return minors
 
 
@@ -177,8 +178,11 @@ def discover_mig_gpu(
     gpu: int,
     uuid: str,
     minors: MigMinors | None,
+    *,
+    quiet: bool = False,
 ) -> MigGpu | None:
-    """MIG facts of one GPU; None when it has no MIG (mode NotSupported) or MIG is neither enabled nor pending."""
+    """MIG facts of one GPU; None when it has no MIG (mode NotSupported) or MIG is neither enabled nor pending.
+    `quiet` logs at debug level: a re-read on a timer must not repeat the same lines every pass."""
     problems: list[str] = []
     mode = _try(problems, backend.mig_mode, gpu, expected=(ERR_NOT_SUPPORTED,))
     if mode is None or NVML_DEVICE_MIG_ENABLE not in mode:
@@ -224,11 +228,11 @@ def discover_mig_gpu(
     found = MigGpu(gpu, uuid, minor, _try(problems, backend.name, gpu), memory_total, int(mode[0]), int(mode[1]),
                    profiles, tuple(devices), tuple(problems))
     for problem in problems:
-        log.info("discovery.mig.call_failed", gpu=uuid, nvml_index=gpu, problem=problem)
+        (log.debug if quiet else log.info)("discovery.mig.call_failed", gpu=uuid, nvml_index=gpu, problem=problem)
     return found
 
 
-def discover_mig(backend: NvmlBackend, gpus: Iterable[tuple[int, str]]) -> tuple[MigGpu, ...]:
+def discover_mig(backend: NvmlBackend, gpus: Iterable[tuple[int, str]], *, quiet: bool = False) -> tuple[MigGpu, ...]:
     """MIG facts of the given (NVML index, UUID) GPUs that have MIG enabled or pending; mig-minors is read once,
     and only when some GPU has MIG enabled."""
     minors: MigMinors | None = None
@@ -241,11 +245,12 @@ def discover_mig(backend: NvmlBackend, gpus: Iterable[tuple[int, str]]) -> tuple
             except NvmlError:
                 mode = None
             if mode is not None and mode[0] == NVML_DEVICE_MIG_ENABLE:
-                minors, asked = read_mig_minors(backend), True
-        mig = discover_mig_gpu(backend, gpu, uuid, minors)
+                minors, asked = read_mig_minors(backend, quiet=quiet), True
+        mig = discover_mig_gpu(backend, gpu, uuid, minors, quiet=quiet)
         if mig is not None:
             found.append(mig)
     for m in found:
-        log.info("discovery.mig.gpu", gpu=m.uuid, nvml_index=m.nvml_index, mode=[m.current_mode, m.pending_mode],
-                 devices=[d.name or "?" for d in m.devices])
+        (log.debug if quiet else log.info)("discovery.mig.gpu", gpu=m.uuid, nvml_index=m.nvml_index,
+                                           mode=[m.current_mode, m.pending_mode],
+                                           devices=[d.name or "?" for d in m.devices])
     return tuple(found)

@@ -125,12 +125,7 @@ class ReplayNvmlBackend:
     """An NvmlBackend answering from a canonical recording dict; optionally replays an event stream for health."""
 
     def __init__(self, recording: Mapping[str, Any], events: EventStream | None = None) -> None:
-        self._rec = recording
-        self._gpus: list[Mapping[str, Any]] = list(recording.get("gpus") or [])
-        self._links: list[dict[int, Mapping[str, Any]]] = [
-            {int(e["link"]): e for e in (g.get("nvlinks") or [])} for g in self._gpus
-        ]
-        self._pairs: Mapping[str, Mapping[str, Any]] = recording.get("pairs") or {}
+        self._load(recording)
         self._initialized = False
         self._events = list(events.events) if events else []
         self._end = events.end_time if events else 0.0
@@ -139,6 +134,21 @@ class ReplayNvmlBackend:
         self._failed: dict[int, str] = {}
         self._cond = threading.Condition()
         self._drained = threading.Event()
+
+    def _load(self, recording: Mapping[str, Any]) -> None:
+        self._rec = recording
+        self._gpus: list[Mapping[str, Any]] = list(recording.get("gpus") or [])
+        self._links: list[dict[int, Mapping[str, Any]]] = [
+            {int(e["link"]): e for e in (g.get("nvlinks") or [])} for g in self._gpus
+        ]
+        self._pairs: Mapping[str, Mapping[str, Any]] = recording.get("pairs") or {}
+
+    def replace(self, recording: Mapping[str, Any]) -> None:
+        """Answer from `recording` from now on, as the driver answers after a change on the node (a MIG
+        re-partition: instances created or destroyed). Calls already answered keep their answers; a discovery pass
+        that straddles the swap sees both, as one straddling a real re-partition does."""
+        with self._cond:
+            self._load(recording)
 
     # --- the virtual clock and the stream -----------------------------------------------------------------------
 

@@ -57,8 +57,12 @@ its cpu_affinity is a Python repr, not data, and is read as not recorded.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import structlog
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from gputopo.core.errors import TopologyParseError
@@ -81,6 +85,9 @@ from gputopo.discovery.nvml_replay import ERR_NOT_RECORDED, ReplayNvmlBackend, i
 RECORDING_FORMAT = "gpuplugin.nvml-recording"
 RECORDING_VERSION = 1
 NOT_RECORDED = f"ERR:{ERR_NOT_RECORDED}:absent from the recording"
+
+
+log = structlog.get_logger(__name__)
 
 
 class RecordingFormatError(TopologyParseError):
@@ -344,6 +351,64 @@ def replay_backend(data: Any) -> ReplayNvmlBackend:
     backend = ReplayNvmlBackend(parse_recording(data))
     backend.init()
     return backend
+
+
+class RecordingFileBackend(ReplayNvmlBackend):
+    """Replays the recording in `path`, read again whenever the file changes (its inode, size or mtime), checked
+    at every call: a test or a demo re-partitions a replayed node by writing a new recording in its place (write
+    beside it, then rename). A file that no longer reads or validates keeps the last good recording, and says so.
+    The event stream (health) is not replayed here: it belongs to the in-process ReplayNvmlBackend."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._seen: tuple[int, int, int] | None = None
+        self._said: str | None = None
+        super().__init__(self._read())
+
+    def _identity(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def _read(self) -> dict[str, Any]:
+        self._seen = self._identity()
+        try:
+            data = json.loads(self.path.read_bytes())
+        except (OSError, ValueError) as e:
+            raise RecordingFormatError(f"{self.path}: cannot read the recording: {e}") from None
+        return parse_recording(data)
+
+    def refresh(self) -> bool:
+        """Swap in the file's recording if it changed since it was read; True when it did."""
+        now = self._identity()
+        if now is None or now == self._seen:
+            return False
+        try:
+            recording = self._read()
+        except (RecordingFormatError, TopologyParseError) as e:
+            if str(e) != self._said:
+                self._said = str(e)
+                log.warning("discovery.replay.reload_failed", path=str(self.path), error=str(e)[:300],
+                            action="answering from the last good recording")
+            return False
+        self._said = None
+        self.replace(recording)
+        log.info("discovery.replay.reloaded", path=str(self.path), gpus=len(recording["gpus"]))
+        return True
+
+    def _check(self, call: str, gpu: int) -> Mapping[str, Any]:
+        self.refresh()
+        return super()._check(call, gpu)
+
+    def device_count(self) -> int:
+        self.refresh()
+        return super().device_count()
+
+    def mig_minors(self) -> str:
+        self.refresh()
+        return super().mig_minors()
 
 
 def discover_recording(data: Any) -> NodeDiscovery:

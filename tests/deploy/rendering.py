@@ -92,6 +92,7 @@ CHART_VARIANTS: dict[str, ChartVariant] = {
                 "image": {"repository": "registry.acme.example/gpu-topology-plugin"},
                 "deviceListStrategy": "cdi-cri",
                 "deviceIdStrategy": "index",
+                "migStrategy": "mixed",
                 "metricsPort": 9400,
                 "failOnInitError": False,
                 "runtimeClassName": "nvidia",

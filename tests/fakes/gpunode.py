@@ -37,7 +37,10 @@ class GpuNode:
 
 
 @contextmanager
-def gpu_node(name: str, topology: Path, *, args: Sequence[str] = ()) -> Iterator[GpuNode]:
+def gpu_node(name: str, topology: Path | None, *, args: Sequence[str] = (),
+             nvml_recording: Path | None = None) -> Iterator[GpuNode]:
+    """`topology`: the plugin's --topology file; or None and `nvml_recording`, replayed as NVML (MIG, health)."""
+    source = ["--topology", str(topology)] if topology is not None else ["--nvml-recording", str(nvml_recording)]
     with short_dir("node-") as root, FakeKubeApi() as fake, \
             PodResourcesServer(str(root / "podres.sock")) as podres, KubeletSimulator(root / "dp") as kubelet:
         fake.add_node(k8s_node(name))
@@ -46,7 +49,7 @@ def gpu_node(name: str, topology: Path, *, args: Sequence[str] = ()) -> Iterator
         with open(root / "plugin.log", "wb") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "gpuplugin.cli", "run", "--device-plugin-dir", str(root / "dp"),
-                 "--topology", str(topology), "--pod-resources-socket", str(root / "podres.sock"),
+                 *source, "--pod-resources-socket", str(root / "podres.sock"),
                  "--metrics-port", "0", *args],
                 env=env, stdout=out, stderr=subprocess.STDOUT,
             )

@@ -96,3 +96,26 @@ def test_a_mig_uuid_listed_twice_is_refused() -> None:
     w = MigInstanceWatch(4, 1, 0, "MIG-x")
     with pytest.raises(ValueError, match="MIG-x"):
         HealthMonitor(backend, {}, lambda ids, ok: None, mig_instances=[w, w])
+
+
+def test_a_repartition_changes_the_instances_watched() -> None:
+    """After watch_instances (gpuplugin.sharing.mig_node after a re-partition) only the new set is reported: GPU 5's
+    instance Xid finds no watched instance there, GPU 6's GPU-wide Xid marks GPU 6's instances."""
+    backend = ReplayNvmlBackend(canonical(H100_MIXED), load_event_stream(load_json(EVENTS / "mig-instance-xids.json")))
+    backend.init()
+    node = discover_node(backend)
+    watches = {m.nvml_index: [MigInstanceWatch(m.nvml_index, d.gpu_instance_id, d.compute_instance_id, d.uuid)
+                              for d in m.devices] for m in node.mig}
+    reported: list[tuple[list[str], bool]] = []
+    monitor = HealthMonitor(backend, node.nvml_index_to_id(), lambda ids, ok: None, clock=backend.clock,
+                            probe_interval_s=5.0, recovery_s=None, mig_instances=watches[5],
+                            on_instance_change=lambda ids, ok: reported.append((list(ids), ok)))
+    monitor.watch_instances(watches[6])
+    monitor.start()
+    try:
+        assert backend.wait_drained(20)
+    finally:
+        monitor.stop()
+    gpu6 = {w.uuid for w in watches[6]}
+    assert monitor.unhealthy_instances() == gpu6
+    assert [(set(ids), ok) for ids, ok in reported] == [(gpu6, False)]

@@ -1,0 +1,95 @@
+"""The MIG node in-process, over a replayed NVML (the replay backend's recording swapped for a re-partition) and
+real registrations with the kubelet simulator: health per instance reaches ListAndWatch, the reason MIG GPUs are
+left out is there for the publisher, and a re-partition re-advertises without restarting anything."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuplugin.commands.run import Discovered, start_health
+from gpuplugin.config import PluginConfig
+from gpuplugin.deviceplugin.lifecycle import PluginRunner
+from gpuplugin.deviceplugin.resource import ResourceManager
+from gpuplugin.sharing.mig_node import MigNode
+from gpuplugin.sharing.mig_strategy import MigStrategy
+from gputopo.core.mig import H100_80GB
+from gputopo.discovery.nvml import discover_node
+from gputopo.discovery.nvml_replay import ReplayNvmlBackend, load_event_stream
+from gputopo.discovery.recording import parse_recording
+from sim.kubelet import KubeletSimulator
+from tests.fixtures.nvml import EVENTS, RECORDINGS, canonical, load_json
+from tests.helpers.mig import ALL_1G, mig_recording
+from tests.helpers.polling import eventually
+
+H100_MIXED = RECORDINGS / "synthetic-hgx-h100-80gb-8gpu-mig-mixed.json"
+ONE, TWO, THREE = "nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.40gb"
+WAIT = 20.0
+
+
+def mig_node(backend: ReplayNvmlBackend, plugin_dir: Path, strategy: MigStrategy) -> MigNode:
+    gpus = [(m.nvml_index, m.uuid) for m in discover_node(backend).mig if m.enabled]
+
+    def serve(m: ResourceManager, resource: str, socket: str) -> PluginRunner:
+        return PluginRunner(m, plugin_dir, resource, socket, backoff_initial=0.05, backoff_max=0.5).start()
+
+    return MigNode(backend, gpus, whole_gpus=4, whole_resource="nvidia.com/gpu", whole_socket="gpu-topology.sock",
+                   serve=serve, strategy=strategy, poll_interval_s=0.1)
+
+
+@pytest.fixture
+def replay() -> Iterator[ReplayNvmlBackend]:
+    backend = ReplayNvmlBackend(canonical(H100_MIXED), load_event_stream(load_json(EVENTS / "mig-instance-xids.json")))
+    backend.init()
+    yield backend
+    backend.shutdown()
+
+
+def test_instance_xids_turn_exactly_those_advertised_instances_unhealthy(
+        replay: ReplayNvmlBackend, plugin_dir: Path, kubelet: KubeletSimulator) -> None:
+    node = mig_node(replay, plugin_dir, MigStrategy.MIXED).start()
+    cfg = PluginConfig(health_recovery="never", health_probe_interval=0.5)
+    monitor = start_health(cfg, Discovered(None, backend=replay), None, node)
+    try:
+        assert replay.wait_drained(WAIT)
+        # GPU 5's GI 3 (its 2g.20gb) by an instance Xid; GPU 6 by a GPU-wide one (both its 3g.40gb); GPU 7's GI 3
+        # is split in 1c compute instances, which mixed does not advertise
+        expected = {"MIG-b1050300-5e7d-4000-8000-000000000002", "MIG-b1060100-5e7d-4000-8000-000000000000",
+                    "MIG-b1060200-5e7d-4000-8000-000000000001"}
+
+        def bad() -> set[str]:
+            return {d.id for r in (ONE, TWO, THREE) for d in kubelet.devices(r) if not d.healthy}
+
+        assert eventually(lambda: bad() == expected, WAIT), bad()
+        assert expected <= monitor.unhealthy_instances()
+        assert kubelet.wait_for_devices(ONE, 10, WAIT)
+    finally:
+        monitor.stop()
+        node.stop()
+
+
+def test_none_keeps_mig_gpus_out_with_a_reason_and_a_repartition_is_seen_without_a_restart(
+        plugin_dir: Path, kubelet: KubeletSimulator) -> None:
+    backend = ReplayNvmlBackend(canonical(H100_MIXED))
+    backend.init()
+    node = mig_node(backend, plugin_dir, MigStrategy.NONE).start()
+    try:
+        status = node.status()
+        assert node.served() == {} and status.strategy is MigStrategy.NONE and status.strategy_from == "setting"
+        reason = status.reason()
+        assert reason is not None and reason.startswith("mig strategy none: 4 left out")
+        assert "GPU-b1000004-5e7d-4000-8000-000000000004: MIG enabled" in reason
+        node.setting = MigStrategy.MIXED
+        assert eventually(lambda: node.status().resources.keys() >= {ONE, TWO, THREE}, WAIT)
+        registrations = kubelet.registrations(ONE)
+        # GPUs 5-7 re-partitioned all-1g.10gb: NVML shows it, the node re-advertises on the same registrations
+        backend.replace(parse_recording(mig_recording(H100_80GB, [None] * 3 + ["pending"] + [list(ALL_1G)] * 4)))
+        assert eventually(lambda: sum(d.healthy for d in kubelet.devices(ONE)) == 28, WAIT)
+        assert kubelet.registrations(ONE) == registrations
+        assert eventually(lambda: set(node.status().resources) == {ONE}, WAIT)
+        assert node.status().reason() is None
+    finally:
+        node.stop()
+        backend.shutdown()
