@@ -22,8 +22,8 @@ Policies for MIG requests:
   core:      gputopo.core.mig_placement.choose_mig on every node; the node whose choice has the best key.
   extender:  the extender's own code, as its verbs run it (extender.placement.engine.Placement over a NodeCache
              fed the nodes' published `mig` state): filter, prioritize, the best score (lowest node on ties), and
-             bind's choice of instances on it. A MIG GPU held whole is not published as MIG (as the plugin would
-             not advertise it), so the islands of whole GPUs do not enter its key: the one difference from core.
+             bind's choice of instances on it. A GPU held whole is published in the state's "used" (and each MIG
+             GPU's NVLink island peers), a MIG GPU held whole not as MIG, as the plugin would publish them.
 An idle MIG GPU is re-partitioned only when that lets the request in (enough idle GPUs on one node).
 
 Reported: requests served; requests that waited while enough free slices existed (on one node: k x the
@@ -205,16 +205,22 @@ class ExtenderPolicy:
 
     def _publish(self, node: Node) -> None:
         gpus = [g for g in node.gpus if g.slots is not None and g.whole_by is None]
-        seen = tuple((g.index, tuple((s.uuid, s.used) for s in g.slots or ())) for g in gpus)
+        held = frozenset(self._id(node, g) for g in node.gpus if g.whole_by is not None)
+        seen = (held, tuple((g.index, tuple((s.uuid, s.used) for s in g.slots or ())) for g in gpus))
         if self._published.get(node.index) == seen:
             return
         self._published[node.index] = seen
         mig = Mig("mixed", None, tuple(
-            MigGpuInfo(f"GPU-{node.index}-{g.index}", g.index, g.numa, g.island, node.table.model, tuple(
+            MigGpuInfo(self._id(node, g), g.index, g.numa, g.island, node.table.model, tuple(
                 MigInstance(s.profile, s.placement.start, s.placement.size, s.uuid, mig_resource(s.profile), s.used)
-                for s in g.slots or ())) for g in gpus))
-        self.cache.put_node(make_entry(self._name(node), None, problem="every GPU counted here is MIG",
-                                       mig=node_mig(mig)))
+                for s in g.slots or ()), tuple(self._id(node, p) for p in node.gpus
+                                               if p.island == g.island and p is not g)) for g in gpus))
+        self.cache.put_node(make_entry(self._name(node), None, problem="whole GPUs are placed by the sim",
+                                       used=held, mig=node_mig(mig)))
+
+    @staticmethod
+    def _id(node: Node, gpu: Gpu) -> str:
+        return f"GPU-{node.index}-{gpu.index}"
 
     def __call__(self, nodes: list[Node], req: Request, timings: list[float], rng: random.Random
                  ) -> tuple[Node, MigChoice] | None:

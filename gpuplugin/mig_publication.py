@@ -26,12 +26,15 @@ log = structlog.get_logger(__name__)
 class MigAdvertised:
     """What the plugin advertises of its MIG GPUs: NVIDIA's strategy, and the resource each advertised MIG UUID is
     registered under (`nvidia.com/mig-1g.18gb` under mixed, the configured resource under single; absent: not
-    advertised). `numa` and `islands` by GPU UUID: the GPU's NUMA node and NVLink island, where known."""
+    advertised). By GPU UUID, where known: `numa` the GPU's NUMA node, `islands` its NVLink island, `peers` the
+    other GPUs of that island (whole GPUs by advertised id, MIG GPUs by UUID), so the extender sees an island in
+    use when a whole GPU of it is held."""
 
     strategy: str
     resources: Mapping[str, str] = field(default_factory=dict)
     numa: Mapping[str, int | None] = field(default_factory=dict)
     islands: Mapping[str, int | None] = field(default_factory=dict)
+    peers: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.strategy not in MIG_STRATEGIES:
@@ -58,7 +61,9 @@ def mig_block(gpus: Sequence[MigGpu], advertised: MigAdvertised, in_use: Mapping
                 continue
             instances.append(MigInstance(d.name, d.placement.start, d.placement.size, d.uuid,
                                          advertised.resources.get(d.uuid), d.uuid in held))
-        out.append(MigGpuInfo(g.uuid, g.nvml_index, advertised.numa.get(g.uuid), advertised.islands.get(g.uuid),
-                              g.model, tuple(instances)))
+        island = advertised.islands.get(g.uuid)
+        peers = tuple(advertised.peers.get(g.uuid, ())) if island is not None else ()
+        out.append(MigGpuInfo(g.uuid, g.nvml_index, advertised.numa.get(g.uuid), island, g.model, tuple(instances),
+                              peers))
     reason = mig_none_reason(len(out)) if advertised.strategy == MIG_STRATEGY_NONE else None
     return Mig(advertised.strategy, reason, tuple(out))

@@ -276,7 +276,12 @@ class Placement:
 
     def mig_choice(self, entry: NodeEntry, resource: str, need: Need) -> MigChoiceOnNode | Failed | Unresolvable:
         pending = self.cache.reservations.pending_instances(entry.name)
-        return mig_choice(entry, resource, need.size, pending, need.constrained)
+        whole = entry.used_ids
+        reserved = self.cache.reservations.masks.get(entry.name, 0) & ~entry.used_mask
+        if reserved and entry.topo is not None:
+            ids = entry.topo.ids
+            whole = whole | {ids[i] for i in range(entry.topo.size) if reserved >> i & 1}
+        return mig_choice(entry, resource, need.size, pending, need.constrained, whole)
 
     def _split_mig(self, names: list[str], need: Need, resource: str, extra: Mapping[str, NodeEntry] | None
                    ) -> tuple[list[str], dict[str, MigChoiceOnNode | Failed | Unresolvable]]:

@@ -25,8 +25,10 @@ in "used". It was added inside version 1, like "nicattr": readers built before i
 change without failing every reader of the whole state during a rolling upgrade:
     {"v": 1, "strategy": "none" | "single" | "mixed", "reason": text | null,
      "gpus": [{"gpu": GPU UUID, "index": NVML index, "numa": int | null, "island": int | null,
-               "model": name | null,
+               "model": name | null, "peers": [GPU ids],
                "instances": [[device name, start, size, MIG UUID, resource | null, used 0|1], ...]}, ...]}
+"peers" (optional, only when "island" is set): the other GPUs of its NVLink island, by their ids in the topology
+(whole GPUs) or their UUIDs (MIG GPUs), so a reader can tell the island in use when a whole GPU of it is held.
 A MIG GPU is never offered whole and never appears in "used" (its instances' "used" says what pods hold); under
 "none" its instances are listed with resource null (not advertised) and "reason" says why.
 """
@@ -258,6 +260,7 @@ MIG_STRATEGIES = ("none", "single", "mixed")
 MAX_MIG_GPUS = 64  # a node; bounds what a hostile annotation can make a reader build
 MAX_MIG_INSTANCES = MEMORY_SLICES  # per GPU: at most one per memory slice
 MAX_MIG_REASON = 400
+MAX_MIG_PEERS = 64
 
 
 @dataclass(frozen=True)
@@ -275,7 +278,8 @@ class MigInstance:
 
 @dataclass(frozen=True)
 class MigGpuInfo:
-    """A MIG-enabled GPU: UUID, NVML index, NUMA node and NVLink island (None: unknown), model, its instances."""
+    """A MIG-enabled GPU: UUID, NVML index, NUMA node and NVLink island (None: unknown), model, its instances, and
+    the other GPUs of its island (`peers`: whole GPUs by topology id, MIG GPUs by UUID)."""
 
     gpu: str
     index: int
@@ -283,6 +287,7 @@ class MigGpuInfo:
     island: int | None
     model: str | None
     instances: tuple[MigInstance, ...]
+    peers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -337,6 +342,7 @@ def mig_to_dict(mig: Mig) -> dict[str, Any]:
         "strategy": mig.strategy,
         "reason": mig.reason,
         "gpus": [{"gpu": g.gpu, "index": g.index, "numa": g.numa, "island": g.island, "model": g.model,
+                  **({"peers": list(g.peers)} if g.peers else {}),
                   "instances": [[i.profile, i.start, i.size, i.uuid, i.resource, int(i.used)] for i in g.instances]}
                  for g in mig.gpus],
     }
@@ -400,6 +406,11 @@ def mig_from_dict(data: Any) -> Mig:
         if island is not None:
             _count(island, f"{where} 'island'", 0, 1023)
         model = _text(g.get("model"), f"{where} 'model'", 128, optional=True)
+        peers = g.get("peers", [])
+        _expect(isinstance(peers, list) and len(peers) <= MAX_MIG_PEERS
+                and all(isinstance(p, str) and 0 < len(p) <= 128 for p in peers),
+                f"{where} 'peers' must list at most {MAX_MIG_PEERS} GPU ids")
+        _expect(not peers or island is not None, f"{where} lists 'peers' without an 'island'")
         insts = g.get("instances")
         _expect(isinstance(insts, list) and len(insts) <= MAX_MIG_INSTANCES,
                 f"{where} 'instances' must list at most {MAX_MIG_INSTANCES}")
@@ -418,7 +429,7 @@ def mig_from_dict(data: Any) -> Mig:
                 _expect(seen == inst.profile, f"{where} instances[{j}]: resource {inst.resource!r} serves both "
                                               f"{seen} and {inst.profile}")
             instances.append(inst)
-        gpus.append(MigGpuInfo(gpu, index, numa, island, model, tuple(instances)))
+        gpus.append(MigGpuInfo(gpu, index, numa, island, model, tuple(instances), tuple(peers)))
     _expect(strategy != "none" or not profile_of, "state mig strategy 'none' advertises no resource")
     return Mig(strategy, reason, tuple(gpus))
 

@@ -336,7 +336,8 @@ def test_mig_gpus_are_published_with_their_instances_and_what_pods_hold(
     resources = {d.uuid: mig_resource(d.name) for d in devices if d.advertised_by_mixed}
     held = next(iter(resources))
     kubelet.service.set_pod("ml", "nb", {"main": {resources[held]: [held]}})
-    mixed = MigAdvertised("mixed", resources, numa={g.uuid: 0 for g in enabled})
+    mixed = MigAdvertised("mixed", resources, numa={g.uuid: 0 for g in enabled}, islands={g.uuid: 0 for g in enabled},
+                          peers={g.uuid: [whole.ids[0]] for g in enabled})
     fake.add_node(node_object())
     pub = make(api, whole, pods, mig=lambda: mig_block(mig, mixed, pods.in_use()))
     assert pub.publish_once() is True
@@ -346,6 +347,7 @@ def test_mig_gpus_are_published_with_their_instances_and_what_pods_hold(
     published = {i.uuid: i for g in state.gpus for i in g.instances}
     assert set(published) == {d.uuid for d in devices if d.name is not None and d.placement is not None}
     assert state.used_ids == {held}
+    assert all(g.island == 0 and g.peers == (whole.ids[0],) and g.numa == 0 for g in state.gpus)
     for d in devices:
         i = published[d.uuid]
         assert (i.profile, i.start, i.size, i.resource) == (d.name, d.placement.start, d.placement.size,

@@ -300,3 +300,13 @@ def test_any_mig_member_reads_or_is_refused_by_name_never_crashes(member: object
         assert "mig" in str(e)
     else:
         assert member is None or state.mig is not None
+
+
+def test_mig_peers_round_trip_and_need_an_island() -> None:
+    gpu = MigGpuInfo("GPU-m", 0, 0, 3, None, (), ("GPU-0", "GPU-1"))
+    state = NodeState(1, frozenset(), frozenset(), None, Mig("mixed", None, (gpu,)))
+    assert state_from_json(state_to_json(state)) == state
+    with pytest.raises(TopologyFormatError, match="lists 'peers' without an 'island'"):
+        state_from_json(_migged({"island": None, "peers": ["GPU-0"]}))
+    with pytest.raises(TopologyFormatError, match="'peers' must list at most 64 GPU ids"):
+        state_from_json(_migged({"island": 1, "peers": [1]}))
