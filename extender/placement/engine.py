@@ -47,6 +47,8 @@ class Placement:
     def __init__(self, cache: NodeCache) -> None:
         self.cache = cache
         self.memo = PlacementMemo()
+        # node -> (entry, question, answer) of its last MIG answer; one per node, cleared past twice the cluster
+        self._mig_memo: dict[str, tuple[NodeEntry, tuple[object, ...], MigChoiceOnNode | Failed | Unresolvable]] = {}
 
     def fit(self, entry: NodeEntry, free: int, need: Need) -> Fit:
         """Best subset of `free` for the need on this node, with its packing value, or why there is none."""
@@ -275,13 +277,23 @@ class Placement:
         return None
 
     def mig_choice(self, entry: NodeEntry, resource: str, need: Need) -> MigChoiceOnNode | Failed | Unresolvable:
+        """The node's answer, remembered per node for the entry object (entries are replaced, never changed) and
+        what else it depends on: filter, prioritize and bind ask the same question in a row."""
         pending = self.cache.reservations.pending_instances(entry.name)
-        whole = entry.used_ids
         reserved = self.cache.reservations.masks.get(entry.name, 0) & ~entry.used_mask
+        key = (resource, need.size, need.constrained, pending, reserved)
+        hit = self._mig_memo.get(entry.name)
+        if hit is not None and hit[0] is entry and hit[1] == key:
+            return hit[2]
+        whole = entry.used_ids
         if reserved and entry.topo is not None:
             ids = entry.topo.ids
             whole = whole | {ids[i] for i in range(entry.topo.size) if reserved >> i & 1}
-        return mig_choice(entry, resource, need.size, pending, need.constrained, whole)
+        answer = mig_choice(entry, resource, need.size, pending, need.constrained, whole)
+        if len(self._mig_memo) > 2 * len(self.cache.nodes) + 1024:  # names of nodes gone: forget them all
+            self._mig_memo.clear()
+        self._mig_memo[entry.name] = (entry, key, answer)
+        return answer
 
     def _split_mig(self, names: list[str], need: Need, resource: str, extra: Mapping[str, NodeEntry] | None
                    ) -> tuple[list[str], dict[str, MigChoiceOnNode | Failed | Unresolvable]]:
