@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from extender.placement import reasons
 from extender.placement.reasons import Failed, Unresolvable
 from extender.placement.scoring import MAX_SCORE
 from extender.state.cache import CORDONED, NodeEntry
@@ -98,6 +99,8 @@ def mig_choice(entry: NodeEntry, resource: str, size: int, pending: frozenset[st
     """The instances `entry` would give a pod asking for `size` of `resource`, or why it cannot."""
     view = entry.mig
     if view is None:
+        if entry.topo is None and entry.problem:  # an unreadable state or topology: its words name the field
+            return Unresolvable(reasons.node_problem(entry.problem))
         return Unresolvable(f"has no MIG GPUs (asks for {resource})")
     if is_mig_resource(resource):  # the pod's own mistake first: it is the same on every node
         problem = unknown_profile(resource, view.models)

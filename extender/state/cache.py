@@ -289,9 +289,7 @@ class NodeCache:
                 allocatable = None
         text = ann.get(self.config.keys.topology)
         if not isinstance(text, str) or not text:
-            entry = make_entry(name, None, problem=f"publishes no GPU topology (annotation "
-                               f"{self.config.keys.topology} missing)", unschedulable=unschedulable, place=place,
-                               **self._mig_only(name, ann))
+            entry = make_entry(name, None, unschedulable=unschedulable, place=place, **self._mig_only(name, ann))
             self._report(f"node/{name}", None)
             return entry
         topo, index, problem = self.parse_topology(text)
@@ -331,18 +329,21 @@ class NodeCache:
 
     def _mig_only(self, name: str, ann: Mapping[str, Any]) -> dict[str, Any]:
         """A node without a topology may still offer MIG instances (every GPU MIG): its state's "mig" member, used
-        and unhealthy ids; nothing (the node stays unusable) when the state is absent or unreadable."""
+        and unhealthy ids. The node's problem says why it offers nothing else: no topology, or (its state naming
+        MIG GPUs or not) an unreadable state, with the field the reader refused."""
+        missing = f"publishes no GPU topology (annotation {self.config.keys.topology} missing)"
         text = ann.get(self.config.keys.state)
         if not isinstance(text, str) or not text:
-            return {}
+            return {"problem": missing}
         try:
             state = state_from_json(text)
         except (TopologyError, RecursionError) as e:
-            self._report(f"node/{name}/mig", f"GPU state annotation {self.config.keys.state} is unreadable: {e}")
-            return {}
+            problem = f"GPU state annotation {self.config.keys.state} is unreadable: {e}"
+            self._report(f"node/{name}/state", problem)
+            return {"problem": problem}
         if state.mig is None:
-            return {}
-        return {"mig": node_mig(state.mig), "used": state.used, "unhealthy": state.unhealthy,
+            return {"problem": missing}
+        return {"problem": missing, "mig": node_mig(state.mig), "used": state.used, "unhealthy": state.unhealthy,
                 "generation": state.generation}
 
     def put_node(self, entry: NodeEntry) -> None:

@@ -38,7 +38,8 @@ class Need:
     require_nvlink: bool = False
     min_gbps: float = 0.0
     # a shared resource other than the configured one (`nvidia.com/gpu.shared`): `size` replicas of that many
-    # distinct GPUs. None: the configured resource, whole GPUs, or replicas on the nodes that share that name.
+    # distinct GPUs; or a MIG resource (`nvidia.com/mig-1g.18gb`): `size` instances of that profile. None: the
+    # configured resource, whole GPUs, or replicas / MIG instances on the nodes that serve that name so.
     resource: str | None = None
 
     @property

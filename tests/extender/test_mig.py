@@ -246,7 +246,11 @@ def test_hostile_mig_states_make_the_node_unusable_with_the_field_named(fake: Fa
     with cluster(api) as (_, client):
         out = filter_names(client, fake.add_pod(k8s_mig_pod("p", 1)), ["overlap", "deep", "huge", "fine"])
     assert out["NodeNames"] == ["fine"]
-    assert set(out["FailedAndUnresolvableNodes"]) == {"overlap", "deep", "huge"}
+    unres = out["FailedAndUnresolvableNodes"]
+    assert set(unres) == {"overlap", "deep", "huge"}
+    assert "instances[1] (2g.35gb at {0}:2) overlaps another instance" in unres["overlap"]
+    assert "state mig 'strategy' must be one of none, single, mixed" in unres["deep"]
+    assert "state mig 'gpus' must list at most 64" in unres["huge"]
 
 
 # -- the choice against exhaustive search -----------------------------------------------------------------------------
