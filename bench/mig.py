@@ -20,7 +20,10 @@ Policies for MIG requests:
              default scoring (NodeResourcesFit scores cpu and memory), so among the feasible nodes the tie is
              broken at random; then the first free instances.
   core:      gputopo.core.mig_placement.choose_mig on every node; the node whose choice has the best key.
-  core + node packing: the same, with the node's idle GPUs as a node-level term after the GPU-level ones.
+  extender:  the extender's own code, as its verbs run it (extender.placement.engine.Placement over a NodeCache
+             fed the nodes' published `mig` state): filter, prioritize, the best score (lowest node on ties), and
+             bind's choice of instances on it. A GPU held whole is published in the state's "used" (and each MIG
+             GPU's NVLink island peers), a MIG GPU held whole not as MIG, as the plugin would publish them.
 An idle MIG GPU is re-partitioned only when that lets the request in (enough idle GPUs on one node).
 
 Reported: requests served; requests that waited while enough free slices existed (on one node: k x the
@@ -39,6 +42,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from bench.common import RESULTS, machine_line, markdown_table, percentile
+from extender.config import ExtenderConfig
+from extender.placement.engine import Placement as ExtenderPlacement
+from extender.placement.mig import MigChoiceOnNode
+from extender.state.cache import NodeCache, make_entry
+from extender.state.mig import node_mig
+from extender.state.pods import Need
+from extender.state.reservations import Reservations
+from gputopo.contract import mig_resource
+from gputopo.core.codec import Mig, MigGpuInfo, MigInstance
 from gputopo.core.mig import H100_80GB, H200_141GB, MigProfile, Placement, ProfileTable
 from gputopo.core.mig_placement import MigChoice, MigGpuState, MigSlot, choose_mig, first_fit, islands_busy
 
@@ -158,21 +170,7 @@ Policy = Callable[[list[Node], Request, list[float], random.Random], tuple[Node,
 def core_policy(
     nodes: list[Node], req: Request, timings: list[float], rng: random.Random
 ) -> tuple[Node, MigChoice] | None:
-    return _core(nodes, req, timings, pack_nodes=False)
-
-
-def core_packing_policy(
-    nodes: list[Node], req: Request, timings: list[float], rng: random.Random
-) -> tuple[Node, MigChoice] | None:
-    return _core(nodes, req, timings, pack_nodes=True)
-
-
-def _core(
-    nodes: list[Node], req: Request, timings: list[float], *, pack_nodes: bool
-) -> tuple[Node, MigChoice] | None:
-    """choose_mig on every node; the best key wins. With `pack_nodes`, a node-level term the extender's score
-    would add: right after the GPU-level terms (GPUs, NUMA, untouched, islands), the node with the fewest idle
-    GPUs, so MIG use gathers on few nodes and whole nodes stay for 4- and 8-GPU pods."""
+    """choose_mig on every node; the best key wins (lowest node on ties)."""
     best: tuple[tuple, Node, MigChoice] | None = None
     for node in nodes:
         if node.table.model != req.model:
@@ -184,11 +182,68 @@ def _core(
         timings.append(time.perf_counter() - t0)
         if choice is None:
             continue
-        idle = sum(1 for g in node.gpus if g.idle()) if pack_nodes else 0
-        rank = (*choice.key[:4], idle, *choice.key[4:], node.index)
+        rank = (*choice.key, node.index)
         if best is None or rank < best[0]:
             best = (rank, node, choice)
     return (best[1], best[2]) if best else None
+
+
+class ExtenderPolicy:
+    """The extender's placement of a MIG pod over the sim's fleet, through the same objects its verbs use. Each
+    node is published as the plugin would (its MIG GPUs not held whole, each instance advertised as
+    `nvidia.com/mig-<profile>` under NVIDIA's mixed strategy, held or not) and re-published when it changed. One
+    timing per decision: filter + prioritize over the nodes asked, and bind's choice on the winner."""
+
+    def __init__(self) -> None:
+        self.cache = NodeCache(ExtenderConfig(), Reservations(300.0))
+        self.placement = ExtenderPlacement(self.cache)
+        self._published: dict[int, tuple] = {}
+
+    @staticmethod
+    def _name(node: Node) -> str:
+        return f"node-{node.index}"
+
+    def _publish(self, node: Node) -> None:
+        gpus = [g for g in node.gpus if g.slots is not None and g.whole_by is None]
+        held = frozenset(self._id(node, g) for g in node.gpus if g.whole_by is not None)
+        seen = (held, tuple((g.index, tuple((s.uuid, s.used) for s in g.slots or ())) for g in gpus))
+        if self._published.get(node.index) == seen:
+            return
+        self._published[node.index] = seen
+        mig = Mig("mixed", None, tuple(
+            MigGpuInfo(self._id(node, g), g.index, g.numa, g.island, node.table.model, tuple(
+                MigInstance(s.profile, s.placement.start, s.placement.size, s.uuid, mig_resource(s.profile), s.used)
+                for s in g.slots or ()), tuple(self._id(node, p) for p in node.gpus
+                                               if p.island == g.island and p is not g)) for g in gpus))
+        self.cache.put_node(make_entry(self._name(node), None, problem="whole GPUs are placed by the sim",
+                                       used=held, mig=node_mig(mig)))
+
+    @staticmethod
+    def _id(node: Node, gpu: Gpu) -> str:
+        return f"GPU-{node.index}-{gpu.index}"
+
+    def __call__(self, nodes: list[Node], req: Request, timings: list[float], rng: random.Random
+                 ) -> tuple[Node, MigChoice] | None:
+        for node in nodes:
+            self._publish(node)
+        by_name = {self._name(n): n for n in nodes}
+        names = list(by_name)
+        resource = mig_resource(req.profile or "")
+        need = Need(req.count, resource=resource)
+        t0 = time.perf_counter()
+        passed = self.placement.filter(names, need).passed
+        chosen = None
+        if passed:
+            scores = self.placement.score(passed, need)
+            top = max(scores)
+            name = passed[scores.index(top)]
+            chosen = (name, self.placement.choose_mig(self.cache.nodes[name], resource, need))
+        timings.append(time.perf_counter() - t0)
+        if chosen is None:
+            return None
+        name, c = chosen
+        assert isinstance(c, MigChoiceOnNode)
+        return by_name[name], MigChoice(c.uuids, c.gpus, c.key)
 
 
 def _first_fits(nodes: list[Node], req: Request, timings: list[float]) -> Iterator[tuple[Node, MigChoice]]:
@@ -420,9 +475,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     rows = []
     totals: dict[str, dict[str, float]] = {}
-    policies = (("first-fit", first_fit_policy, False), ("random-fit", random_fit_policy, False),
-                ("core", core_policy, True), ("core + node packing", core_packing_policy, True))
-    for seed, (name, policy, prefer) in ((s, p) for s in range(args.seed, args.seed + args.seeds) for p in policies):
+    policies: tuple[tuple[str, Callable[[], Policy], bool], ...] = (
+        ("first-fit", lambda: first_fit_policy, False), ("random-fit", lambda: random_fit_policy, False),
+        ("core", lambda: core_policy, True), ("extender", ExtenderPolicy, True))
+    for seed, (name, make_policy, prefer) in ((s, p) for s in range(args.seed, args.seed + args.seeds)
+                                              for p in policies):
+        policy = make_policy()
         nodes = build_fleet(args.nodes, random.Random(seed))
         requests = make_requests(args.requests, args.nodes, args.load, random.Random(seed + 1))
         r = simulate(requests, nodes, policy, prefer, args.patience, seed + 2)
@@ -449,14 +507,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     cmd = (f"python -m bench.mig --requests {args.requests} --nodes {args.nodes} --load {args.load} "
            f"--patience {args.patience} --seed {args.seed} --seeds {args.seeds}")
-    text = (f"# MIG churn: core placement vs first-fit\n\n`{cmd}` on {machine_line()} (a shared, loaded machine: "
-            f"timings are noisy; the policies ran back to back on the same streams).\n\n{summary}\n\n{table}\n\n"
+    text = (f"# MIG churn: the extender's placement vs first-fit\n\n`{cmd}` on {machine_line()} (a shared, "
+            f"loaded machine: timings are noisy; the policies ran back to back on the same streams).\n\n"
+            f"{summary}\n\n{table}\n\n"
             "- served: requests placed before giving up (after --patience mean durations); waited: requests not "
             "placed at arrival; waited with room: "
             "requests that waited while one node had enough free memory slices for them (fragmentation).\n"
             "- GPUs left whole: time-average of GPUs with nothing in use (free for whole-GPU pods or any layout).\n"
-            "- policy call: one node's decision (choose_mig / first_fit on that node's MIG GPUs), as the extender "
-            "makes it per node; calls after a re-partition included.\n"
+            "- policy call: first-fit, random-fit and core: one node's decision (first_fit / choose_mig on that "
+            "node's MIG GPUs); extender: one whole decision (filter + prioritize over every node, and bind's "
+            "choice on the winner, through extender.placement.engine as the verbs call it). Calls after a "
+            "re-partition included.\n"
             "- multi-instance requests (2 or 3 instances): how many GPUs they span (MIG instances have no NVLink "
             "between them) and how many sit on one NUMA node.\n"
             "- (MIG): of those, the MIG requests; the rest are whole-GPU pods, placed by the same rule in every "

@@ -26,6 +26,7 @@ from extender.config import ExtenderConfig
 from extender.metrics import ExtenderMetrics
 from extender.placement.engine import NoFit, Placement
 from extender.placement.explain import Explainer
+from extender.placement.mig import explain_plan, is_mig_plan, mig_plan
 from extender.placement.shared import SharedChoice, explain_shared
 from extender.state.cache import NodeCache, NodeEntry, PodRecord
 from extender.state.inventory import Inventory
@@ -196,6 +197,9 @@ class Binder:
                 return None, None
             entry = self.cache.nodes.get(req.node)
             resource = needs.need.resource or self.config.resource_name
+            mig = self.placement.mig_resource(needs.need)
+            if mig is not None and (needs.need.resource is not None or (entry is not None and entry.serves_mig(mig))):
+                return self._reserve_mig(req, needs, entry, mig)
             if needs.need.resource is not None or (entry is not None and entry.shares(resource)):
                 return self._reserve_shared(req, needs, entry, resource)
             free = self.cache.free_mask(entry) if entry is not None else 0
@@ -246,6 +250,25 @@ class Binder:
         log.info("extender.bind.planned", pod=req.key, node=req.node, plan=plan.container_ids(), shared=resource)
         return plan, res
 
+    def _reserve_mig(self, req: BindRequest, needs: PodNeeds, entry: NodeEntry | None, resource: str
+                     ) -> tuple[Plan, Reservation | None]:
+        """MIG instances (extender.placement.mig): the plan names MIG UUIDs, the reservation holds them until the
+        node's state shows them held. The caller holds the node lock."""
+        try:
+            choice = self.placement.choose_mig(entry, resource, needs.need)
+        except NoFit as e:
+            raise BindFailed("no_fit", f"node {req.node} cannot take pod {req.key}: {e.reason}") from None
+        plan = mig_plan(req.node, choice, needs.containers)
+        res = None
+        if self.inventory is not None:
+            self.inventory.commit(entry, PodRecord(req.uid, req.namespace, req.name, req.node, "Running", False,
+                                                   needs, plan, encode_plan(plan)))
+        else:
+            res = self.cache.reservations.add(req.holder, req.namespace, req.name, req.node, plan.ids, 0, BIND, plan,
+                                              instances=True)
+        log.info("extender.bind.planned", pod=req.key, node=req.node, plan=plan.container_ids(), mig=resource)
+        return plan, res
+
     def _annotations(self, req: BindRequest, plan: Plan | None) -> dict[str, str]:
         if plan is None:
             return {}
@@ -258,6 +281,8 @@ class Binder:
     def _placement(self, req: BindRequest, plan: Plan) -> str | None:
         """The plan's explanation (extender.placement.explain); never in the way of the bind."""
         entry = self.cache.nodes.get(plan.node)
+        if self.explainer is not None and entry is not None and is_mig_plan(entry, plan):
+            return explain_plan(entry, plan, self.cache.reservations.pending_instances(entry.name))
         if self.explainer is None or entry is None or entry.topo is None:
             return None
         if entry.shares(plan.resource):

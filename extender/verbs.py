@@ -127,7 +127,9 @@ class Verbs:
         except PodSpecError as e:
             log.info("extender.preempt.bad_pod", error=str(e))
             return {"NodeNameToMetaVictims": meta_victims(args.candidates)}
-        if self.ext.placement.shared_resource(needs.need) is not None:  # victims of replicas: kube-scheduler's own
+        placement = self.ext.placement
+        if placement.shared_resource(needs.need) is not None or placement.mig_resource(needs.need) is not None:
+            # victims of replicas or MIG instances: kube-scheduler's own
             return {"NodeNameToMetaVictims": meta_victims(args.candidates)}
         kept = keep_victims(self.ext.cache, self.ext.placement, needs.need, args.candidates, self.ext.plan_of)
         return {"NodeNameToMetaVictims": meta_victims(kept)}

@@ -3,7 +3,8 @@
 What is written (prefix configurable, default gpu-topology.io; see docs/contracts.md):
 - annotation `<prefix>/topology`: the core's compact topology JSON, GPU ids = the ids advertised to the kubelet;
 - annotation `<prefix>/state`: {"v":1,"gen":N,"used":[ids],"unhealthy":[ids]}; `gen` grows by one on every change,
-  continuing from the value already on the Node, so it only ever grows across plugin restarts;
+  continuing from the value already on the Node, so it only ever grows across plugin restarts; with `mig=` (issue
+  23) also the MIG GPUs and their instances, advertised or not, and which pods hold (gpuplugin.mig_publication);
 - labels `<prefix>/fabric` (nvswitch|nvlink|pcie), `<prefix>/gpu-model` (sanitised to a label value),
   `<prefix>/gpu-count`.
 
@@ -47,7 +48,7 @@ import structlog
 
 from gpuplugin.podresources import PodResourcesError
 from gputopo.contract import Keys
-from gputopo.core.codec import NodeState, Sharing, state_from_json, state_to_json, topology_to_json
+from gputopo.core.codec import Mig, NodeState, Sharing, state_from_json, state_to_json, topology_to_json
 from gputopo.core.errors import TopologyFormatError
 from gputopo.core.topology import Topology
 from gputopo.kube.errors import Conflict, KubeApiError, NotFound
@@ -104,6 +105,7 @@ class NodePublisher(Worker):
         clock: Callable[[], float] = time.monotonic,
         sharing: Callable[[], Sharing | None] | None = None,
         extra_labels: Callable[[], Mapping[str, str | None]] | None = None,
+        mig: Callable[[], Mig | None] | None = None,
     ) -> None:
         if not node_name:
             raise ValueError("node name is required to publish (set NODE_NAME from the downward API)")
@@ -126,6 +128,7 @@ class NodePublisher(Worker):
         self._follow_until: float | None = None
         self._sharing = sharing  # the state's "sharing" member, from PodResources (issue 22)
         self._extra_labels = extra_labels  # the GFD labels of the shared layout
+        self._mig = mig  # the state's "mig" member (gpuplugin.mig_publication.mig_block), issue 23
 
         self.topology_key = keys.topology
         self.state_key = keys.state
@@ -172,10 +175,11 @@ class NodePublisher(Worker):
                 log.warning("plugin.publish.state_unreadable", node=self.node_name, error=str(e), action="overwrite")
         sharing = self._sharing() if self._sharing is not None else None
         used -= sharing.shared_gpus if sharing is not None else frozenset()
+        mig = self._mig() if self._mig is not None else None
         if (previous is not None and previous.used == used and previous.unhealthy == unhealthy
-                and previous.sharing == sharing):
+                and previous.sharing == sharing and previous.mig == mig):
             return current or "", previous
-        state = NodeState((previous.generation if previous else 0) + 1, used, unhealthy, sharing)
+        state = NodeState((previous.generation if previous else 0) + 1, used, unhealthy, sharing, mig)
         return state_to_json(state), state
 
     def _all_labels(self) -> dict[str, str | None]:

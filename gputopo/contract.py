@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from gputopo.core.mig import MIG_RESOURCE_PREFIX, resource_for
+
 DEFAULT_PREFIX = "gpu-topology.io"
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 
@@ -170,6 +172,32 @@ def replica_parent(device_id: str) -> tuple[str, int]:
     if not sep or not gpu or not n.isdigit() or (len(n) > 1 and n[0] == "0"):
         raise ReplicaIdError(f"device id {device_id[:200]!r} is not a replica id <gpu id>::<n>")
     return gpu, int(n)
+
+
+# -- MIG (issue 23) ------------------------------------------------------------------------------------------------
+# NVIDIA's names: under the mixed strategy a MIG device is `<domain>/mig-<profile>` with `+` written as `.`
+# (gputopo.core.mig.resource_for), under single the configured resource. Both halves build and recognise the name
+# here; a plan for a MIG resource lists MIG UUIDs, the device ids NVIDIA's plugin uses for MIG devices.
+
+MIG_STRATEGY_NONE, MIG_STRATEGY_SINGLE, MIG_STRATEGY_MIXED = "none", "single", "mixed"
+MIG_NOT_ADVERTISED = "MIG devices are not advertised by this plugin (MIG strategy none)"
+
+
+def mig_resource(profile: str, domain: str = DEFAULT_RESOURCE.split("/", 1)[0]) -> str:
+    """`1g.18gb+me` -> `nvidia.com/mig-1g.18gb.me`; MigError for a name the mixed strategy advertises nothing as."""
+    return f"{domain}/{resource_for(profile)}"
+
+
+def is_mig_resource(name: str, domain: str = DEFAULT_RESOURCE.split("/", 1)[0]) -> bool:
+    """Whether `name` has the form of a mixed-strategy MIG resource in `domain` (the profile may still be unknown:
+    gputopo.core.mig.profile_for_resource says so, naming it)."""
+    return name.startswith(f"{domain}/{MIG_RESOURCE_PREFIX}") and len(name) > len(domain) + 1 + len(
+        MIG_RESOURCE_PREFIX)
+
+
+def mig_none_reason(gpus: int) -> str:
+    """The reason a node with MIG GPUs under strategy `none` publishes (the issue: out, but said on the node)."""
+    return f"{MIG_NOT_ADVERTISED}: {gpus} MIG-enabled GPU{'s' if gpus != 1 else ''} left out"
 
 
 # -- the plan -----------------------------------------------------------------------------------------------------

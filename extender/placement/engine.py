@@ -15,11 +15,13 @@ from operator import is_
 from extender.placement import policy, reasons
 from extender.placement.explain import Offer, offer
 from extender.placement.memo import PlacementMemo
+from extender.placement.mig import MigChoiceOnNode, mig_choice, mig_scores
 from extender.placement.policy import NO_FIT, Fit, island_values
 from extender.placement.reasons import UNKNOWN_NODE, Failed, Unresolvable
 from extender.placement.shared import SharedChoice, choice_key, shared_choice, shared_scores
 from extender.state.cache import CORDONED, NodeCache, NodeEntry, PlacementState
 from extender.state.pods import Need
+from gputopo.contract import is_mig_resource
 from gputopo.core import Allocation, Topology
 
 __all__ = ["CORDONED", "UNKNOWN_NODE", "FilterOutcome", "Fit", "NoFit", "Placement", "island_values"]
@@ -45,6 +47,8 @@ class Placement:
     def __init__(self, cache: NodeCache) -> None:
         self.cache = cache
         self.memo = PlacementMemo()
+        # node -> (entry, question, answer) of its last MIG answer; one per node, cleared past twice the cluster
+        self._mig_memo: dict[str, tuple[NodeEntry, tuple[object, ...], MigChoiceOnNode | Failed | Unresolvable]] = {}
 
     def fit(self, entry: NodeEntry, free: int, need: Need) -> Fit:
         """Best subset of `free` for the need on this node, with its packing value, or why there is none."""
@@ -97,6 +101,9 @@ class Placement:
         names = list(names)
         if need.size == 0:
             return FilterOutcome(names, {}, {})
+        mig = self.mig_resource(need, extra)
+        if mig is not None:
+            return self._filter_mig(names, need, mig, extra)
         shared = self.shared_resource(need, extra)
         if shared is not None:
             return self._filter_shared(names, need, shared, extra)
@@ -136,7 +143,7 @@ class Placement:
         names = list(names)
         if need.size == 0:
             return [0] * len(names)
-        if self.shared_resource(need, extra) is not None:
+        if self.shared_resource(need, extra) is not None or self.mig_resource(need, extra) is not None:
             return self.score_offer(names, need, extra)[0]
         config = self.cache.config
         return policy.rank(self._fits(names, need, extra), config.island_penalty, config.island_spare).scores
@@ -148,6 +155,9 @@ class Placement:
         names = list(names)
         if need.size == 0:
             return [0] * len(names), None
+        mig = self.mig_resource(need, extra)
+        if mig is not None:
+            return self._score_mig(names, need, mig, extra)
         shared = self.shared_resource(need, extra)
         if shared is not None:
             return self._score_shared(names, need, shared, extra)
@@ -248,6 +258,90 @@ class Placement:
             raise NoFit(UNKNOWN_NODE, True)
         choice = self.shared_choice(entry, resource, size)
         if not isinstance(choice, SharedChoice):
+            raise NoFit(choice, isinstance(choice, Unresolvable))
+        return choice
+
+    # -- MIG instances (extender.placement.mig) ------------------------------------------------------------------
+    #
+    # A pod asking `<domain>/mig-<profile>`, or the configured resource where some node advertises MIG instances
+    # under it (NVIDIA's single strategy): otherwise the verbs above run as before (one set lookup more).
+
+    def mig_resource(self, need: Need, extra: Mapping[str, NodeEntry] | None = None) -> str | None:
+        """The resource whose MIG instances the need may take on some node; None: no MIG path."""
+        if need.resource is not None:
+            domain = self.cache.config.resource_name.split("/", 1)[0]
+            return need.resource if is_mig_resource(need.resource, domain) else None
+        name = self.cache.config.resource_name
+        if name in self.cache.mig_names or (extra and any(e.serves_mig(name) for e in extra.values())):
+            return name
+        return None
+
+    def mig_choice(self, entry: NodeEntry, resource: str, need: Need) -> MigChoiceOnNode | Failed | Unresolvable:
+        """The node's answer, remembered per node for the entry object (entries are replaced, never changed) and
+        what else it depends on: filter, prioritize and bind ask the same question in a row."""
+        pending = self.cache.reservations.pending_instances(entry.name)
+        reserved = self.cache.reservations.masks.get(entry.name, 0) & ~entry.used_mask
+        key = (resource, need.size, need.constrained, pending, reserved)
+        hit = self._mig_memo.get(entry.name)
+        if hit is not None and hit[0] is entry and hit[1] == key:
+            return hit[2]
+        whole = entry.used_ids
+        if reserved and entry.topo is not None:
+            ids = entry.topo.ids
+            whole = whole | {ids[i] for i in range(entry.topo.size) if reserved >> i & 1}
+        answer = mig_choice(entry, resource, need.size, pending, need.constrained, whole)
+        if len(self._mig_memo) > 2 * len(self.cache.nodes) + 1024:  # names of nodes gone: forget them all
+            self._mig_memo.clear()
+        self._mig_memo[entry.name] = (entry, key, answer)
+        return answer
+
+    def _split_mig(self, names: list[str], need: Need, resource: str, extra: Mapping[str, NodeEntry] | None
+                   ) -> tuple[list[str], dict[str, MigChoiceOnNode | Failed | Unresolvable]]:
+        """Nodes taking the pod whole (the configured resource, no MIG instance of it there) and each other
+        node's answer."""
+        whole: list[str] = []
+        out: dict[str, MigChoiceOnNode | Failed | Unresolvable] = {}
+        for name in names:
+            entry = self.cache.nodes.get(name)
+            if entry is None and extra:
+                entry = extra.get(name)
+            if need.resource is None and (entry is None or not entry.serves_mig(resource)):
+                whole.append(name)
+            elif entry is None:
+                out[name] = Unresolvable(UNKNOWN_NODE)
+            else:
+                out[name] = self.mig_choice(entry, resource, need)
+        return whole, out
+
+    def _filter_mig(self, names: list[str], need: Need, resource: str, extra: Mapping[str, NodeEntry] | None
+                    ) -> FilterOutcome:
+        whole, answers = self._split_mig(names, need, resource, extra)
+        out = self._filter_whole(whole, need, extra) if whole else FilterOutcome([], {}, {})
+        refused = [(n, v) for n, v in answers.items() if isinstance(v, Failed | Unresolvable)]
+        words = reasons.coarsened([v for _, v in refused])  # type: ignore[arg-type]
+        for (name, v), w in zip(refused, words, strict=True):
+            (out.unresolvable if isinstance(v, Unresolvable) else out.failed)[name] = w  # type: ignore[assignment]
+        ok = set(out.passed) | {n for n, v in answers.items() if isinstance(v, MigChoiceOnNode)}
+        return FilterOutcome([n for n in names if n in ok], out.failed, out.unresolvable)
+
+    def _score_mig(self, names: list[str], need: Need, resource: str, extra: Mapping[str, NodeEntry] | None
+                   ) -> tuple[list[int], Offer | None]:
+        whole, answers = self._split_mig(names, need, resource, extra)
+        found = None
+        scores: dict[str, int] = {}
+        if whole:
+            whole_scores, found = self._score_whole(whole, need, extra)
+            scores.update(zip(whole, whole_scores, strict=True))
+        choices = [v if isinstance(v, MigChoiceOnNode) else None for v in answers.values()]
+        scores.update(zip(answers, mig_scores(choices), strict=True))
+        return [scores[n] for n in names], found
+
+    def choose_mig(self, entry: NodeEntry | None, resource: str, need: Need) -> MigChoiceOnNode:
+        """The instances bind commits to (the caller holds the node's lock). Raises NoFit."""
+        if entry is None:
+            raise NoFit(UNKNOWN_NODE, True)
+        choice = self.mig_choice(entry, resource, need)
+        if not isinstance(choice, MigChoiceOnNode):
             raise NoFit(choice, isinstance(choice, Unresolvable))
         return choice
 

@@ -24,10 +24,11 @@ from extender.jobs.groups import GroupSizes
 from extender.jobs.index import JobIndex
 from extender.jobs.membership import Membership, MembershipError, job_membership
 from extender.jobs.ownership import OwnerShapes
+from extender.state.mig import NodeMig, node_mig
 from extender.state.pods import PodNeeds, PodSpecError, parse_quantity, pod_needs
 from extender.state.reservations import POD, Reservation, Reservations
 from extender.state.sharing import NodeSharing, fell, node_sharing, thresholds
-from gputopo.contract import Plan, PlanFormatError, parse_plan
+from gputopo.contract import Plan, PlanFormatError, is_mig_resource, parse_plan
 from gputopo.core import Topology, TopologyError, state_from_json, topology_from_json
 from gputopo.core.bitset import mask_of
 from gputopo.core.locality import Place
@@ -64,6 +65,10 @@ class NodeEntry:
     fingerprint: str
     place: Place = ()  # where it sits in the network (--locality levels from its labels)
     sharing: NodeSharing | None = None  # GPUs shared as replicas (extender.state.sharing); never offered whole
+    mig: NodeMig | None = None  # MIG GPUs and their instances (extender.state.mig); never offered whole
+
+    def serves_mig(self, resource: str) -> bool:
+        return self.mig is not None and self.mig.serves(resource)
 
     def shares(self, resource: str) -> bool:
         return self.sharing is not None and self.sharing.resource(resource) is not None
@@ -137,13 +142,14 @@ def make_entry(
     generation: int = 0,
     place: Place = (),
     sharing: NodeSharing | None = None,
+    mig: NodeMig | None = None,
 ) -> NodeEntry:
     """Build an entry; ids the topology does not know are dropped (logged by the caller). Shared GPUs are neither
     free nor counted in the total for whole-GPU pods: they are offered only as replicas."""
     used_ids, unhealthy_ids = frozenset(used), frozenset(unhealthy)
     if topo is None:
         return NodeEntry(name, None, problem or "publishes no GPU topology", {}, used_ids, unhealthy_ids, 0, 0, 0, 0,
-                         unschedulable, generation, "", place)
+                         unschedulable, generation, "", place, None, mig)
     idx = index if index is not None else {g.id: g.index for g in topo.gpus}
     used_mask = mask_of(idx[i] for i in used_ids if i in idx)
     bad_mask = mask_of(idx[i] for i in unhealthy_ids if i in idx)
@@ -153,7 +159,7 @@ def make_entry(
     total = whole if allocatable is None else min(whole, allocatable)
     return NodeEntry(name, topo, problem, idx, used_ids, unhealthy_ids, used_mask, bad_mask,
                      full & ~used_mask & ~bad_mask, total, unschedulable, generation, topo.fingerprint, place,
-                     sharing)
+                     sharing, mig)
 
 
 class NodeCache:
@@ -186,6 +192,8 @@ class NodeCache:
         self.on_job_gone: Callable[[str], None] = lambda key: None
         self.shared_names: frozenset[str] = frozenset()  # resource names some node shares (replicas)
         self._shared_by: dict[str, frozenset[str]] = {}  # node -> the names it shares
+        self.mig_names: frozenset[str] = frozenset()  # resource names some node's MIG instances are advertised as
+        self._mig_by: dict[str, frozenset[str]] = {}
         self._changed = threading.Condition()
         self.version = 0  # bumped on every change, so waiters (readiness, tests, demos) need no polling
         reservations.on_change = self._refresh_state
@@ -281,8 +289,7 @@ class NodeCache:
                 allocatable = None
         text = ann.get(self.config.keys.topology)
         if not isinstance(text, str) or not text:
-            entry = make_entry(name, None, problem=f"publishes no GPU topology (annotation "
-                               f"{self.config.keys.topology} missing)", unschedulable=unschedulable, place=place)
+            entry = make_entry(name, None, unschedulable=unschedulable, place=place, **self._mig_only(name, ann))
             self._report(f"node/{name}", None)
             return entry
         topo, index, problem = self.parse_topology(text)
@@ -292,6 +299,7 @@ class NodeCache:
         used: frozenset[str] = frozenset()
         unhealthy: frozenset[str] = frozenset()
         sharing: NodeSharing | None = None
+        mig: NodeMig | None = None
         generation = 0
         state_text = ann.get(self.config.keys.state)
         problem = None
@@ -303,6 +311,10 @@ class NodeCache:
                 if state.sharing is not None:
                     sharing, dropped = node_sharing(state.sharing, index)
                     unknown = sorted(set(unknown) | set(dropped))
+                if state.mig is not None:
+                    mig = node_mig(state.mig)
+                    unknown = sorted(set(unknown) - state.mig.used_ids - {i.uuid for g in state.mig.gpus
+                                                                          for i in g.instances})
                 if unknown:
                     self._report(f"node/{name}/ids", f"state names GPUs not in the topology: {unknown[:8]}")
             except (TopologyError, RecursionError) as e:
@@ -313,7 +325,26 @@ class NodeCache:
         if problem is not None:
             return make_entry(name, None, problem=problem, unschedulable=unschedulable, place=place)
         return make_entry(name, topo, index=index, used=used, unhealthy=unhealthy, allocatable=allocatable,
-                          unschedulable=unschedulable, generation=generation, place=place, sharing=sharing)
+                          unschedulable=unschedulable, generation=generation, place=place, sharing=sharing, mig=mig)
+
+    def _mig_only(self, name: str, ann: Mapping[str, Any]) -> dict[str, Any]:
+        """A node without a topology may still offer MIG instances (every GPU MIG): its state's "mig" member, used
+        and unhealthy ids. The node's problem says why it offers nothing else: no topology, or (its state naming
+        MIG GPUs or not) an unreadable state, with the field the reader refused."""
+        missing = f"publishes no GPU topology (annotation {self.config.keys.topology} missing)"
+        text = ann.get(self.config.keys.state)
+        if not isinstance(text, str) or not text:
+            return {"problem": missing}
+        try:
+            state = state_from_json(text)
+        except (TopologyError, RecursionError) as e:
+            problem = f"GPU state annotation {self.config.keys.state} is unreadable: {e}"
+            self._report(f"node/{name}/state", problem)
+            return {"problem": problem}
+        if state.mig is None:
+            return {"problem": missing}
+        return {"problem": missing, "mig": node_mig(state.mig), "used": state.used, "unhealthy": state.unhealthy,
+                "generation": state.generation}
 
     def put_node(self, entry: NodeEntry) -> None:
         """Install a node entry; remaps reservations if its topology changed, settles those its state shows used."""
@@ -334,7 +365,9 @@ class NodeCache:
             counts = entry.sharing.used_by_id() if entry.sharing is not None else None
             if old is None and counts is not None:
                 self.reservations.rebase_replicas(entry.name, counts)
-            settled = self.reservations.settle(entry.name, entry.used_ids, counts,
+            self._note_mig(entry.name, entry.mig.names if entry.mig is not None else frozenset())
+            held = entry.used_ids | entry.mig.used if entry.mig is not None else entry.used_ids
+            settled = self.reservations.settle(entry.name, held, counts,
                                                fell(old.sharing if old is not None else None, entry.sharing))
             for r in settled:
                 self._settled[r.uid] = r.node
@@ -354,6 +387,17 @@ class NodeCache:
                 self._shared_by.pop(node, None)
             self.shared_names = frozenset().union(*self._shared_by.values())
 
+    def _note_mig(self, node: str, names: frozenset[str]) -> None:
+        """Keep `mig_names` (what placement routes to MIG instances) the union of what the nodes advertise."""
+        if self._mig_by.get(node, frozenset()) == names:
+            return
+        with self._state_lock:
+            if names:
+                self._mig_by[node] = names
+            else:
+                self._mig_by.pop(node, None)
+            self.mig_names = frozenset().union(*self._mig_by.values())
+
     def shared_entry(self, node: str, resource: str) -> NodeEntry | None:
         """The node's entry when it shares `resource` as replicas."""
         entry = self.nodes.get(node)
@@ -371,6 +415,7 @@ class NodeCache:
             gone = self.nodes.pop(name, None)
             self._refresh_state(name)
             self._note_shared(name, frozenset())
+            self._note_mig(name, frozenset())
         self._reported.pop(f"node/{name}", None)
         if gone is not None:
             self.on_node_removed(name)
@@ -499,7 +544,7 @@ class NodeCache:
                 return
             ids = plan.ids
             entry = self.nodes.get(rec.node)
-            if self._reconcile_shared(rec, plan, entry):
+            if self._reconcile_mig(rec, plan, entry) or self._reconcile_shared(rec, plan, entry):
                 return
             if entry is not None and entry.topo is not None:
                 if ids <= entry.used_ids:
@@ -534,6 +579,18 @@ class NodeCache:
         self.reservations.add(rec.uid, rec.namespace, rec.name, plan.node, plan.ids, 0, POD, plan,
                               thresholds(plan.ids, used, pending))
         log.info("extender.reservation.rebuilt", pod=rec.key, node=plan.node, gpus=sorted(plan.ids), shared=True)
+        return True
+
+    def _reconcile_mig(self, rec: PodRecord, plan: Plan, entry: NodeEntry | None) -> bool:
+        """A MIG plan's instances, rebuilt after a restart (the caller holds the node's lock); False when the plan
+        is not for MIG instances. Settled at once when the node shows them held."""
+        if not (is_mig_resource(plan.resource) or (entry is not None and entry.serves_mig(plan.resource))):
+            return False
+        if entry is not None and entry.mig is not None and plan.ids <= entry.mig.used:
+            self._settled[rec.uid] = rec.node or ""
+            return True
+        self.reservations.add(rec.uid, rec.namespace, rec.name, plan.node, plan.ids, 0, POD, plan, instances=True)
+        log.info("extender.reservation.rebuilt", pod=rec.key, node=plan.node, instances=sorted(plan.ids), mig=True)
         return True
 
     def _bound_here(self, r: Reservation) -> bool:

@@ -22,6 +22,12 @@ Format (see examples/inventory.yaml):
               replicas: 4                 # per GPU
               devices: [0, 1, 2, 3]       # optional: GPU ids or indices (default: every GPU)
               used: {0: 2}                # optional: replicas held per GPU (id or index)
+        mig:                              # optional: MIG GPUs (issue 23), the state's "mig" member as the plugin
+          strategy: mixed                 #   publishes it (docs/contracts.md); none | single | mixed
+          gpus:
+            - {gpu: GPU-2, index: 2, numa: 0, model: NVIDIA H200,
+               instances: [[1g.18gb, 0, 1, MIG-a, nvidia.com/mig-1g.18gb, 0], ...]}
+A node with `mig` may leave out its topology (every GPU MIG: no whole GPU to place).
 """
 
 from __future__ import annotations
@@ -36,18 +42,28 @@ import structlog
 import yaml
 
 from extender.state.cache import NodeCache, NodeEntry, PodRecord, make_entry
+from extender.state.mig import NodeMig, node_mig, with_held
 from extender.state.sharing import node_sharing, with_used
 from gputopo.contract import Plan, encode_plan
 from gputopo.core import Topology, TopologyError
 from gputopo.core.bitset import bits
-from gputopo.core.codec import SharedGpu, SharedResource, Sharing, sharing_from_dict, sharing_to_dict
+from gputopo.core.codec import (
+    MIG_VERSION,
+    SharedGpu,
+    SharedResource,
+    Sharing,
+    mig_from_dict,
+    mig_to_dict,
+    sharing_from_dict,
+    sharing_to_dict,
+)
 from gputopo.core.locality import Locality
 from gputopo.discovery.loader import load_topology_file, load_topology_text
 
 log = structlog.get_logger(__name__)
 
 _NODE_KEYS = frozenset({"name", "topology", "topology_inline", "used", "unhealthy", "unschedulable", "replicas",
-                        "labels", "sharing"})
+                        "labels", "sharing", "mig"})
 _SHARING_KEYS = frozenset({"strategy", "failRequestsGreaterThanOne", "resources"})
 _SHARED_KEYS = frozenset({"name", "replicas", "devices", "used"})
 MAX_REPLICAS = 100_000
@@ -151,6 +167,16 @@ def parse_inventory(data: Any, base_dir: Path, locality: Locality | None = None)
         if not isinstance(name, str) or not name:
             raise InventoryError(f"{where} needs a non-empty 'name'")
         where = f"node {name}"
+        mig = _mig(spec.get("mig"), where)
+        if mig is not None and spec.get("topology") is None and spec.get("topology_inline") is None:
+            _mig_only_node(spec, where)
+            for n in _replica_names(name, spec.get("replicas"), where):
+                if n in names:
+                    raise InventoryError(f"node name {n} appears twice")
+                names.add(n)
+                entries.append(make_entry(n, None, problem="publishes no GPU topology (every GPU is MIG)",
+                                          unschedulable=spec.get("unschedulable") is True, mig=mig))
+            continue
         topo = _topology(spec, base_dir, where, topologies)
         used = _ids(topo, spec.get("used"), f"{where} used")
         unhealthy = _ids(topo, spec.get("unhealthy"), f"{where} unhealthy")
@@ -172,8 +198,36 @@ def parse_inventory(data: Any, base_dir: Path, locality: Locality | None = None)
                 raise InventoryError(f"node name {n} appears twice")
             names.add(n)
             entries.append(make_entry(n, topo, used=used, unhealthy=unhealthy, unschedulable=unschedulable,
-                                      place=place, sharing=view))
+                                      place=place, sharing=view, mig=mig))
     return entries
+
+
+def _replica_names(name: str, replicas: Any, where: str) -> list[str]:
+    if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int)
+                                 or not 1 <= replicas <= MAX_REPLICAS):
+        raise InventoryError(f"{where} replicas must be an integer in 1..{MAX_REPLICAS}")
+    return [name] if replicas is None else [f"{name}-{i}" for i in range(replicas)]
+
+
+def _mig_only_node(spec: Mapping[str, Any], where: str) -> None:
+    """A MIG node without a topology: only the keys that mean something without whole GPUs."""
+    extra = sorted(set(spec) - {"name", "mig", "replicas", "unschedulable"})
+    if extra:
+        raise InventoryError(f"{where} has no topology (MIG only): {', '.join(extra)} need one")
+    if not isinstance(spec.get("unschedulable", False), bool):
+        raise InventoryError(f"{where} unschedulable must be true or false")
+
+
+def _mig(spec: Any, where: str) -> NodeMig | None:
+    """The node's `mig` block, read by the contract's own reader (so it is checked as the plugin's state is)."""
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise InventoryError(f"{where} mig must be a mapping")
+    try:
+        return node_mig(mig_from_dict({"v": MIG_VERSION, **spec}))
+    except TopologyError as e:
+        raise InventoryError(f"{where} mig: {e}") from None
 
 
 def _topology(spec: Mapping[str, Any], base_dir: Path, where: str, seen: dict[str, Topology]) -> Topology:
@@ -226,7 +280,7 @@ class Inventory:
         needs no entry: it is remembered all the same, so a second bind elsewhere is refused as for a GPU pod). The
         caller holds the node's lock."""
         if rec.plan is not None:
-            assert entry is not None and entry.topo is not None
+            assert entry is not None and (entry.topo is not None or entry.mig is not None)
             self.cache.put_node(self._moved(entry, rec.plan, +1))
         self.cache.remember_pod(rec)
         with self._lock:
@@ -240,7 +294,7 @@ class Inventory:
             return rec
         with self.cache.lock_for(rec.node):
             entry = self.cache.nodes.get(rec.node)
-            if entry is not None and entry.topo is not None and rec.plan is not None:
+            if entry is not None and (entry.topo is not None or entry.mig is not None) and rec.plan is not None:
                 self.cache.put_node(self._moved(entry, rec.plan, -1))
         self.cache.remove_pod(uid)
         return rec
@@ -248,7 +302,12 @@ class Inventory:
     @staticmethod
     def _moved(entry: NodeEntry, plan: Plan, sign: int) -> NodeEntry:
         """The entry with the plan's GPUs taken (+1) or given back (-1): whole GPUs as used ids, replicas of a
-        shared resource as one more (or fewer) used replica on each planned GPU."""
+        shared resource as one more (or fewer) used replica on each planned GPU, MIG instances as held (or free)."""
+        if entry.mig is not None and entry.mig.used | {i.uuid for g in entry.mig.gpus for i in g.instances} >= plan.ids:
+            mig = with_held(entry.mig, plan.ids, sign > 0)
+            return make_entry(entry.name, entry.topo, problem=entry.problem, index=entry.index or None,
+                              used=entry.used_ids, unhealthy=entry.unhealthy_ids, unschedulable=entry.unschedulable,
+                              generation=entry.generation + 1, place=entry.place, sharing=entry.sharing, mig=mig)
         assert entry.topo is not None
         used, sharing = entry.used_ids, entry.sharing
         if entry.shares(plan.resource):
@@ -259,14 +318,15 @@ class Inventory:
             used = used | plan.ids if sign > 0 else used - plan.ids
         return make_entry(entry.name, entry.topo, index=entry.index, used=used, unhealthy=entry.unhealthy_ids,
                           unschedulable=entry.unschedulable, generation=entry.generation + 1, place=entry.place,
-                          sharing=sharing)
+                          sharing=sharing, mig=entry.mig)
 
     def snapshot(self) -> dict[str, Any]:
         nodes = []
         reserved = self.cache.reservations.masks
         for name, e in sorted(self.cache.nodes.items()):
+            mig = {"mig": mig_to_dict(e.mig.mig)} if e.mig is not None else {}
             if e.topo is None:
-                nodes.append({"name": name, "problem": e.problem})
+                nodes.append({"name": name, "problem": e.problem, **mig})
                 continue
             free = e.base_free & ~reserved.get(name, 0)
             nodes.append({
@@ -280,6 +340,7 @@ class Inventory:
                 **({"shared": {r.resource: [[e.topo.gpus[g].id, rep, u] for g, rep, u in
                                             zip(r.gpus, r.replicas, r.used, strict=True)]
                                for r in e.sharing.resources}} if e.sharing is not None else {}),
+                **mig,
             })
         with self._lock:
             pods = [{"uid": r.uid, "namespace": r.namespace, "name": r.name, "node": r.node,

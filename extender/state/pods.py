@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gputopo.contract import Keys
+from gputopo.contract import MIG_RESOURCE_PREFIX, Keys
 from gputopo.core import Topology, best_subset
 from gputopo.podspec import (
     APP,
@@ -38,7 +38,8 @@ class Need:
     require_nvlink: bool = False
     min_gbps: float = 0.0
     # a shared resource other than the configured one (`nvidia.com/gpu.shared`): `size` replicas of that many
-    # distinct GPUs. None: the configured resource, whole GPUs, or replicas on the nodes that share that name.
+    # distinct GPUs; or a MIG resource (`nvidia.com/mig-1g.18gb`): `size` instances of that profile. None: the
+    # configured resource, whole GPUs, or replicas / MIG instances on the nodes that serve that name so.
     resource: str | None = None
 
     @property
@@ -116,6 +117,45 @@ def _shared_ask(pod: Mapping[str, Any], resource: str, size: int, shared: frozen
     return asks[0]
 
 
+def _asked_names(pod: Mapping[str, Any], prefix: str) -> list[str]:
+    """Resource names starting with `prefix` that any container requests or limits (bounded by the spec itself)."""
+    spec = _dict(pod.get("spec"))
+    names: set[str] = set()
+    for field in ("initContainers", "containers"):
+        items = spec.get(field)
+        for c in items if isinstance(items, list) else ():
+            res = _dict(_dict(c).get("resources"))
+            for part in ("limits", "requests"):
+                names.update(k for k in _dict(res.get(part)) if isinstance(k, str) and k.startswith(prefix))
+    return sorted(names)
+
+
+def _mig_ask(pod: Mapping[str, Any], resource: str, size: int, shared: str | None
+             ) -> tuple[str, tuple[ContainerNeed, ...], int] | None:
+    """The MIG resource (`<domain>/mig-<profile>`, NVIDIA's mixed strategy) the pod asks instances of, if any. One
+    profile per pod, and not with whole GPUs or replicas: the plugin serves each name from its own socket, one plan
+    names one resource, and MIG instances of different GPUs are not one device."""
+    domain = resource.split("/", 1)[0]
+    asks = []
+    for name in _asked_names(pod, f"{domain}/{MIG_RESOURCE_PREFIX}"):
+        containers = container_needs(pod, name)
+        count = effective_count(containers)
+        if count:
+            asks.append((name, containers, count))
+    if not asks:
+        return None
+    if len(asks) > 1:
+        raise PodSpecError(f"asks for MIG instances of {asks[0][0]} and of {asks[1][0]}: a pod takes instances of "
+                           "one MIG profile")
+    if size:
+        raise PodSpecError(f"asks for {asks[0][0]} (MIG instances) and {resource} (whole GPUs): a pod takes MIG "
+                           "instances or whole GPUs, not both")
+    if shared:
+        raise PodSpecError(f"asks for {asks[0][0]} (MIG instances) and {shared} (replicas of shared GPUs): a pod "
+                           "takes one of them")
+    return asks[0]
+
+
 def pod_needs(pod: Any, resource: str, keys: Keys, shared: frozenset[str] = frozenset()) -> PodNeeds:
     """Parse the few fields of a Pod dict that placement needs; `shared` are the resource names some node shares
     (NodeCache.shared_names). Raises PodSpecError."""
@@ -128,6 +168,9 @@ def pod_needs(pod: Any, resource: str, keys: Keys, shared: frozenset[str] = froz
     asked: str | None = None
     if ask is not None:
         asked, containers, size = ask
+    mig = _mig_ask(pod, resource, 0 if ask is not None else size, asked)
+    if mig is not None:
+        asked, containers, size = mig
     ann = _dict(meta.get("annotations"))
     need = Need(
         size=size,

@@ -14,6 +14,9 @@ Reservations are keyed by (pod uid, node): two binds of one pod to different nod
 Masks are bit sets of GPU indices on the node's current topology; ids stay the truth, so a node whose topology
 changes gets its masks recomputed.
 
+A MIG plan (issue 23) reserves its MIG UUIDs (`instances`, mask 0: a MIG GPU is never offered whole); it settles
+when the node's state shows them held (extender.state.mig).
+
 A shared plan (replicas of shared GPUs, issue 22) reserves one replica on each of its GPUs instead: its mask is 0
 (a shared GPU is never offered whole) and `replicas` holds, per GPU id, the used count that shows it held; it
 settles when the node's state reaches all of them (extender.state.sharing says why counts, and how they move).
@@ -44,6 +47,7 @@ class Reservation:
     plan: Plan | None = None
     bound: bool = False  # the Binding was applied: the timeout no longer applies
     replicas: tuple[tuple[str, int], ...] = ()  # a shared plan: (gpu id, used count that shows it held)
+    instances: bool = False  # a MIG plan: `ids` are MIG UUIDs, mask 0; settles when the state shows them held
 
 
 class Reservations:
@@ -70,9 +74,10 @@ class Reservations:
         self.on_change(node)
 
     def add(self, uid: str, namespace: str, name: str, node: str, ids: Iterable[str], mask: int,
-            source: str, plan: Plan | None = None, replicas: tuple[tuple[str, int], ...] = ()) -> Reservation:
+            source: str, plan: Plan | None = None, replicas: tuple[tuple[str, int], ...] = (),
+            instances: bool = False) -> Reservation:
         res = Reservation(uid, namespace, name, node, frozenset(ids), mask, self.clock() + self.timeout_s, source,
-                          plan, replicas=replicas)
+                          plan, replicas=replicas, instances=instances)
         with self._lock:
             self._by_node.setdefault(node, {})[uid] = res
             self._recompute(node)
@@ -133,6 +138,11 @@ class Reservations:
                     out[gpu] = out.get(gpu, 0) + 1
         return out
 
+    def pending_instances(self, node: str) -> frozenset[str]:
+        """The MIG UUIDs that MIG plans in flight hold on the node."""
+        with self._lock:
+            return frozenset(i for r in self._by_node.get(node, {}).values() if r.instances for i in r.ids)
+
     def rebase_replicas(self, node: str, shared_used: Mapping[str, int]) -> None:
         """A node seen for the first time: shared reservations made before (rebuilt from plans while the node was
         unknown) wait for the counts it shows now plus their own, in the order they were made."""
@@ -180,6 +190,8 @@ class Reservations:
             if not held:
                 return dropped
             for uid, r in list(held.items()):
+                if r.instances:  # MIG UUIDs: not in the topology, nothing to remap
+                    continue
                 idx = [index_of(i) for i in r.ids]
                 if r.replicas:  # counted per GPU id, no mask to redo
                     if any(i is None for i in idx):

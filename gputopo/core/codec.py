@@ -21,6 +21,16 @@ State (version 1): {"v": 1, "gen": int, "used": [ids], "unhealthy": [ids], "shar
      "resources": [{"name": resource, "gpus": [[gpu id, replicas, replicas used], ...]}, ...]}
 A GPU listed under a shared resource is advertised only as replicas (`<gpu id>::<n>`), never whole, and never appears
 in "used". It was added inside version 1, like "nicattr": readers built before it ignore it.
+"mig" is present only on a node with MIG-enabled GPUs (issue 23), versioned on its own ("v"), so its shape can
+change without failing every reader of the whole state during a rolling upgrade:
+    {"v": 1, "strategy": "none" | "single" | "mixed", "reason": text | null,
+     "gpus": [{"gpu": GPU UUID, "index": NVML index, "numa": int | null, "island": int | null,
+               "model": name | null, "peers": [GPU ids],
+               "instances": [[device name, start, size, MIG UUID, resource | null, used 0|1], ...]}, ...]}
+"peers" (optional, only when "island" is set): the other GPUs of its NVLink island, by their ids in the topology
+(whole GPUs) or their UUIDs (MIG GPUs), so a reader can tell the island in use when a whole GPU of it is held.
+A MIG GPU is never offered whole and never appears in "used" (its instances' "used" says what pods hold); under
+"none" its instances are listed with resource null (not advertised) and "reason" says why.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gputopo.core.errors import TopologyError, TopologyFormatError
+from gputopo.core.mig import MEMORY_SLICES, MigError, Placement, parse_profile_name
 from gputopo.core.topology import Gpu, Link, LinkKind, Nic, Topology
 
 TOPOLOGY_VERSION = 1
@@ -244,15 +255,66 @@ class Sharing:
         return frozenset(g.gpu for r in self.resources for g in r.gpus)
 
 
+MIG_VERSION = 1
+MIG_STRATEGIES = ("none", "single", "mixed")
+MAX_MIG_GPUS = 64  # a node; bounds what a hostile annotation can make a reader build
+MAX_MIG_INSTANCES = MEMORY_SLICES  # per GPU: at most one per memory slice
+MAX_MIG_REASON = 400
+MAX_MIG_PEERS = 64
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """One MIG device: its name (`1g.18gb`, `1c.2g.35gb`), placement, MIG UUID, the resource it is advertised as
+    (None: not advertised), and whether a pod holds it."""
+
+    profile: str
+    start: int
+    size: int
+    uuid: str
+    resource: str | None
+    used: bool
+
+
+@dataclass(frozen=True)
+class MigGpuInfo:
+    """A MIG-enabled GPU: UUID, NVML index, NUMA node and NVLink island (None: unknown), model, its instances, and
+    the other GPUs of its island (`peers`: whole GPUs by topology id, MIG GPUs by UUID)."""
+
+    gpu: str
+    index: int
+    numa: int | None
+    island: int | None
+    model: str | None
+    instances: tuple[MigInstance, ...]
+    peers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Mig:
+    """A node's MIG GPUs as the plugin advertises them: NVIDIA's strategy, why they are not advertised (strategy
+    `none`), the GPUs."""
+
+    strategy: str
+    reason: str | None
+    gpus: tuple[MigGpuInfo, ...]
+
+    @property
+    def used_ids(self) -> frozenset[str]:
+        return frozenset(i.uuid for g in self.gpus for i in g.instances if i.used)
+
+
 @dataclass(frozen=True)
 class NodeState:
     """What is taken on a node: GPU ids held whole (from the kubelet's PodResources), unhealthy ids, and the
-    replicas of shared GPUs and how many are held (None on a node that shares nothing)."""
+    replicas of shared GPUs and how many are held (None on a node that shares nothing), and its MIG instances
+    (None on a node without MIG)."""
 
     generation: int
     used: frozenset[str]
     unhealthy: frozenset[str]
     sharing: Sharing | None = None
+    mig: Mig | None = None
 
 
 def sharing_to_dict(sharing: Sharing) -> dict[str, Any]:
@@ -269,7 +331,107 @@ def state_to_json(state: NodeState) -> str:
                             "unhealthy": sorted(state.unhealthy)}
     if state.sharing is not None:
         body["sharing"] = sharing_to_dict(state.sharing)
+    if state.mig is not None:
+        body["mig"] = mig_to_dict(state.mig)
     return json.dumps(body, separators=(",", ":"))
+
+
+def mig_to_dict(mig: Mig) -> dict[str, Any]:
+    return {
+        "v": MIG_VERSION,
+        "strategy": mig.strategy,
+        "reason": mig.reason,
+        "gpus": [{"gpu": g.gpu, "index": g.index, "numa": g.numa, "island": g.island, "model": g.model,
+                  **({"peers": list(g.peers)} if g.peers else {}),
+                  "instances": [[i.profile, i.start, i.size, i.uuid, i.resource, int(i.used)] for i in g.instances]}
+                 for g in mig.gpus],
+    }
+
+
+def _text(value: Any, what: str, limit: int, optional: bool = False) -> Any:
+    ok = (value is None and optional) or (isinstance(value, str) and 0 < len(value) <= limit)
+    _expect(ok, f"{what} must be {'null or ' if optional else ''}a string of 1-{limit} characters")
+    return value
+
+
+def _mig_instance(raw: Any, where: str) -> MigInstance:
+    _expect(isinstance(raw, list) and len(raw) == 6,
+            f"{where} must be [device name, start, size, MIG UUID, resource or null, used 0|1]")
+    profile, start, size, uuid, resource, used = raw
+    _text(profile, f"{where} device name", 32)
+    try:
+        parse_profile_name(profile)
+        placement = Placement(_count(start, f"{where} start", 0, MEMORY_SLICES - 1),
+                              _count(size, f"{where} size", 1, MEMORY_SLICES))
+    except MigError as e:
+        raise TopologyFormatError(f"{where}: {e}"[:300]) from None
+    _text(uuid, f"{where} MIG UUID", 128)
+    _text(resource, f"{where} resource", 253, optional=True)
+    _expect(resource is None or "/" in resource, f"{where} resource must be domain/name or null")
+    _expect(used in (0, 1) and not isinstance(used, float), f"{where} used must be 1 or 0")
+    return MigInstance(profile, placement.start, placement.size, uuid, resource, bool(used))
+
+
+def mig_from_dict(data: Any) -> Mig:
+    """Read the state's "mig" member; raises TopologyFormatError naming the field that is wrong (the annotation may
+    have been written by anyone with patch on nodes)."""
+    _expect(isinstance(data, dict), "state 'mig' must be an object")
+    version = data.get("v")
+    _expect(isinstance(version, int) and not isinstance(version, bool), "state mig has no integer version 'v'")
+    _expect(version <= MIG_VERSION, f"state mig version {version} is newer than this build reads ({MIG_VERSION})")
+    _expect(version == MIG_VERSION, f"unsupported state mig version {version}")
+    strategy = data.get("strategy")
+    _expect(strategy in MIG_STRATEGIES, f"state mig 'strategy' must be one of {', '.join(MIG_STRATEGIES)}")
+    reason = _text(data.get("reason"), "state mig 'reason'", MAX_MIG_REASON, optional=True)
+    raw = data.get("gpus")
+    _expect(isinstance(raw, list) and len(raw) <= MAX_MIG_GPUS, f"state mig 'gpus' must list at most {MAX_MIG_GPUS}")
+    gpus: list[MigGpuInfo] = []
+    gpu_ids: set[str] = set()
+    indices: set[int] = set()
+    uuids: set[str] = set()
+    profile_of: dict[str, str] = {}  # resource -> the device name it serves (one per resource, as NVIDIA's)
+    for k, g in enumerate(raw):
+        where = f"state mig gpus[{k}]"
+        _expect(isinstance(g, dict), f"{where} must be an object")
+        gpu = _text(g.get("gpu"), f"{where} 'gpu'", 128)
+        _expect(gpu not in gpu_ids, f"{where}: GPU {gpu!r} is listed twice")
+        gpu_ids.add(gpu)
+        index = _count(g.get("index"), f"{where} 'index'", 0, 1023)
+        _expect(index not in indices, f"{where}: GPU index {index} is listed twice")
+        indices.add(index)
+        numa = g.get("numa")
+        island = g.get("island")
+        if numa is not None:
+            _count(numa, f"{where} 'numa'", 0, 1023)
+        if island is not None:
+            _count(island, f"{where} 'island'", 0, 1023)
+        model = _text(g.get("model"), f"{where} 'model'", 128, optional=True)
+        peers = g.get("peers", [])
+        _expect(isinstance(peers, list) and len(peers) <= MAX_MIG_PEERS
+                and all(isinstance(p, str) and 0 < len(p) <= 128 for p in peers),
+                f"{where} 'peers' must list at most {MAX_MIG_PEERS} GPU ids")
+        _expect(not peers or island is not None, f"{where} lists 'peers' without an 'island'")
+        insts = g.get("instances")
+        _expect(isinstance(insts, list) and len(insts) <= MAX_MIG_INSTANCES,
+                f"{where} 'instances' must list at most {MAX_MIG_INSTANCES}")
+        taken = 0
+        instances = []
+        for j, r in enumerate(insts):
+            inst = _mig_instance(r, f"{where} instances[{j}]")
+            mask = Placement(inst.start, inst.size).mask
+            _expect(not taken & mask, f"{where} instances[{j}] ({inst.profile} at {{{inst.start}}}:{inst.size}) "
+                                      "overlaps another instance")
+            taken |= mask
+            _expect(inst.uuid not in uuids, f"{where} instances[{j}]: MIG UUID {inst.uuid!r} is listed twice")
+            uuids.add(inst.uuid)
+            if inst.resource is not None:
+                seen = profile_of.setdefault(inst.resource, inst.profile)
+                _expect(seen == inst.profile, f"{where} instances[{j}]: resource {inst.resource!r} serves both "
+                                              f"{seen} and {inst.profile}")
+            instances.append(inst)
+        gpus.append(MigGpuInfo(gpu, index, numa, island, model, tuple(instances), tuple(peers)))
+    _expect(strategy != "none" or not profile_of, "state mig strategy 'none' advertises no resource")
+    return Mig(strategy, reason, tuple(gpus))
 
 
 def _count(value: Any, what: str, low: int, high: int) -> int:
@@ -334,4 +496,8 @@ def state_from_json(text: str | bytes) -> NodeState:
     if sharing is not None:
         both = lists["used"] & sharing.shared_gpus
         _expect(not both, f"state lists shared GPU {min(both, default='')!r} as used whole")
-    return NodeState(gen, lists["used"], lists["unhealthy"], sharing)
+    mig = mig_from_dict(data["mig"]) if data.get("mig") is not None else None
+    if mig is not None:
+        whole = lists["used"] & {g.gpu for g in mig.gpus}
+        _expect(not whole, f"state lists MIG GPU {min(whole, default='')!r} as used whole")
+    return NodeState(gen, lists["used"], lists["unhealthy"], sharing, mig)

@@ -4,13 +4,14 @@ in range (the figures themselves come from running the benchmark)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
 from bench.mig import (
+    ExtenderPolicy,
     Policy,
     build_fleet,
-    core_packing_policy,
     core_policy,
     first_fit_policy,
     make_requests,
@@ -19,11 +20,13 @@ from bench.mig import (
 )
 
 
-@pytest.mark.parametrize("policy", [first_fit_policy, random_fit_policy, core_policy, core_packing_policy])
-def test_short_churn_keeps_the_fleet_consistent(policy: Policy) -> None:
+@pytest.mark.parametrize("make", [lambda: first_fit_policy, lambda: random_fit_policy, lambda: core_policy,
+                                  ExtenderPolicy], ids=["first-fit", "random-fit", "core", "extender"])
+def test_short_churn_keeps_the_fleet_consistent(make: Callable[[], Policy]) -> None:
+    policy = make()
     nodes = build_fleet(4, random.Random(3))
     requests = make_requests(400, 4, 0.9, random.Random(4))
-    core = policy in (core_policy, core_packing_policy)
+    core = policy is core_policy or isinstance(policy, ExtenderPolicy)
     out = simulate(requests, nodes, policy, core, 0.5, 5)  # asserts each hold's size
     assert 0 < out["served"] <= len(requests)
     assert out["waited_mig"] <= out["waited"]

@@ -308,3 +308,72 @@ def test_a_trigger_with_follow_publishes_each_change_as_podresources_shows_it(
         calls = kubelet.service.list_calls
         time.sleep(0.3)
         assert kubelet.service.list_calls == calls, "still polling fast after the window"
+
+
+# -- the "mig" member (issue 23) --------------------------------------------------------------------------------------
+
+
+def _h200_mig() -> tuple[Topology, tuple[Any, ...]]:
+    """The replayed H200 recording with MIG on some GPUs: the whole GPUs' topology and NodeDiscovery.mig."""
+    from gputopo.discovery.nvml import discover_node
+    from gputopo.discovery.recording import replay_backend
+    from tests.fixtures.nvml import RECORDINGS
+
+    found = discover_node(replay_backend(load_json(RECORDINGS / "synthetic-hgx-h200-141gb-8gpu-mig-mixed.json")))
+    return found.topology, found.mig
+
+
+def test_mig_gpus_are_published_with_their_instances_and_what_pods_hold(
+    fake: FakeKubeApi, api: Any, kubelet: PodResourcesServer, pods: PodResourcesClient
+) -> None:
+    from gpuplugin.mig_publication import MigAdvertised, mig_block
+    from gputopo.contract import mig_resource
+
+    whole, mig = _h200_mig()
+    enabled = [g for g in mig if g.enabled]
+    assert enabled
+    devices = [d for g in enabled for d in g.devices]
+    resources = {d.uuid: mig_resource(d.name) for d in devices if d.advertised_by_mixed}
+    held = next(iter(resources))
+    kubelet.service.set_pod("ml", "nb", {"main": {resources[held]: [held]}})
+    mixed = MigAdvertised("mixed", resources, numa={g.uuid: 0 for g in enabled}, islands={g.uuid: 0 for g in enabled},
+                          peers={g.uuid: [whole.ids[0]] for g in enabled})
+    fake.add_node(node_object())
+    pub = make(api, whole, pods, mig=lambda: mig_block(mig, mixed, pods.in_use()))
+    assert pub.publish_once() is True
+    state = node_state(fake).mig
+    assert state is not None and state.strategy == "mixed" and state.reason is None
+    assert [g.gpu for g in state.gpus] == [g.uuid for g in sorted(enabled, key=lambda g: g.nvml_index)]
+    published = {i.uuid: i for g in state.gpus for i in g.instances}
+    assert set(published) == {d.uuid for d in devices if d.name is not None and d.placement is not None}
+    assert state.used_ids == {held}
+    assert all(g.island == 0 and g.peers == (whole.ids[0],) and g.numa == 0 for g in state.gpus)
+    for d in devices:
+        i = published[d.uuid]
+        assert (i.profile, i.start, i.size, i.resource) == (d.name, d.placement.start, d.placement.size,
+                                                            resources.get(d.uuid))
+    assert node_state(fake).used.isdisjoint({g.uuid for g in enabled})
+    # the pod ends: the instance is published free at the next step, and nothing else changed
+    kubelet.service.remove_pod("ml", "nb")
+    assert pub.publish_once() is True and node_state(fake).mig.used_ids == frozenset()
+    assert pub.publish_once() is False
+
+
+def test_strategy_none_publishes_the_mig_gpus_unadvertised_with_the_reason(
+    fake: FakeKubeApi, api: Any, pods: PodResourcesClient
+) -> None:
+    from gpuplugin.mig_publication import MigAdvertised, mig_block
+
+    whole, mig = _h200_mig()
+    fake.add_node(node_object())
+    pub = make(api, whole, pods, mig=lambda: mig_block(mig, MigAdvertised("none"), pods.in_use()))
+    assert pub.publish_once() is True
+    state = node_state(fake).mig
+    assert state.strategy == "none" and state.reason is not None and state.reason.startswith(
+        "MIG devices are not advertised by this plugin (MIG strategy none): ")
+    assert all(i.resource is None for g in state.gpus for i in g.instances)
+    with pytest.raises(ValueError, match="advertises no MIG device"):
+        MigAdvertised("none", {"MIG-x": "nvidia.com/mig-1g.18gb"})
+    with pytest.raises(ValueError, match="is not one of none, single, mixed"):
+        MigAdvertised("dynamic")
+    assert mig_block([], MigAdvertised("mixed"), {}) is None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gputopo.contract import ReplicaIdError, replica_id, replica_parent
 from gputopo.core import (
@@ -19,6 +21,7 @@ from gputopo.core import (
     topology_from_json,
     topology_to_json,
 )
+from gputopo.core.codec import Mig, MigGpuInfo, MigInstance
 from gputopo.core.topology import Gpu, Link, LinkKind, Nic, Topology
 from gputopo.discovery.loader import load_topology_file
 from tests.helpers.paths import SHARED
@@ -217,3 +220,93 @@ def test_replica_ids_are_nvidias() -> None:
     for bad in ("GPU-a", "GPU-a::", "::3", "GPU-a::-1", "GPU-a::03", "GPU-a::x"):
         with pytest.raises(ReplicaIdError, match="not a replica id"):
             replica_parent(bad)
+
+
+# -- the "mig" member (issue 23) --------------------------------------------------------------------------------------
+
+
+def _mig() -> Mig:
+    gpu = MigGpuInfo("GPU-m", 2, 1, None, "NVIDIA H200", (
+        MigInstance("3g.71gb", 0, 4, "MIG-a", "nvidia.com/mig-3g.71gb", True),
+        MigInstance("1c.2g.35gb", 4, 2, "MIG-b", None, False),
+        MigInstance("1g.18gb", 6, 1, "MIG-c", "nvidia.com/mig-1g.18gb", False),
+    ))
+    return Mig("mixed", None, (gpu,))
+
+
+def test_mig_state_round_trips_and_old_documents_read_without_it() -> None:
+    state = NodeState(4, frozenset({"GPU-a"}), frozenset(), None, _mig())
+    assert state_from_json(state_to_json(state)) == state
+    assert state.mig is not None and state.mig.used_ids == {"MIG-a"}
+    assert "mig" not in json.loads(state_to_json(NodeState(1, frozenset(), frozenset())))
+    assert state_from_json('{"v": 1, "gen": 1, "used": [], "unhealthy": []}').mig is None
+    off = Mig("none", "MIG devices are not advertised by this plugin (MIG strategy none)", (MigGpuInfo(
+        "GPU-n", 0, None, None, None, (MigInstance("7g.141gb", 0, 8, "MIG-z", None, False),)),))
+    assert state_from_json(state_to_json(NodeState(1, frozenset(), frozenset(), None, off))).mig == off
+
+
+def _migged(gpu: dict | None = None, **change) -> str:
+    body = json.loads(state_to_json(NodeState(3, frozenset({"GPU-a"}), frozenset(), None, _mig())))
+    body["mig"].update(change)
+    if gpu is not None:
+        body["mig"]["gpus"][0].update(gpu)
+    return json.dumps(body)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (_migged(v=2), "state mig version 2 is newer than this build reads"),
+    (_migged(v="1"), "no integer version"),
+    (_migged(strategy="dynamic"), "'strategy' must be one of none, single, mixed"),
+    (_migged(strategy="none"), "strategy 'none' advertises no resource"),
+    (_migged(reason="x" * 500), "'reason' must be null or a string of 1-400"),
+    (_migged(gpus={}), "'gpus' must list at most 64"),
+    (_migged(gpus=[{}] * 65), "'gpus' must list at most 64"),
+    (_migged({"index": -1}), r"gpus\[0\] 'index' must be an integer from 0"),
+    (_migged({"numa": "0"}), r"'numa' must be an integer"),
+    (_migged({"gpu": ""}), r"'gpu' must be a string of 1-128"),
+    (_migged({"instances": [["1g.18gb", 0, 1, "u", None, 0]] * 9}), "'instances' must list at most 8"),
+    (_migged({"instances": [["1g.18gb", 0, 1, "u"]]}), r"instances\[0\] must be \[device name, start"),
+    (_migged({"instances": [["9g.1gb", 0, 1, "u", None, 0]]}), "is not a MIG profile name"),
+    (_migged({"instances": [["1g.18gb", 7, 2, "u", None, 0]]}), "is not within the 8 memory slices"),
+    (_migged({"instances": [["1g.18gb", 0, 1, "u", None, 2]]}), "used must be 1 or 0"),
+    (_migged({"instances": [["1g.18gb", 0, 1, "u", "mig-1g", 0]]}), "resource must be domain/name"),
+    (_migged({"instances": [["1g.18gb", 0, 1, "u", None, 0], ["2g.35gb", 0, 2, "w", None, 0]]}),
+     "overlaps another instance"),
+    (_migged({"instances": [["1g.18gb", 0, 1, "u", None, 0], ["1g.18gb", 1, 1, "u", None, 0]]}), "listed twice"),
+    (_migged({"instances": [["1g.18gb", 0, 1, "u", "x/r", 0], ["2g.35gb", 2, 2, "w", "x/r", 0]]}),
+     "serves both 1g.18gb and 2g.35gb"),
+    (_migged({"gpu": "GPU-a"}), "MIG GPU 'GPU-a' as used whole"),
+])
+def test_bad_mig_is_named(text: str, message: str) -> None:
+    with pytest.raises(TopologyFormatError, match=message):
+        state_from_json(text)
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-3, 300) | st.text(max_size=12),
+                     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner,
+                                                                                  max_size=5), max_leaves=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_json, st.fixed_dictionaries({"v": st.just(1), "strategy": st.sampled_from(["mixed", "none"]),
+                                                "gpus": st.lists(st.dictionaries(st.sampled_from(
+                                                    ["gpu", "index", "numa", "island", "model", "instances"]),
+                                                    _json), max_size=3)})))
+def test_any_mig_member_reads_or_is_refused_by_name_never_crashes(member: object) -> None:
+    text = json.dumps({"v": 1, "gen": 1, "used": [], "unhealthy": [], "mig": member})
+    try:
+        state = state_from_json(text)
+    except TopologyFormatError as e:
+        assert "mig" in str(e)
+    else:
+        assert member is None or state.mig is not None
+
+
+def test_mig_peers_round_trip_and_need_an_island() -> None:
+    gpu = MigGpuInfo("GPU-m", 0, 0, 3, None, (), ("GPU-0", "GPU-1"))
+    state = NodeState(1, frozenset(), frozenset(), None, Mig("mixed", None, (gpu,)))
+    assert state_from_json(state_to_json(state)) == state
+    with pytest.raises(TopologyFormatError, match="lists 'peers' without an 'island'"):
+        state_from_json(_migged({"island": None, "peers": ["GPU-0"]}))
+    with pytest.raises(TopologyFormatError, match="'peers' must list at most 64 GPU ids"):
+        state_from_json(_migged({"island": 1, "peers": [1]}))
