@@ -33,7 +33,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -145,7 +145,7 @@ class BindPosts(Worker):
 
     def __init__(self, recipe: Mapping[str, Any], *, log_level: str = "warning", threads: int = 8,
                  max_in_flight: int = 1024, deadline_s: float | None = None,
-                 backoff: Backoff | None = None) -> None:
+                 backoff: Backoff | None = None, on_start: Callable[[], object] | None = None) -> None:
         super().__init__("extender-bind-posts", join_timeout_s=10.0)
         self.recipe = dict(recipe)
         self.log_level = log_level
@@ -156,6 +156,7 @@ class BindPosts(Worker):
         self.deadline_s = deadline_s if deadline_s is not None else 4 * timeout + 5.0
         self.backoff = backoff or Backoff(0.2, 5.0)
         self.starts = 0  # workers started so far (a restart counts one more)
+        self._on_start = on_start
         self._channel: _Channel | None = None
         self._ids = itertools.count(1)
         self._room = anyio.CapacityLimiter(max_in_flight)
@@ -245,6 +246,8 @@ class BindPosts(Worker):
                 self._channel = channel
                 self._changed.notify_all()
             self.starts += 1
+            if self._on_start is not None:
+                self._on_start()
             served = self._serve(channel)
             self._down(channel)
             if self.stopping:

@@ -49,14 +49,15 @@ class ReservationExpiry(Worker):
                 log.exception("extender.expiry.pass_failed")
 
 
-def bind_posts(api: kubernetes.client.ApiClient, config: ExtenderConfig) -> BindPosts:
+def bind_posts(api: kubernetes.client.ApiClient, config: ExtenderConfig, metrics: ExtenderMetrics) -> BindPosts:
     """The bind worker for a cluster client: it makes the same client in its own process from the arguments
     make_api_client recorded, so only such clients can bind."""
     recipe = getattr(api, "recipe", None)
     if not isinstance(recipe, dict):
         raise ValueError("cluster mode needs an ApiClient made by gputopo.kube.make_api_client: the bind worker "
                          "process makes its own client from the same arguments")
-    return BindPosts(recipe, log_level=config.log_level, max_in_flight=max(1, config.max_connections))
+    return BindPosts(recipe, log_level=config.log_level, max_in_flight=max(1, config.max_connections),
+                     on_start=metrics.bind_worker_starts.inc)
 
 
 class Extender:
@@ -88,7 +89,7 @@ class Extender:
         self.inventory = inventory
         sync_options = {"metrics": self.metrics.watch, **(sync_options or {})}
         self.sync = ClusterSync(api, self.cache, **sync_options) if api is not None else None
-        self.posts = bind_posts(api, config) if api is not None else None
+        self.posts = bind_posts(api, config, self.metrics) if api is not None else None
         self.binder = Binder(config, self.cache, self.placement, self.metrics, self.recent, api=api,
                              posts=self.posts, inventory=inventory, explainer=self.explainer, jobs=self.jobs)
         self.mode = "standalone" if inventory is not None else "cluster"

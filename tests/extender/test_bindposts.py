@@ -35,6 +35,7 @@ def test_binds_are_posted_by_a_worker_process_that_is_restarted_when_it_dies(fak
         assert client.post("/bind", json=bind_body(p2, "n1")).json() == {"Error": ""}
         assert fake.pod("default", "p2")["spec"]["nodeName"] == "n1"
         assert ext.posts.starts == 2
+        assert "gpu_extender_bind_worker_starts_total 2.0" in client.get("/metrics").text
     assert not ext.posts.running and ext.posts.pid is None
 
 
