@@ -1,11 +1,13 @@
 """The bind verb: choose the GPUs on the chosen node, reserve them, and POST the Binding with the plan.
 
 Choose+reserve runs under the node's lock and is synchronous (no await inside), so two binds to one node never see
-the same free GPUs; the apiserver call runs outside any lock, in a worker thread. If the call fails the reservation
-is released and kube-scheduler gets the Error (it retries the pod later), except when the apiserver may still apply
-the Binding (no answer after the request went out, or 504): the GPUs then stay reserved until the pod is seen bound
-or gone, or the reservation times out, so they are never planned for a second pod meanwhile. A bind retried for a
-pod that is already bound to that node answers success: the first attempt's plan stands.
+the same free GPUs; the apiserver's POST runs outside any lock, in the bind worker process (extender.bindposts: its
+Python would otherwise take the GIL from filter and prioritize), reads of a pod in a worker thread. If the call
+fails the reservation is released and kube-scheduler gets the Error (it retries the pod later), except when the
+apiserver may still apply the Binding (no answer after the request went out, or 504): the GPUs then stay reserved
+until the pod is seen bound or gone, or the reservation times out, so they are never planned for a second pod
+meanwhile. A bind retried for a pod that is already bound to that node answers success: the first attempt's plan
+stands.
 
 Standalone mode (no apiserver) commits the plan into the inventory under the same lock instead.
 """
@@ -20,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import kubernetes.client
 import structlog
-import urllib3.exceptions
 
+from extender.bindposts import BindPosts
 from extender.config import ExtenderConfig
 from extender.metrics import ExtenderMetrics
 from extender.placement.engine import NoFit, Placement
@@ -36,7 +38,8 @@ from extender.state.sharing import thresholds
 from gputopo.contract import Plan, encode_plan
 from gputopo.core import Topology
 from gputopo.core.bitset import mask_of
-from gputopo.kube import ApiUnavailable, Conflict, KubeApiError, KubeArgumentError, NotFound, bind_pod, get_pod
+from gputopo.kube import Conflict, KubeApiError, KubeArgumentError, NotFound, get_pod
+from gputopo.kube import may_have_applied as maybe_applied
 
 if TYPE_CHECKING:
     from extender.jobs.plans import JobPlans
@@ -62,17 +65,6 @@ class BindRequest:
     def holder(self) -> str:
         """Who a reservation is held for: the pod's UID (kube-scheduler always sends it), else its name."""
         return self.uid or f"name:{self.key}"
-
-
-def maybe_applied(err: KubeApiError) -> bool:
-    """Whether the apiserver may have applied a request that did not succeed: no answer came after the request was
-    sent (read timeout, connection cut), or 504 (the apiserver's own timeout: it may still be processing it). A
-    connection that was never made sent nothing."""
-    if isinstance(err, ApiUnavailable):
-        cause = err.__cause__
-        cause = getattr(cause, "reason", None) or cause  # MaxRetryError wraps the last failure
-        return not isinstance(cause, urllib3.exceptions.ConnectTimeoutError)  # NewConnectionError is one
-    return err.status == 504
 
 
 class BindFailed(Exception):
@@ -102,6 +94,7 @@ class Binder:
         recent: RecentPods,
         *,
         api: kubernetes.client.ApiClient | None = None,
+        posts: BindPosts | None = None,
         inventory: Inventory | None = None,
         api_concurrency: int = 8,
         explainer: Explainer | None = None,
@@ -109,12 +102,15 @@ class Binder:
     ) -> None:
         if (api is None) == (inventory is None):
             raise ValueError("a binder needs exactly one of an apiserver client or an inventory")
+        if api is not None and posts is None:
+            raise ValueError("a binder with an apiserver client needs the bind worker (extender.bindposts)")
         self.config = config
         self.cache = cache
         self.placement = placement
         self.metrics = metrics
         self.recent = recent
         self.api = api
+        self.posts = posts
         self.inventory = inventory
         self.jobs = jobs  # a job's pod takes its slot of the job's plan (extender.jobs.plans)
         self._api_limiter = anyio.CapacityLimiter(api_concurrency)
@@ -323,8 +319,9 @@ class Binder:
 
     async def _post_binding(self, req: BindRequest, plan: Plan | None, res: Reservation | None) -> str:
         try:
-            await self._api_call(bind_pod, self.api, namespace=req.namespace, name=req.name, uid=req.uid or None,
-                                 node=req.node, annotations=self._annotations(req, plan))
+            assert self.posts is not None
+            await self.posts.post(namespace=req.namespace, name=req.name, uid=req.uid or None, node=req.node,
+                                  annotations=self._annotations(req, plan))
         except Conflict as e:
             return await self._resolve_conflict(req, plan, res, e)
         except NotFound:

@@ -12,6 +12,7 @@ import kubernetes.client
 import structlog
 
 from extender.binder import Binder
+from extender.bindposts import BindPosts
 from extender.config import ExtenderConfig
 from extender.jobs.plans import JobPlans
 from extender.metrics import ExtenderMetrics
@@ -26,6 +27,8 @@ from gputopo.contract import Plan
 from gputopo.workers import Worker
 
 log = structlog.get_logger(__name__)
+
+POSTS_READY_TIMEOUT_S = 30.0
 
 
 class ReservationExpiry(Worker):
@@ -44,6 +47,17 @@ class ReservationExpiry(Worker):
                 self.jobs.sweep()
             except Exception:
                 log.exception("extender.expiry.pass_failed")
+
+
+def bind_posts(api: kubernetes.client.ApiClient, config: ExtenderConfig, metrics: ExtenderMetrics) -> BindPosts:
+    """The bind worker for a cluster client: it makes the same client in its own process from the arguments
+    make_api_client recorded, so only such clients can bind."""
+    recipe = getattr(api, "recipe", None)
+    if not isinstance(recipe, dict):
+        raise ValueError("cluster mode needs an ApiClient made by gputopo.kube.make_api_client: the bind worker "
+                         "process makes its own client from the same arguments")
+    return BindPosts(recipe, log_level=config.log_level, max_in_flight=max(1, config.max_connections),
+                     on_start=metrics.bind_worker_starts.inc)
 
 
 class Extender:
@@ -75,8 +89,9 @@ class Extender:
         self.inventory = inventory
         sync_options = {"metrics": self.metrics.watch, **(sync_options or {})}
         self.sync = ClusterSync(api, self.cache, **sync_options) if api is not None else None
+        self.posts = bind_posts(api, config, self.metrics) if api is not None else None
         self.binder = Binder(config, self.cache, self.placement, self.metrics, self.recent, api=api,
-                             inventory=inventory, explainer=self.explainer, jobs=self.jobs)
+                             posts=self.posts, inventory=inventory, explainer=self.explainer, jobs=self.jobs)
         self.mode = "standalone" if inventory is not None else "cluster"
         self.expiry_interval_s = expiry_interval_s or max(0.05, min(5.0, config.reservation_timeout_s / 4))
         self._expiry = ReservationExpiry(self.cache, self.jobs, self.expiry_interval_s)
@@ -101,6 +116,12 @@ class Extender:
         return cls(config or ExtenderConfig(), api=api, **kwargs)
 
     def start(self) -> Extender:
+        if self.posts is not None:
+            self.posts.start()
+            # Serve once binds can be posted: a worker still importing its client made the first binds wait seconds.
+            if not self.posts.wait_ready(POSTS_READY_TIMEOUT_S):
+                log.warning("extender.bind_posts.not_ready", waited_s=POSTS_READY_TIMEOUT_S,
+                            hint="binds wait for the bind worker process; readiness says when it is up")
         if self.sync is not None:
             self.sync.start()
         self._expiry.start()
@@ -110,11 +131,13 @@ class Extender:
     def stop(self) -> None:
         if self.sync is not None:
             self.sync.stop()
+        if self.posts is not None:
+            self.posts.stop()
         self._expiry.stop()
         log.info("extender.service.stopped", mode=self.mode)
 
     def ready(self) -> bool:
-        return self.sync is None or self.sync.synced
+        return (self.sync is None or self.sync.synced) and (self.posts is None or self.posts.ready)
 
     def plan_of(self, uid: str) -> Plan | None:
         rec = self.cache.pods.get(uid)

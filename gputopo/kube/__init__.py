@@ -23,8 +23,10 @@ from gputopo.kube.errors import (
     TooManyRequests,
     Unauthorized,
     UnsupportedMediaType,
+    error_class_for,
     error_from_api_exception,
     error_from_status,
+    may_have_applied,
     to_kube_error,
 )
 from gputopo.kube.fetching import get_node, get_pod, list_nodes, list_objects, list_pods
@@ -53,6 +55,7 @@ __all__ = [
     "Watcher",
     "bind_pod",
     "credentials_available",
+    "error_class_for",
     "error_from_api_exception",
     "error_from_status",
     "get_node",
@@ -62,6 +65,7 @@ __all__ = [
     "list_objects",
     "list_pods",
     "make_api_client",
+    "may_have_applied",
     "metadata_patch",
     "patch_node_metadata",
     "patch_pod_annotations",

@@ -22,6 +22,9 @@ class KubeApiError(Exception):
     """An apiserver call failed. `status` is the HTTP code (0 when no answer came), `reason` the Status reason."""
 
     retryable: bool = False
+    # Whether the apiserver may still apply the request, when whoever saw the failure decided it already (a bind
+    # posted from extender.bindposts' worker process: the urllib3 cause that may_have_applied reads stays there).
+    applied: bool | None = None
 
     def __init__(
         self,
@@ -167,3 +170,16 @@ def to_kube_error(exc: BaseException, *, operation: str = "") -> KubeApiError | 
     if isinstance(exc, (urllib3.exceptions.HTTPError, socket.timeout, ConnectionError, OSError)):
         return ApiUnavailable(0, type(exc).__name__, str(exc) or type(exc).__name__, None, operation=operation)
     return None
+
+
+def may_have_applied(err: KubeApiError) -> bool:
+    """Whether the apiserver may have applied a request that did not succeed: no answer came after the request was
+    sent (read timeout, connection cut), or 504 (the apiserver's own timeout: it may still be processing it). A
+    connection that was never made sent nothing."""
+    if err.applied is not None:
+        return err.applied
+    if isinstance(err, ApiUnavailable):
+        cause = err.__cause__
+        cause = getattr(cause, "reason", None) or cause  # MaxRetryError wraps the last failure
+        return not isinstance(cause, urllib3.exceptions.ConnectTimeoutError)  # NewConnectionError is one
+    return err.status == 504

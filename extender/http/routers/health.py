@@ -17,11 +17,14 @@ async def healthz() -> Response:
     return Response(b"ok", media_type=_PLAIN)
 
 
-@router.get("/readyz", summary="Readiness: the node cache holds a full snapshot", response_class=Response)
+@router.get("/readyz", summary="Readiness: the node cache holds a full snapshot and binds can be posted",
+            response_class=Response)
 async def readyz(ext: ExtenderDep) -> Response:
     if ext.ready():
         return Response(b"ok", media_type=_PLAIN)
-    return Response(b"node cache not synced yet", status_code=503, media_type=_PLAIN)
+    if ext.sync is not None and not ext.sync.synced:
+        return Response(b"node cache not synced yet", status_code=503, media_type=_PLAIN)
+    return Response(b"bind worker process not ready yet", status_code=503, media_type=_PLAIN)
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
