@@ -93,6 +93,12 @@ class PluginConfig(BaseModel):
     mps_root: Path = Field(DEFAULT_MPS_ROOT, description="Host directory of the MPS pipe, log and shm directories "
                                                          "(a hostPath mounted at the same path).")
     mps_control: str = Field(DEFAULT_CONTROL, description="The MPS control program run per shared set.")
+    mps_daemons: Literal["in-plugin", "external"] = Field(
+        "in-plugin", description="Who runs the MPS control daemons: in-plugin (this process; a plugin container "
+                                 "restart ends them) or external (the MPS control daemon set, `gpuplugin "
+                                 "mps-control`, from the desired-state file this plugin writes on --mps-root).")
+    mps_probe_interval: float = Field(5.0, description="Seconds between probes of each MPS control daemon (its "
+                                                       "replicas are unhealthy while it does not answer).")
 
     @field_validator("socket_name")
     @classmethod
@@ -117,7 +123,7 @@ class PluginConfig(BaseModel):
                 raise ValueError(f"{v!r} is not a comma-separated list of Xid numbers") from None
         return v
 
-    @field_validator("health_probe_interval", "sharing_poll_interval")
+    @field_validator("health_probe_interval", "sharing_poll_interval", "mps_probe_interval")
     @classmethod
     def _probe_interval(cls, v: float) -> float:
         if not v > 0:

@@ -194,7 +194,8 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
                 manager, cfg.resource_name, cfg.socket_name, serve,
                 ConfigSource(cfg.sharing_config_dir, cfg.sharing_config_default, read_label),
                 in_use=pods.in_use, mps_root=cfg.mps_root, mps_command=(cfg.mps_control,),
-                poll_interval_s=cfg.sharing_poll_interval,
+                poll_interval_s=cfg.sharing_poll_interval, mps_daemons=cfg.mps_daemons,
+                mps_interval_s=cfg.mps_probe_interval,
             ).start()
         except DevicePluginError as e:
             raise StartupError(str(e)) from None
