@@ -122,6 +122,16 @@ def write_desired(root: Path, sets: list[DesiredSet]) -> None:
         raise
 
 
+def current_desired(root: Path) -> str | None:
+    """The file's text as it is (bounded), or None when it is missing, unreadable or too large."""
+    try:
+        with open(desired_path(root), "rb") as f:
+            raw = f.read(MAX_DESIRED_BYTES + 1)
+    except OSError:
+        return None
+    return raw.decode(errors="replace") if len(raw) <= MAX_DESIRED_BYTES else None
+
+
 def read_desired(root: Path) -> dict[str, DesiredSet] | None:
     """The sets wanted, by resource; None when there is no file yet (the plugin has not written one: nothing is
     decided, so nothing is quit). Raises DesiredStateError naming what is wrong."""

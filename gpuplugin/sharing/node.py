@@ -34,7 +34,15 @@ import structlog
 
 from gpuplugin.deviceplugin.resource import ResourceManager, Subscription
 from gpuplugin.sharing.config import SharingConfigError, choose_config, read_config
-from gpuplugin.sharing.desired import DesiredSet, DesiredStateError, desired_path, encode, read_desired, write_desired
+from gpuplugin.sharing.desired import (
+    DesiredSet,
+    DesiredStateError,
+    current_desired,
+    desired_path,
+    encode,
+    read_desired,
+    write_desired,
+)
 from gpuplugin.sharing.layout import Layout, SharedSet, advertised_counts, describe, resolve, whole_layout
 from gpuplugin.sharing.manager import SharedResourceManager
 from gpuplugin.sharing.mps import DEFAULT_CONTROL, MpsDaemon, MpsGpu, MpsShare
@@ -285,8 +293,8 @@ class SharingNode(Worker):
             return self._desired_next - now
         sets = self.desired_sets()
         text = encode(sets)
-        if text == self._desired_written:
-            return None
+        if text == self._desired_written and text == current_desired(self.mps_root):
+            return None  # a file someone else changed or removed is written again
         try:
             write_desired(self.mps_root, sets)
         except OSError as e:
