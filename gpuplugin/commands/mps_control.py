@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from gpuplugin.sharing.desired import DESIRED_FILE
 from gpuplugin.sharing.mps import DEFAULT_CONTROL, DEFAULT_MPS_ROOT
 from gputopo.logs import configure_logging
-from gputopo.settings import LogLevel, SettingsLoader
+from gputopo.settings import LogLevel, Port, SettingsLoader
 from gputopo.workers import stop_on_signals
 
 log = structlog.get_logger("gpuplugin.mps_control")
@@ -36,6 +36,8 @@ class MpsControlSettings(BaseModel):
     poll_interval: float = Field(2.0, description="Seconds between re-reads of the desired-state file (a change "
                                                   "also wakes it at once).")
     probe_interval: float = Field(2.0, description="Seconds between probes of each control daemon.")
+    metrics_port: Port = Field(8081, description="Port of /metrics and /healthz (200 while the loop runs); 0 "
+                                                 "turns them off.")
     log_level: LogLevel = Field("info", description="Least level logged.")
 
     @field_validator("poll_interval", "probe_interval")
@@ -51,15 +53,30 @@ SETTINGS = SettingsLoader(MpsControlSettings, "GPUPLUGIN_MPS_CONTROL")
 
 def run_keeper(settings: MpsControlSettings, stop: threading.Event) -> None:
     """Keep the daemons until `stop` is set; the daemons outlive it."""
+    from prometheus_client import Gauge
+
     from gpuplugin.deviceplugin.watcher import DirectoryWatch
+    from gpuplugin.metrics import PREFIX, MetricsServer
     from gpuplugin.sharing.keeper import MpsKeeper
+    from gputopo.metrics import process_registry
     from gputopo.workers import Teardown
 
     settings.mps_root.mkdir(parents=True, exist_ok=True)
+    registry = process_registry()
+    answering = Gauge(f"{PREFIX}_mps_daemon_answering", "1 while the MPS set's control daemon answers on its pipe.",
+                      ["resource"], registry=registry)
     with Teardown("gpuplugin mps-control") as teardown:
         keeper = MpsKeeper(settings.mps_root, command=(settings.mps_control,), poll_interval_s=settings.poll_interval,
-                           daemon_interval_s=settings.probe_interval).start()
+                           daemon_interval_s=settings.probe_interval,
+                           on_health=lambda resource, ok: answering.labels(resource).set(int(ok))).start()
         teardown.undo(keeper.stop)
+        if settings.metrics_port:
+            try:
+                server = MetricsServer(registry, lambda: keeper.running, settings.metrics_port).start()
+            except OSError as e:
+                raise click.ClickException(f"cannot serve metrics on port {settings.metrics_port}: "
+                                           f"{e.strerror or e}") from None
+            teardown.undo(server.stop)
         watch = DirectoryWatch(settings.mps_root, {DESIRED_FILE}, keeper.wake)
         watch.start()
         teardown.undo(watch.stop)

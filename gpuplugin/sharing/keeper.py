@@ -92,6 +92,8 @@ class MpsKeeper(Worker):
             if want is None or want.generation != have.generation:
                 del self.kept[name]
                 daemon.stop(retire=True)
+                if self._on_health is not None:
+                    self._on_health(name, False)
                 log.info("plugin.mps_set.retired", resource=name, generation=have.generation,
                          replaced=want is not None)
             else:  # new defaults for the same daemon: a new runner adopts it and sends them

@@ -43,7 +43,7 @@ def _keeper(root: Path, program: Path, log: Path) -> Iterator[subprocess.Popen[b
     with open(log, "ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "gpuplugin.cli", "mps-control", "--mps-root", str(root), "--mps-control",
-             str(program), "--poll-interval", "0.2", "--probe-interval", "0.2"],
+             str(program), "--poll-interval", "0.2", "--probe-interval", "0.2", "--metrics-port", "0"],
             stdout=out, stderr=subprocess.STDOUT)
     try:
         yield process
