@@ -3,14 +3,16 @@ with the control-protocol stand-in (tests/helpers/mps_control.py) as the control
 and PodResources: the plugin killed and started again while a pod holds MPS replicas finds the same daemon (no
 restart) and its replicas healthy again; a daemon killed is started again by the control process, and while
 no daemon answers the plugin keeps its replicas unhealthy; a set the plugin takes out is quit; a garbled desired
-file is refused with a clear error and the last good state kept."""
+file is refused with a clear error and the last good state kept (and /healthz, /metrics say so)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +21,7 @@ from gputopo.contract import replica_id
 from tests.fakes.gpunode import gpu_node
 from tests.helpers.paths import REPO, SHARED, short_dir
 from tests.helpers.polling import eventually
-from tests.helpers.processes import stop_process
+from tests.helpers.processes import http_ok, stop_process, wait_serving
 
 NODE = "dgx1-node"
 SHARED_GPU = "nvidia.com/gpu.shared"
@@ -39,11 +41,11 @@ def _control_program(directory: Path) -> Path:
 
 
 @contextmanager
-def _keeper(root: Path, program: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def _keeper(root: Path, program: Path, log: Path, metrics_port: int = 0) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "gpuplugin.cli", "mps-control", "--mps-root", str(root), "--mps-control",
-             str(program), "--poll-interval", "0.2", "--probe-interval", "0.2", "--metrics-port", "0"],
+             str(program), "--poll-interval", "0.2", "--probe-interval", "0.2", "--metrics-port", str(metrics_port)],
             stdout=out, stderr=subprocess.STDOUT)
     try:
         yield process
@@ -71,6 +73,11 @@ def _alive(pid: int | None) -> bool:
 def _quit(root: Path, program: Path) -> None:
     subprocess.run([str(program)], input="quit\n", text=True, timeout=10, check=False, capture_output=True,
                    env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(root / SHARED_GPU / "pipe")})
+
+
+def _metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        return reply.read().decode()
 
 
 def _plugin_args(configs: Path, root: Path, program: Path) -> list[str]:
@@ -134,8 +141,14 @@ def test_a_garbled_desired_file_is_refused_and_the_last_good_state_kept(tmp_path
     with short_dir("mpsr-") as root:
         try:
             write_desired(root, [DesiredSet(MpsShare(SHARED_GPU, root, (MpsGpu("GPU-a", 2, None),)), 1)])
-            with _keeper(root, program, log):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            with _keeper(root, program, log, port) as keeper:
                 assert eventually(lambda: _alive(_pid(root)), WAIT), log.read_text()
+                wait_serving(keeper, lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), WAIT, log)
+                answering = f'gpuplugin_mps_daemon_answering{{resource="{SHARED_GPU}"}} 1.0'
+                assert eventually(lambda: answering in _metrics(port), WAIT)
                 pid = _pid(root)
                 desired_path(root).write_text('{"version": 1, "sets": [{"resource": "nvidia.com/gpu.shared", '
                                               '"generation": 1, "pipe_dir": "/etc", "log_dir": "/etc", '
