@@ -13,22 +13,27 @@ pass early through an inotify watch, the poll is the backstop) and makes the run
 - a set gone from the file, or with a new generation: its daemon quits (the plugin only takes a set out once no pod
   holds its replicas), and a new generation starts a fresh one.
 A file that cannot be read or is refused is logged once per distinct problem and the last good state is kept; no
-file at all (the plugin has not written one yet) decides nothing. Stopping this process leaves every daemon
-running: a restarted keeper adopts them.
+file at all (the plugin has not written one yet) decides nothing. A daemon answering on a pipe directory under the
+root that a good file no longer lists and this keeper does not run (the set was taken out while the keeper was
+down) is quit too: under `--mps-daemons external` every daemon on the root is the keeper's. Stopping this process
+leaves every daemon running: a restarted keeper adopts them.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import structlog
 
 from gpuplugin.sharing.desired import DesiredSet, DesiredStateError, desired_path, read_desired
-from gpuplugin.sharing.mps import DEFAULT_CONTROL, MpsDaemon
+from gpuplugin.sharing.mps import DEFAULT_CONTROL, PID_FILE, MpsDaemon, MpsShare
 from gputopo.workers import Worker
 
 log = structlog.get_logger(__name__)
+
+MAX_ORPHAN_SCAN = 64  # pipe directories looked at per pass
 
 
 class MpsKeeper(Worker):
@@ -46,6 +51,7 @@ class MpsKeeper(Worker):
         self.last_good: dict[str, DesiredSet] | None = None
         self.problem: str | None = None  # the last refusal of the file, until a good one is read
         self.passes = 0
+        self._orphans_seen: set[tuple[str, str]] = set()  # (resource, pid file text) already handled
 
     def _daemon(self, wanted: DesiredSet) -> MpsDaemon:
         resource = wanted.share.resource
@@ -56,6 +62,29 @@ class MpsKeeper(Worker):
                 hook(resource, ok)
 
         return MpsDaemon(wanted.share, health, command=self.command, **self._daemon_options).start()
+
+    def quit_orphans(self, wanted: dict[str, DesiredSet]) -> list[str]:
+        """Quit the daemons on the root that neither the file nor this keeper has; each pid file looked at once."""
+        quit = []
+        for pid_file in itertools.islice(self.root.glob(f"*/*/pipe/{PID_FILE}"), MAX_ORPHAN_SCAN):
+            resource = "/".join(pid_file.relative_to(self.root).parts[:2])
+            if resource in wanted or resource in self.kept:
+                continue
+            try:
+                key = (resource, pid_file.read_text()[:32])
+            except OSError:
+                continue
+            if key in self._orphans_seen:
+                continue
+            self._orphans_seen.add(key)
+            daemon = MpsDaemon(MpsShare(resource, self.root, ()), lambda ok: None, command=self.command)
+            state = daemon.probe()
+            if state.answers:
+                daemon.quit()
+                quit.append(resource)
+                log.info("plugin.mps_set.orphan_quit", resource=resource, pid=state.pid,
+                         reason="answering on the root, not in the desired-state file")
+        return quit
 
     def read(self) -> dict[str, DesiredSet] | None:
         """What is wanted now: the file, else (refused, unreadable, gone) the last good state."""
@@ -105,6 +134,8 @@ class MpsKeeper(Worker):
                 self.kept[name] = (want, self._daemon(want))
                 log.info("plugin.mps_set.kept", resource=name, generation=want.generation,
                          pipe=str(want.share.pipe_dir), gpus=[g.uuid for g in want.share.gpus])
+        if self.problem is None:  # a good file says what is wanted: the rest on the root goes
+            self.quit_orphans(wanted)
         return self._poll
 
     def loop(self) -> None:

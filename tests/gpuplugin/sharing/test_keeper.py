@@ -110,3 +110,43 @@ def test_a_garbled_file_keeps_the_last_good_state() -> None:
         finally:
             keeper.stop()
             _ask(root, "quit")
+
+
+def test_a_set_taken_out_while_no_keeper_ran_is_quit_by_the_next() -> None:
+    with short_dir("keep-") as root:
+        write_desired(root, [DesiredSet(_share(root), 1)])
+        first = _keeper(root).start()
+        try:
+            assert eventually(lambda: _ask(root, "get_server_list") is not None)
+        finally:
+            first.stop()
+        write_desired(root, [])  # the plugin took the set out while the keeper was down
+        second = _keeper(root)
+        try:
+            second.step()
+            assert _pid(root) is None and _ask(root, "get_server_list") is None
+        finally:
+            second.stop()
+            _ask(root, "quit")
+
+
+def test_no_file_or_a_refused_one_quits_nothing_unknown() -> None:
+    with short_dir("keep-") as root:
+        write_desired(root, [DesiredSet(_share(root), 1)])
+        first = _keeper(root).start()
+        try:
+            assert eventually(lambda: _ask(root, "get_server_list") is not None)
+        finally:
+            first.stop()
+        try:
+            for text in (None, "garbage"):
+                if text is None:
+                    desired_path(root).unlink()
+                else:
+                    desired_path(root).write_text(text)
+                keeper = _keeper(root)
+                keeper.step()
+                keeper.stop()
+                assert _ask(root, "get_server_list") is not None, text
+        finally:
+            _ask(root, "quit")
