@@ -8,10 +8,11 @@ pass early through an inotify watch, the poll is the backstop) and makes the run
 - a set wanted and not kept here: an MpsDaemon is run for it (the same probe / start / adopt logic as in-plugin
   mode: a daemon already answering on its pipe directory, e.g. after this pod restarted, is adopted, never doubled;
   a dead one is started again with backoff);
-- the same set with other GPUs or replicas, same generation: a new MpsDaemon adopts the running daemon and sends the
-  new defaults (the daemon is not restarted);
-- a set gone from the file, or with a new generation: its daemon quits (the plugin only takes a set out once no pod
-  holds its replicas), and a new generation starts a fresh one.
+- the same set with other GPUs or replicas, same (or lower) generation: a new MpsDaemon adopts the running daemon
+  and sends the new defaults (the daemon is not restarted);
+- a set gone from the file, or with a higher generation: its daemon quits (the plugin only takes a set out once no
+  pod holds its replicas), and the new generation starts a fresh one. A lower generation (a plugin that found the
+  file garbled at its start counts from 1 again) is not a replacement: the daemon stays, with the new defaults.
 A file that cannot be read or is refused is logged once per distinct problem and the last good state is kept; no
 file at all (the plugin has not written one yet) decides nothing. A daemon answering on a pipe directory under the
 root that a good file no longer lists and this keeper does not run (the set was taken out while the keeper was
@@ -118,7 +119,7 @@ class MpsKeeper(Worker):
             want = wanted.get(name)
             if want == have:
                 continue
-            if want is None or want.generation != have.generation:
+            if want is None or want.generation > have.generation:
                 del self.kept[name]
                 daemon.stop(retire=True)
                 if self._on_health is not None:

@@ -60,6 +60,12 @@ def test_wanted_sets_are_kept_restarted_updated_and_quit() -> None:
             assert _pid(root) == second
             write_desired(root, [DesiredSet(_share(root, replicas=2), 2)])  # replaced by the plugin: restarted
             assert eventually(lambda: _pid(root) not in (None, second) and _ask(root, "get_server_list") is not None)
+            third = _pid(root)
+            write_desired(root, [DesiredSet(_share(root), 1)])  # lower: a plugin counting again, not a replacement
+            assert eventually(lambda: _ask(root, "get_default_active_thread_percentage") == "25.0")
+            assert _pid(root) == third
+            write_desired(root, [DesiredSet(_share(root), 2)])  # higher than the one kept now: replaced
+            assert eventually(lambda: _pid(root) not in (None, third) and _ask(root, "get_server_list") is not None)
             write_desired(root, [])  # taken out by the plugin: quit
             assert eventually(lambda: _pid(root) is None and _ask(root, "get_server_list") is None)
         finally:
