@@ -9,7 +9,7 @@ from importlib.metadata import entry_points
 
 import click
 
-_BUILTIN = ("topo", "plan", "run", "record", "slices", "dra")
+_BUILTIN = ("topo", "plan", "run", "record", "slices", "dra", "mps-control")
 ENTRY_POINT_GROUP = "gpuplugin.commands"
 
 
@@ -25,7 +25,7 @@ class _LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in _BUILTIN:
-            return importlib.import_module(f"gpuplugin.commands.{cmd_name}").command
+            return importlib.import_module(f"gpuplugin.commands.{cmd_name.replace('-', '_')}").command
         for ep in entry_points(group=ENTRY_POINT_GROUP, name=cmd_name):
             return ep.load()
         return None

@@ -105,6 +105,12 @@ class PluginConfig(BaseModel):
         None, description="Answer NVML from this recording (gpuplugin record) instead of the driver: discovery, MIG "
                           "and health run as on the recorded node; the file is re-read when it changes. For tests "
                           "and demos.")
+    mps_daemons: Literal["in-plugin", "external"] = Field(
+        "in-plugin", description="Who runs the MPS control daemons: in-plugin (this process; a plugin container "
+                                 "restart ends them) or external (the MPS control daemon set, `gpuplugin "
+                                 "mps-control`, from the desired-state file this plugin writes on --mps-root).")
+    mps_probe_interval: float = Field(5.0, description="Seconds between probes of each MPS control daemon (its "
+                                                       "replicas are unhealthy while it does not answer).")
 
     @field_validator("socket_name")
     @classmethod
@@ -134,7 +140,7 @@ class PluginConfig(BaseModel):
     def _mig_strategy(cls, v: Any) -> Any:
         return v.strip().lower() if isinstance(v, str) else v
 
-    @field_validator("health_probe_interval", "sharing_poll_interval", "mig_poll_interval")
+    @field_validator("health_probe_interval", "sharing_poll_interval", "mig_poll_interval", "mps_probe_interval")
     @classmethod
     def _probe_interval(cls, v: float) -> float:
         if not v > 0:

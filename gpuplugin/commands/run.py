@@ -262,6 +262,7 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
                     manager, cfg.resource_name, cfg.socket_name, serve, source,
                     in_use=pods.in_use, mps_root=cfg.mps_root, mps_command=(cfg.mps_control,),
                     poll_interval_s=cfg.sharing_poll_interval, mig_view=mig_view,
+                    mps_daemons=cfg.mps_daemons, mps_interval_s=cfg.mps_probe_interval,
                 ).start()
                 teardown.undo(node.stop)
             mig = start_mig(cfg, found, serve, whole_gpus=0 if found.topology is None else found.topology.size,

@@ -17,6 +17,9 @@ lives, and `get_server_list` over the pipe. What follows from the state:
 - silent and no live daemon (never started, crashed, killed): started again (backoff between tries).
 Its replicas are unhealthy whenever it does not answer, and healthy once it answers again.
 
+Who runs it: here (`--mps-daemons in-plugin`, the default), or the MPS control daemon set (`external`:
+gpuplugin.sharing.keeper runs this same class there, and the plugin's copy only probes, `manage=False`).
+
 Lifetime: the daemon is started in a session of its own (not in the plugin's process group, so a signal to the
 plugin's group does not reach it), and stopping the plugin only stops watching it: pods holding MPS replicas keep
 their server across a plugin restart. `quit` is sent only when a config removes or replaces the shared set (the
@@ -183,9 +186,13 @@ class MpsDaemon(Worker):
     def __init__(self, share: MpsShare, on_health: Callable[[bool], None], *,
                  command: Sequence[str] = (DEFAULT_CONTROL,), interval_s: float = 5.0,
                  backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic, runner: Runner = run_command) -> None:
+                 clock: Callable[[], float] = time.monotonic, runner: Runner = run_command,
+                 manage: bool = True) -> None:
         super().__init__(f"mps-{share.resource}", join_timeout_s=COMMAND_TIMEOUT_S * 2)
         self.share = share
+        # False: another process runs the daemon (`gpuplugin mps-control`); this one only probes it for health and
+        # never starts, configures or quits it
+        self.manage = manage
         self.command = tuple(command)
         self._on_health = on_health
         self._interval = interval_s
@@ -264,6 +271,16 @@ class MpsDaemon(Worker):
         """One pass: ask; if silent, mark unhealthy and (backoff allowing) start it and apply the defaults.
         Returns the seconds until the next pass."""
         state = self.probe()
+        if not self.manage:
+            if not state.answers and not self._silent_logged:
+                self._silent_logged = True
+                log.warning("plugin.mps.waiting", resource=self.share.resource, pid=state.pid, alive=state.alive,
+                            pipe=str(self.share.pipe_dir), action="replicas unhealthy until the MPS control "
+                                                                  "daemon set's daemon answers")
+            elif state.answers:
+                self._silent_logged = False
+            self._set_health(state.answers)
+            return self._interval
         if state.answers:
             if self.starts == 0 and not self.adopted:
                 self.adopted = True
@@ -311,5 +328,5 @@ class MpsDaemon(Worker):
         """Stop watching. The daemon keeps running for the pods holding its replicas unless `retire` (the set is
         gone from the config)."""
         super().stop(timeout)
-        if retire:
+        if retire and self.manage:
             self.quit()

@@ -12,12 +12,19 @@ resource name); each shared set gets its own SharedResourceManager, PluginRunner
 MPS, MpsDaemon. A set whose definition changed is replaced (stop, then start: the kubelet keeps allocated devices
 across a re-registration, and the ids in use are still advertised); its MPS daemon quits then, while a plugin stop
 leaves it running for its clients. GPU health is kept here across re-layouts.
+
+With `mps_daemons="external"` the daemons are run by the MPS control daemon set (`gpuplugin mps-control`), which
+outlives a plugin pod restart: the plugin writes the MPS sets it serves to the desired-state file instead
+(gpuplugin.sharing.desired, rewritten whenever they change, a failed write retried with backoff), a replaced or
+removed set gets a new generation there (the keeper quits its daemon), and each set's MpsDaemon only probes, so its
+replicas stay unhealthy until the keeper's daemon answers. A plugin stop leaves the file as it is.
 """
 
 from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +34,20 @@ import structlog
 
 from gpuplugin.deviceplugin.resource import ResourceManager, Subscription
 from gpuplugin.sharing.config import NO_SHARING, SharingConfig, SharingConfigError, choose_config, read_config
+from gpuplugin.sharing.desired import (
+    DesiredSet,
+    DesiredStateError,
+    current_desired,
+    desired_path,
+    encode,
+    read_desired,
+    write_desired,
+)
 from gpuplugin.sharing.layout import Layout, MigView, SharedSet, advertised_counts, describe, resolve, whole_layout
 from gpuplugin.sharing.manager import SharedResourceManager
 from gpuplugin.sharing.mps import DEFAULT_CONTROL, MpsDaemon, MpsGpu, MpsShare
 from gputopo.core.codec import SharedGpu, SharedResource, Sharing
+from gputopo.retry import Backoff
 from gputopo.workers import Worker
 
 log = structlog.get_logger(__name__)
@@ -84,7 +101,8 @@ class SharingNode(Worker):
     def __init__(self, whole: ResourceManager, whole_resource: str, whole_socket: str, serve: Serve,
                  source: ConfigSource, *, in_use: InUse | None = None, mps_root: Path = Path("/run/nvidia/mps"),
                  mps_command: tuple[str, ...] = (DEFAULT_CONTROL,), mps_interval_s: float = 5.0,
-                 poll_interval_s: float = 10.0, mig_view: Callable[[], MigView] | None = None) -> None:
+                 poll_interval_s: float = 10.0, mig_view: Callable[[], MigView] | None = None,
+                 mps_daemons: str = "in-plugin") -> None:
         super().__init__("sharing-node", join_timeout_s=30.0)
         self._mig_view = mig_view
         # the last config file read and validated (its flags.migStrategy is read by gpuplugin.sharing.mig_node)
@@ -99,6 +117,13 @@ class SharingNode(Worker):
         self.mps_root = mps_root
         self.mps_command = mps_command
         self.mps_interval_s = mps_interval_s
+        if mps_daemons not in ("in-plugin", "external"):
+            raise ValueError(f"mps_daemons must be in-plugin or external, not {mps_daemons!r}")
+        self.mps_external = mps_daemons == "external"
+        self._generations: dict[str, int] | None = None  # external: each MPS set's generation
+        self._desired_written: str | None = None
+        self._desired_backoff = Backoff(0.5, 30.0)
+        self._desired_next = 0.0
         self._poll = poll_interval_s
         self._lock = threading.RLock()
         self.layout: Layout | None = None
@@ -240,10 +265,63 @@ class SharingNode(Worker):
         gpu = device_id.split("::", 1)[0]
         return any(d.id == gpu for d in self.whole.all_devices)
 
+    # -- the desired-state file (--mps-daemons external) -----------------------------------------------------------
+
+    def _generation(self, name: str) -> int:
+        if self._generations is None:  # a restarted plugin keeps the generations the keeper runs
+            try:
+                found = read_desired(self.mps_root) or {}
+            except DesiredStateError as e:
+                log.warning("plugin.mps_desired.unreadable", error=str(e), action="rewriting it")
+                found = {}
+            self._generations = {n: d.generation for n, d in found.items()}
+        return self._generations.setdefault(name, 1)
+
+    def _retired(self, name: str) -> None:
+        """The set's daemon must quit: a later set of this name is a new generation, never this daemon."""
+        if self.mps_external:
+            self._generation(name)
+            assert self._generations is not None
+            self._generations[name] += 1
+
+    def desired_sets(self) -> list[DesiredSet]:
+        with self._lock:
+            return [DesiredSet(s.daemon.share, self._generation(name)) for name, s in sorted(self._served.items())
+                    if s.daemon is not None]
+
+    def publish_desired(self) -> float | None:
+        """Write the desired-state file when it differs from what was last written; the seconds until the next
+        try after a failure, else None."""
+        if not self.mps_external:
+            return None
+        now = time.monotonic()
+        if now < self._desired_next:
+            return self._desired_next - now
+        sets = self.desired_sets()
+        text = encode(sets)
+        if text == self._desired_written and text == current_desired(self.mps_root):
+            return None  # a file someone else changed or removed is written again
+        try:
+            write_desired(self.mps_root, sets)
+        except OSError as e:
+            delay = self._desired_backoff.failed()
+            self._desired_next = now + delay
+            log.warning("plugin.mps_desired.write_failed", path=str(desired_path(self.mps_root)),
+                        error=e.strerror or str(e), retry_in_s=round(delay, 2))
+            return delay
+        self._desired_backoff.reset()
+        self._desired_next = 0.0
+        self._desired_written = text
+        log.info("plugin.mps_desired.written", path=str(desired_path(self.mps_root)),
+                 sets={d.share.resource: d.generation for d in sets})
+        return None
+
     def step(self) -> float:
+        retry = self.publish_desired()
+        poll = self._poll if retry is None else min(self._poll, retry)
         layout = self.desired()
         if layout is None or layout == self.layout:
-            return self._poll
+            return poll
         if self.layout is not None:
             if self._in_use is None:
                 in_use: Mapping[str, Iterable[str]] | None = None
@@ -255,16 +333,16 @@ class SharingNode(Worker):
                     if self._problems.first(message):
                         log.warning("plugin.sharing.podresources_failed", error=message,
                                     action="the config change waits until the kubelet says what is in use")
-                    return self._poll
+                    return poll
             blocked = self._blocked(layout, in_use) if in_use is not None else []
             if blocked:
                 if self._problems.first(f"deferred {blocked}"):
                     log.warning("plugin.sharing.deferred", in_use=blocked[:8], held=len(blocked),
                                 action="applied when the pods holding them end")
-                return self._poll
+                return poll
         self.apply(layout)
         self._problems.clear()
-        return self._poll
+        return poll
 
     def loop(self) -> None:
         delay = 0.0
@@ -297,7 +375,7 @@ class SharingNode(Worker):
         daemon = None
         if share is not None:
             daemon = MpsDaemon(share, self._on_service(manager), command=self.mps_command,
-                               interval_s=self.mps_interval_s)
+                               interval_s=self.mps_interval_s, manage=not self.mps_external)
             daemon.start()
         runner = self._serve(manager, s.name, socket_for(self.whole_socket, s.name))
         return _Served(s, manager, runner, daemon)
@@ -317,7 +395,10 @@ class SharingNode(Worker):
             wanted = {s.name: s for s in layout.shared}
             for name in list(self._served):
                 if wanted.get(name) != self._served[name].shared:
-                    self._stop_set(self._served.pop(name), retire=True)
+                    gone = self._served.pop(name)
+                    self._stop_set(gone, retire=True)
+                    if gone.daemon is not None:
+                        self._retired(name)
             self.whole.set_gpus(layout.whole)
             whole_named_shared = self.whole_resource in wanted
             if whole_named_shared and self._whole_runner is not None:
@@ -330,6 +411,7 @@ class SharingNode(Worker):
                 self._whole_runner = self._serve(self.whole, self.whole_resource, self.whole_socket)
             self.layout = layout
             self.applied += 1
+        self.publish_desired()
         log.info("plugin.sharing.applied", counts=advertised_counts(layout, self.whole_resource),
                  shared=list(describe(layout)), label=self._label)
         self._changed()

@@ -140,6 +140,12 @@ CHART_VARIANTS: dict[str, ChartVariant] = {
     ),
     # Wiring into the existing default scheduler: standalone HTTPS extender, no kube-scheduler of ours.
     "default-scheduler": ChartVariant("gpu-topology", "gpu-topology", {"scheduler": {"mode": "default-scheduler"}}),
+    # GPU sharing with MPS: the plugin's MPS volumes and the MPS control daemon set on the plugin's nodes.
+    "sharing-mps": ChartVariant("gpu-topology", "gpu-topology", {"plugin": {
+        "sharing": {"enabled": True, "configs": {"mps": "version: v1\nsharing:\n  mps:\n    resources:\n"
+                                                        "    - {name: nvidia.com/gpu, replicas: 4}\n"}},
+        "nodeSelector": {"acme.example/gpu-pool": "inference"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}}),
     # A single scheduler replica without leader election, no PDB, no NetworkPolicies.
     "minimal": ChartVariant(
         "gpu-topology",

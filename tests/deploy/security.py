@@ -12,10 +12,17 @@ from typing import Any
 from tests.deploy.rendering import Obj, containers
 
 WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob", "Pod", "ReplicaSet"}
-# (workload kind, app.kubernetes.io/component label, container name) allowed to run as uid 0.
-ROOT_ALLOWED = {("DaemonSet", "device-plugin", "plugin")}
-# hostPath volumes the device plugin may mount, and whether the mount must be read-only.
-HOST_PATHS = {"/var/lib/kubelet/device-plugins": False, "/var/lib/kubelet/pod-resources": True}
+# (workload kind, app.kubernetes.io/component label, container name) allowed to run as uid 0: the MPS control
+# daemon set too (its daemons' pipe directories live on the root-owned MPS root).
+ROOT_ALLOWED = {("DaemonSet", "device-plugin", "plugin"), ("DaemonSet", "mps-control", "mps-control")}
+# The node agents that may mount host paths; with MPS both need the host's PID namespace (the MPS server checks its
+# clients' process ids; NVIDIA's MPS daemon set has it too).
+NODE_AGENTS = {("DaemonSet", "device-plugin"), ("DaemonSet", "mps-control")}
+HOST_PID_ALLOWED = NODE_AGENTS
+# hostPath volumes the node agents may mount, and whether the mount must be read-only (the MPS root: the chart's
+# default plugin.sharing.mps.root).
+HOST_PATHS = {"/var/lib/kubelet/device-plugins": False, "/var/lib/kubelet/pod-resources": True,
+              "/run/nvidia/mps": False, "/run/nvidia/mps/shm": False}
 
 
 def _component(obj: Obj) -> str:
@@ -35,11 +42,11 @@ def workload_findings(obj: Obj) -> list[str]:
     pod = obj["spec"]["template"]["spec"]
     found: list[str] = []
     for field in ("hostNetwork", "hostPID", "hostIPC"):
-        if pod.get(field):
+        if pod.get(field) and not (field == "hostPID" and (obj["kind"], _component(obj)) in HOST_PID_ALLOWED):
             found.append(f"{where}: {field} is on")
     host_volumes = {v["name"]: v["hostPath"]["path"] for v in pod.get("volumes", []) if "hostPath" in v}
-    if host_volumes and (obj["kind"], _component(obj)) != ("DaemonSet", "device-plugin"):
-        found.append(f"{where}: hostPath volumes {sorted(host_volumes.values())} outside the device plugin")
+    if host_volumes and (obj["kind"], _component(obj)) not in NODE_AGENTS:
+        found.append(f"{where}: hostPath volumes {sorted(host_volumes.values())} outside the node agents")
     for path in host_volumes.values():
         if path not in HOST_PATHS:
             found.append(f"{where}: hostPath {path} is not one the device plugin needs")

@@ -139,8 +139,12 @@ def test_each_workload_runs_its_components_image() -> None:
                 command = (container.get("command") or [""])[0]
                 if command == "gpuplugin":
                     assert _image_name(container["image"]) == "gpu-topology-plugin", (name, container["image"])
-                    assert container["args"][0] in ("run", "dra")
-                    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+                    assert container["args"][0] in ("run", "dra", "mps-control")
+                    # the driver's compute part only where MPS daemons run (the control program comes with it)
+                    mps = container["args"][0] == "mps-control" or (
+                        container["args"][0] == "run" and any(a.startswith("--mps-root") for a in container["args"]))
+                    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+                    assert env["NVIDIA_DRIVER_CAPABILITIES"] == ("compute,utility" if mps else "utility")
                     seen.add(f"plugin {container['args'][0]}")
                 elif command == "gpu-extender":
                     assert _image_name(container["image"]) == "gpu-topology-extender", (name, container["image"])
@@ -149,7 +153,7 @@ def test_each_workload_runs_its_components_image() -> None:
                     seen.add(f"extender {container['args'][0]}")
                 else:
                     assert "gpu-topology" not in container["image"], (name, container["name"], container["image"])
-    assert seen == {"plugin run", "plugin dra", "extender serve", "extender webhook"}, seen
+    assert seen == {"plugin run", "plugin dra", "plugin mps-control", "extender serve", "extender webhook"}, seen
 
 
 @pytest.mark.parametrize("component", COMPONENTS)

@@ -32,6 +32,7 @@ ACCOUNT_COMPONENTS = {
     "extender": ("extender",),
     "scheduler": ("kube-scheduler", "extender"),
     "webhook": (),  # answers admission reviews only: no API access at all
+    "mps-control": (),  # keeps MPS daemons from a file on the host: no API access at all
 }
 BUILTIN_ROLES = {
     "scheduler": {

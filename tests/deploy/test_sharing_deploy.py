@@ -80,3 +80,63 @@ def test_bad_sharing_values_fail_naming_them(sharing: dict, named: str) -> None:
     with pytest.raises(helm_python.HelmError) as caught:
         render_chart_files(ChartVariant("gpu-topology", "gpu-topology", {"plugin": {"sharing": sharing}}))
     assert named in str(caught.value)
+
+
+def _control(objects: list[dict]) -> list[dict]:
+    return find(objects, "DaemonSet", "gpu-topology-mps-control")
+
+
+def test_the_mps_control_daemon_set_runs_beside_the_plugin_on_its_nodes() -> None:
+    """Sharing on (daemons: external by default): the control daemon set gets the plugin's image and nodes, the
+    same MPS hostPath root, the host PID namespace and the driver's compute part, and a chart upgrade does not
+    restart it; the plugin is told the daemons are external. Every object also passes the security and schema
+    checks as the `sharing-mps` rendering (tests/deploy/rendering.py)."""
+    from gpuplugin.commands.mps_control import SETTINGS as CONTROL
+    from tests.deploy.rendering import CHART_VARIANTS
+
+    objects = render_chart(CHART_VARIANTS["sharing-mps"])
+    plugin, plugin_container = _plugin(objects)
+    (control,) = _control(objects)
+    (_, container), = list(containers(control))
+    pod, plugin_pod = control["spec"]["template"]["spec"], plugin["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True and control["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    for key in ("nodeSelector", "affinity", "tolerations"):
+        assert pod[key] == plugin_pod[key], key
+    assert container["image"] == plugin_container["image"] and container["command"] == ["gpuplugin"]
+    args = container["args"]
+    assert args[0] == "mps-control"
+    settings = CONTROL.load({k.removeprefix("--").replace("-", "_"): v for k, v in
+                             (a.split("=", 1) for a in args[1:])}, env={})
+    assert "--mps-daemons=external" in plugin_container["args"]
+    assert f"--mps-root={settings.mps_root}" in plugin_container["args"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["mps-root"] == {v["name"]: v for v in plugin_pod["volumes"]}["mps-root"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["mps-root"] == str(settings.mps_root) and mounts["mps-shm"] == "/dev/shm"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    (metrics,) = container["ports"]
+    assert metrics["containerPort"] == settings.metrics_port
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert find(objects, "NetworkPolicy", "gpu-topology-mps-control")
+
+
+def test_in_plugin_daemons_or_sharing_off_render_no_control_daemon_set() -> None:
+    values = {"plugin": {"sharing": {"enabled": True, "configs": {"a": NVIDIA_MPS}, "mps": {"daemons": "in-plugin"}}}}
+    objects = render_chart(ChartVariant("gpu-topology", "gpu-topology", values))
+    assert not _control(objects)
+    assert "--mps-daemons=in-plugin" in _plugin(objects)[1]["args"]
+    assert not _control(render_chart(ChartVariant("gpu-topology", "gpu-topology", {})))
+
+
+@pytest.mark.parametrize(("mps", "named"), [
+    ({"daemons": "sidecar"}, "/plugin/sharing/mps/daemons"),
+    ({"control": {"updateStrategy": "Never"}}, "/plugin/sharing/mps/control/updateStrategy"),
+    ({"control": {"pollInterval": 0}}, "/plugin/sharing/mps/control/pollInterval"),
+])
+def test_bad_mps_control_values_fail_naming_them(mps: dict, named: str) -> None:
+    with pytest.raises(helm_python.HelmError) as caught:
+        render_chart_files(ChartVariant("gpu-topology", "gpu-topology",
+                                        {"plugin": {"sharing": {"enabled": True, "configs": {"a": NVIDIA_TS},
+                                                                "mps": mps}}}))
+    assert named in str(caught.value)

@@ -28,9 +28,21 @@ class GpuNode:
     kubelet: KubeletSimulator
     process: subprocess.Popen[bytes]
     log: Path
+    argv: tuple[str, ...] = ()
+    env: dict[str, str] | None = None
 
     def stop(self) -> None:
         stop_process(self.process)
+
+    def kill(self) -> None:
+        """SIGKILL: the plugin's container ended without a word (an OOM kill, a node agent crash)."""
+        self.process.kill()
+        self.process.wait(10)
+
+    def start_again(self) -> None:
+        """A new plugin process with the same arguments (the DaemonSet's next pod), its output appended."""
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(list(self.argv), env=self.env, stdout=out, stderr=subprocess.STDOUT)
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
@@ -46,14 +58,12 @@ def gpu_node(name: str, topology: Path | None, *, args: Sequence[str] = (),
         fake.add_node(k8s_node(name))
         kubeconfig = write_kubeconfig(root / "kubeconfig", fake.url)
         env = dict(os.environ, KUBECONFIG=str(kubeconfig), NODE_NAME=name)
+        argv = (sys.executable, "-m", "gpuplugin.cli", "run", "--device-plugin-dir", str(root / "dp"),
+                *source, "--pod-resources-socket", str(root / "podres.sock"),
+                "--metrics-port", "0", *args)
         with open(root / "plugin.log", "wb") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "gpuplugin.cli", "run", "--device-plugin-dir", str(root / "dp"),
-                 *source, "--pod-resources-socket", str(root / "podres.sock"),
-                 "--metrics-port", "0", *args],
-                env=env, stdout=out, stderr=subprocess.STDOUT,
-            )
-        node = GpuNode(name, fake, podres, kubelet, process, root / "plugin.log")
+            process = subprocess.Popen(list(argv), env=env, stdout=out, stderr=subprocess.STDOUT)
+        node = GpuNode(name, fake, podres, kubelet, process, root / "plugin.log", argv, env)
         try:
             yield node
         finally:

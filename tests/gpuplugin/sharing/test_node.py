@@ -218,3 +218,50 @@ def test_an_mps_set_in_use_is_not_replaced_under_its_clients(
         finally:
             node.stop()
             client.close()
+
+
+def test_external_mps_daemons_are_asked_for_in_the_desired_file_never_started_here(
+    kubelet: KubeletSimulator, plugin_dir: Path, tmp_path: Path, dgx1: Topology, pods: PodResourcesServer
+) -> None:
+    """--mps-daemons external: the node writes its MPS sets to the desired-state file and starts no daemon, its
+    replicas unhealthy until one answers (here the keeper, in-process); a replaced set gets a new generation, and a
+    restarted node keeps the generation the file holds."""
+    from gpuplugin.sharing.desired import read_desired
+    from gpuplugin.sharing.keeper import MpsKeeper
+
+    mps = "version: v1\nsharing:\n  mps:\n    renameByDefault: true\n    resources:\n" \
+          "    - {{name: nvidia.com/gpu, replicas: {n}, devices: [0, 1]}}\n"
+    (tmp_path / "mps").write_text(mps.format(n=2))
+    with short_dir("mps-") as root:
+        node, client = _node(dgx1, plugin_dir, tmp_path, Label(), pods, mps_root=root, mps_command=FAKE_MPS,
+                             mps_interval_s=0.05, mps_daemons="external")
+        node.start()
+        keeper = MpsKeeper(root, command=FAKE_MPS, poll_interval_s=0.05, daemon_interval_s=0.05)
+        try:
+            wanted = read_desired(root)
+            assert wanted is not None and list(wanted) == [SHARED] and wanted[SHARED].generation == 1
+            assert [(g.uuid, g.replicas) for g in wanted[SHARED].share.gpus] == [(dgx1.gpus[0].id, 2),
+                                                                                   (dgx1.gpus[1].id, 2)]
+            kubelet.wait_until(SHARED, lambda ds: len(ds) == 4 and not any(d.healthy for d in ds), WAIT)
+            assert not (root / SHARED / "pipe" / PID_FILE).exists()  # the plugin starts none
+            keeper.start()
+            kubelet.wait_for_devices(SHARED, 4, WAIT)
+            (tmp_path / "mps").write_text(mps.format(n=4))  # replaced (no pod holds it): a new generation
+            node.step()
+            assert read_desired(root)[SHARED].generation == 2  # type: ignore[index]
+            kubelet.wait_for_devices(SHARED, 8, WAIT)
+        finally:
+            node.stop()
+            client.close()
+        assert read_desired(root)[SHARED].generation == 2  # type: ignore[index]  # a stop leaves the file
+        restarted, client = _node(dgx1, plugin_dir, tmp_path, Label(), pods, mps_root=root, mps_command=FAKE_MPS,
+                                  mps_interval_s=0.05, mps_daemons="external")
+        restarted.start()
+        try:
+            assert read_desired(root)[SHARED].generation == 2  # type: ignore[index]
+            kubelet.wait_for_devices(SHARED, 8, WAIT)
+        finally:
+            restarted.stop()
+            client.close()
+            keeper.stop()
+            MpsDaemon(MpsShare(SHARED, root, ()), lambda ok: None, command=FAKE_MPS).quit()
