@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,12 +100,7 @@ def _shared_ask(pod: Mapping[str, Any], resource: str, size: int, shared: frozen
                 ) -> tuple[str, tuple[ContainerNeed, ...], int] | None:
     """The shared resource (other than `resource`) the pod asks replicas of, if any. A pod asking for two kinds is
     refused: the plugin serves each name from its own socket, and one plan cannot name both."""
-    asks = []
-    for name in sorted(shared - {resource}):
-        containers = container_needs(pod, name)
-        count = effective_count(containers)
-        if count:
-            asks.append((name, containers, count))
+    asks = _asks(pod, sorted(shared - {resource}))
     if not asks:
         return None
     if len(asks) > 1:
@@ -115,6 +110,17 @@ def _shared_ask(pod: Mapping[str, Any], resource: str, size: int, shared: frozen
         raise PodSpecError(f"asks for {asks[0][0]} (replicas of shared GPUs) and {resource} (whole GPUs): a pod "
                            "takes shared replicas or whole GPUs, not both")
     return asks[0]
+
+
+def _asks(pod: Mapping[str, Any], names: Iterable[str]) -> list[tuple[str, tuple[ContainerNeed, ...], int]]:
+    """(name, containers' needs, effective count) of each of `names` the pod asks a non-zero count of."""
+    out = []
+    for name in names:
+        containers = container_needs(pod, name)
+        count = effective_count(containers)
+        if count:
+            out.append((name, containers, count))
+    return out
 
 
 def _asked_names(pod: Mapping[str, Any], prefix: str) -> list[str]:
@@ -136,12 +142,7 @@ def _mig_ask(pod: Mapping[str, Any], resource: str, size: int, shared: str | Non
     profile per pod, and not with whole GPUs or replicas: the plugin serves each name from its own socket, one plan
     names one resource, and MIG instances of different GPUs are not one device."""
     domain = resource.split("/", 1)[0]
-    asks = []
-    for name in _asked_names(pod, f"{domain}/{MIG_RESOURCE_PREFIX}"):
-        containers = container_needs(pod, name)
-        count = effective_count(containers)
-        if count:
-            asks.append((name, containers, count))
+    asks = _asks(pod, _asked_names(pod, f"{domain}/{MIG_RESOURCE_PREFIX}"))
     if not asks:
         return None
     if len(asks) > 1:
