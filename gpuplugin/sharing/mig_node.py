@@ -95,6 +95,7 @@ class MigNode(Worker):
         self.layout: tuple[MigGpu, ...] = ()
         self.passes = 0
         self._numa = {i: self._numa_of(i) for i, _ in self.gpus}
+        self._plan_watch: Any = None  # gpuplugin.plan_watch.PlanWatch: each resource takes its own plans
 
     def _numa_of(self, gpu: int) -> int | None:
         try:
@@ -138,6 +139,14 @@ class MigNode(Worker):
     def ready(self) -> bool:
         with self._lock:
             return all(s.runner.ready() for s in self._served.values())
+
+    def set_plan_source(self, watch: Any) -> None:
+        """The PlanWatch (or None): each MIG resource served, now and after a re-partition, takes the plans of its
+        own resource (`watch.for_resource`), whose ids are MIG UUIDs."""
+        with self._lock:
+            self._plan_watch = watch
+            for name, s in self._served.items():
+                s.manager.set_plan_source(watch.for_resource(name) if watch is not None else None)
 
     # -- health -------------------------------------------------------------------------------------------------
 
@@ -276,6 +285,8 @@ class MigNode(Worker):
                         self._served[name].manager.set_instances(insts.values(), share)
                     continue
                 manager = MigResourceManager(name, insts.values(), share=share, numa=self._numa, **self._options)
+                if self._plan_watch is not None:
+                    manager.set_plan_source(self._plan_watch.for_resource(name))
                 runner = self._serve(manager, name, socket_for(self.whole_socket, name))
                 self._served[name] = _Served(manager, runner)
                 log.info("plugin.mig.resource_started", resource=name, devices=len(insts))
