@@ -171,7 +171,12 @@ class NodePublisher(Worker):
 
     def _desired_state(self, current: str | None) -> tuple[str, NodeState]:
         used = self._ids(self._used_ids, "used")
-        unhealthy = self._ids(self._unhealthy_ids, "unhealthy")
+        mig = self._mig() if self._mig is not None else None
+        raw_unhealthy = list(self._unhealthy_ids())
+        # MIG UUIDs of the published instances are ids of this plugin too (the extender skips unhealthy instances)
+        instances = {i.uuid for g in mig.gpus for i in g.instances} if mig is not None else set()
+        unhealthy = self._ids(lambda: [x for x in raw_unhealthy if x not in instances], "unhealthy")
+        unhealthy |= frozenset(x for x in raw_unhealthy if x in instances)
         previous: NodeState | None = None
         if current is not None:
             try:
@@ -180,7 +185,6 @@ class NodePublisher(Worker):
                 log.warning("plugin.publish.state_unreadable", node=self.node_name, error=str(e), action="overwrite")
         sharing = self._sharing() if self._sharing is not None else None
         used -= sharing.shared_gpus if sharing is not None else frozenset()
-        mig = self._mig() if self._mig is not None else None
         if (previous is not None and previous.used == used and previous.unhealthy == unhealthy
                 and previous.sharing == sharing and previous.mig == mig):
             return current or "", previous
@@ -384,10 +388,11 @@ class Publication(Worker):
 
 def start_publisher(
     cfg: _ConfigLike, manager: _ManagerLike | None, *, api: kubernetes.client.ApiClient | None = None,
-    **options: Any
+    unhealthy: IdsProvider | None = None, **options: Any
 ) -> Publication | None:
     """Publication for `gpuplugin run`; None (said once in the log) when no API client can be made. `manager`
-    None: a node without whole GPUs, publishing its state (the `mig=` member) without a topology."""
+    None: a node without whole GPUs, publishing its state (the `mig=` member) without a topology. `unhealthy`: the
+    unhealthy ids when more than the manager's (MIG UUIDs)."""
     from gpuplugin.podresources import PodResourcesClient
     from gputopo.kube.client import KubeConfigError, make_api_client
 
@@ -410,7 +415,7 @@ def start_publisher(
         None if manager is None else
         [d.id for d in (manager.all_devices if hasattr(manager, "all_devices") else manager.devices)],
         lambda: pods.used_ids(resource),
-        manager.unhealthy_ids if manager is not None else tuple,
+        unhealthy or (manager.unhealthy_ids if manager is not None else tuple),
         **options,
     )
     log.info(

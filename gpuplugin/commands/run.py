@@ -338,6 +338,7 @@ def start_node_publication(cfg: PluginConfig, node: Any, pods: Any, teardown: Te
             options["extra_labels"] = node.labels
     if mig_state is not None:
         options["mig"] = mig_state
+        options["unhealthy"] = lambda: [*(node.unhealthy_ids() if node is not None else ()), *mig.unhealthy_ids()]
     if node is None and mig is None:
         return
     publisher = start_publication(cfg, node, **options)

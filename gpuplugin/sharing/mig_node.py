@@ -136,6 +136,13 @@ class MigNode(Worker):
             s = self._served.get(resource)
             return s.runner if s else None
 
+    def unhealthy_ids(self) -> list[str]:
+        """MIG UUIDs served now that the health monitor marked unhealthy (for the published state; instances kept
+        only for the pods holding them are held, and published so, not unhealthy)."""
+        with self._lock:
+            served = {i.uuid for s in self._served.values() for i in s.manager.instances()}
+            return sorted(self._sick & served)
+
     def ready(self) -> bool:
         with self._lock:
             return all(s.runner.ready() for s in self._served.values())

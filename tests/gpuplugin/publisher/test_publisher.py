@@ -399,13 +399,15 @@ def test_a_node_of_mig_gpus_only_publishes_its_state_without_a_topology(
     earlier = make(api, topo, pods)
     assert earlier.publish_once() is True and f"{PREFIX}/topology" in annotations(fake)
     assert labels(fake).get(f"{PREFIX}/gpu-count") == str(topo.size)
-    pub = NodePublisher(api, NODE, Keys(PREFIX), None, None, lambda: pods.used_ids(GPU), lambda: (),
+    sick = devices[1].uuid  # an unhealthy instance is published so (the extender skips it); a foreign id is not
+    pub = NodePublisher(api, NODE, Keys(PREFIX), None, None, lambda: pods.used_ids(GPU), lambda: [sick, "GPU-gone"],
                         mig=lambda: mig_block(mig, MigAdvertised("mixed", resources), pods.in_use()))
     assert pub.publish_once() is True
     assert f"{PREFIX}/topology" not in annotations(fake)
     assert not any(k.startswith(f"{PREFIX}/") for k in labels(fake))
     state = node_state(fake)
     assert state.mig is not None and state.mig.used_ids == {held} and state.used == frozenset()
+    assert state.unhealthy == {sick}
     assert pub.publish_once() is False
     refused = MigAdvertised("single", reason="mig strategy single refused: " + "x" * 1000)
     pub = NodePublisher(api, NODE, Keys(PREFIX), None, None, lambda: (), lambda: (),

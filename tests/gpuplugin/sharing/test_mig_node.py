@@ -69,6 +69,7 @@ def test_instance_xids_turn_exactly_those_advertised_instances_unhealthy(
 
         assert eventually(lambda: bad() == expected, WAIT), bad()
         assert expected <= monitor.unhealthy_instances()
+        assert set(node.unhealthy_ids()) == expected  # what the publisher puts in the state's "unhealthy"
         assert kubelet.wait_for_devices(ONE, 10, WAIT)
     finally:
         monitor.stop()
