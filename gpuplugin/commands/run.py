@@ -348,6 +348,9 @@ def start_node_publication(cfg: PluginConfig, node: Any, pods: Any, teardown: Te
     if publisher is not None:
         # a GPU pod ended: publish its devices free as soon as the kubelet lets go of them (it may lag the API)
         refresh = lambda: publisher.publisher.trigger(follow_s=POD_END_FOLLOW_S)  # noqa: E731
+        if mig is not None:
+            mig.on_change = publisher.publisher.trigger  # an instance's health or a re-partition: publish now
+            teardown.undo(lambda: setattr(mig, "on_change", None))  # before the publisher stops
     plans = start_plan_watch(cfg, [t for t in (node, mig) if t is not None], metrics, refresh,
                              shared=lambda: [*(node.shared_names() if node is not None else ()),
                                              *(mig.resource_names() if mig is not None else ())])

@@ -96,6 +96,8 @@ class MigNode(Worker):
         self.passes = 0
         self._numa = {i: self._numa_of(i) for i, _ in self.gpus}
         self._plan_watch: Any = None  # gpuplugin.plan_watch.PlanWatch: each resource takes its own plans
+        # told after a health change or a re-advertisement (the publisher publishes at once, not at its next poll)
+        self.on_change: Callable[[], None] | None = None
 
     def _numa_of(self, gpu: int) -> int | None:
         try:
@@ -163,6 +165,14 @@ class MigNode(Worker):
         with self._lock:
             self._sick = self._sick - ids if healthy else self._sick | ids
             self._reconcile_health()
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception:  # whoever listens must not break health or serving
+                log.exception("plugin.mig.notify_failed")
 
     def _reconcile_health(self) -> None:
         for name, s in self._served.items():
@@ -313,6 +323,7 @@ class MigNode(Worker):
                      draining=sorted(u for ids in draining.values() for u in ids)[:8])
             if self.on_instances is not None:
                 self.on_instances(instances)
+            self._changed()
 
     def start(self) -> MigNode:
         """Serve the layout NVML gives now, then keep re-reading it."""
