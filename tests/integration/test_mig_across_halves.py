@@ -3,8 +3,8 @@ publishes its MIG state on the Node of the in-process API server (islands and NU
 hold from PodResources); the extender in cluster mode reads that Node over real HTTP, filters, scores and binds a
 `nvidia.com/mig-1g.18gb` pod with kube-scheduler's bodies, writing a plan of MIG UUIDs; the kubelet simulator then
 asks the plugin, whose GetPreferredAllocation returns exactly the planned MIG UUID (not the one its own packing
-prefers). A node whose every GPU is MIG publishes its state without a topology, takes MIG pods the same way, and
-under strategy `none` says on the Node why its GPUs are left out."""
+prefers). A node whose every GPU is MIG publishes its state without a topology and takes MIG pods the same way
+(under `single` as `nvidia.com/gpu`), and under strategy `none` the Node says why its MIG GPUs are left out."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from gputopo.kube import make_api_client
 from tests.extender.conftest import running
 from tests.fakes.gpunode import GpuNode, gpu_node
 from tests.fixtures.mig_recordings import BALANCED_141
+from tests.fixtures.nvml import RECORDINGS
 from tests.helpers.kube import k8s_pod
 from tests.helpers.mig import mig_recording, write_recording
 from tests.helpers.polling import eventually
@@ -32,6 +33,8 @@ from tests.helpers.scheduler import bind_body, cache_args
 
 NODE = "h200-mig"
 ONE = "nvidia.com/mig-1g.18gb"
+GPU = "nvidia.com/gpu"
+A100_SINGLE = RECORDINGS / "synthetic-hgx-a100-80gb-8gpu-mig-single.json"
 ALL_1G_141 = [("1g.18gb", s, (1,)) for s in range(7)]
 WAIT = 30.0  # liveness bound of the waits, never a performance figure
 FAST = ["--mig-poll-interval", "0.2", "--sharing-poll-interval", "0.2"]
@@ -68,7 +71,7 @@ def _extender(node: GpuNode) -> Iterator[tuple[Extender, httpx.Client]]:
         api.close()
 
 
-def _bind(client: httpx.Client, node: GpuNode, pod: dict[str, Any]) -> set[str]:
+def _bind(client: httpx.Client, node: GpuNode, pod: dict[str, Any], resource: str = ONE) -> set[str]:
     """The scheduler's filter, prioritize and bind for `pod`; the MIG UUIDs its plan names."""
     added = node.fake.add_pod(pod)
     assert client.post("/filter", json=cache_args(added, [NODE])).json()["NodeNames"] == [NODE]
@@ -76,7 +79,7 @@ def _bind(client: httpx.Client, node: GpuNode, pod: dict[str, Any]) -> set[str]:
     assert client.post("/bind", json=bind_body(added, NODE)).json() == {"Error": ""}
     bound = node.fake.pod("default", pod["metadata"]["name"])
     plan = parse_plan(bound["metadata"]["annotations"]["gpu-topology.io/plan"])
-    assert bound["spec"]["nodeName"] == NODE and plan.resource == ONE and plan.node == NODE
+    assert bound["spec"]["nodeName"] == NODE and plan.resource == resource and plan.node == NODE
     return set(plan.ids)
 
 
@@ -150,3 +153,19 @@ def test_strategy_none_says_on_the_node_why_its_mig_gpus_are_left_out(tmp_path: 
         assert state.mig.strategy == "none" and state.mig.reason == mig_none_reason(2)
         assert all(i.resource is None for g in state.mig.gpus for i in g.instances)
         assert set(node.kubelet.resources()) == {"nvidia.com/gpu"}
+
+
+def test_single_serves_mig_instances_as_nvidia_gpu_and_the_plan_names_them() -> None:
+    """Under `single` the instances are `nvidia.com/gpu` (every GPU MIG, one profile): the plan of a pod asking
+    nvidia.com/gpu lists MIG UUIDs, and the plugin's answer is that plan."""
+    with gpu_node(NODE, None, nvml_recording=A100_SINGLE, args=["--mig-strategy", "single", *FAST]) as node:
+        kubelet = node.kubelet
+        devices = [d.id for d in kubelet.wait_for_devices(GPU, 56, WAIT)]
+        assert eventually(lambda: (s := _state(node)) is not None and s.mig is not None, WAIT), node.log_tail()
+        assert _state(node).mig.strategy == "single" and "gpu-topology.io/topology" not in _annotations(node)
+        with _extender(node) as (ext, client):
+            assert eventually(lambda: NODE in ext.cache.nodes and ext.cache.nodes[NODE].mig is not None, WAIT)
+            planned = _bind(client, node, k8s_pod("whole-ish", 2), resource=GPU)
+            assert len(planned) == 2 and all(x.startswith("MIG-") for x in planned)
+            assert eventually(lambda: set(kubelet.preferred_raw(GPU, devices, [], 2)) == planned, WAIT), \
+                node.log_tail()
