@@ -165,6 +165,8 @@ class MigResourceManager(ResourceManager):
         for x in avail:
             by_uuid[by_id[x].uuid].append(x)
         must_uuids = list(dict.fromkeys(by_id[x].uuid for x in must))
+        if len(must_uuids) != len(must):  # several replicas of one instance must go: no plan of distinct UUIDs fits
+            return None
         reason = FallbackReason.PLAN_REJECTED
         try:
             plan = plans.pending_plan(list(by_uuid), must_uuids, size)
