@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from gputopo.contract import MIG_STRATEGY_NONE, mig_none_reason
-from gputopo.core.codec import MIG_STRATEGIES, Mig, MigGpuInfo, MigInstance
+from gputopo.contract import MIG_STRATEGY_NONE, REPLICA_SEPARATOR, mig_none_reason
+from gputopo.core.codec import MAX_MIG_REASON, MIG_STRATEGIES, Mig, MigGpuInfo, MigInstance
+from gputopo.discovery.nvml import Neighbourhood
 from gputopo.discovery.nvml_mig import MigGpu
 
 log = structlog.get_logger(__name__)
@@ -28,13 +29,15 @@ class MigAdvertised:
     registered under (`nvidia.com/mig-1g.18gb` under mixed, the configured resource under single; absent: not
     advertised). By GPU UUID, where known: `numa` the GPU's NUMA node, `islands` its NVLink island, `peers` the
     other GPUs of that island (whole GPUs by advertised id, MIG GPUs by UUID), so the extender sees an island in
-    use when a whole GPU of it is held."""
+    use when a whole GPU of it is held. `reason`: why MIG devices are left out under another strategy (a refused
+    `single`, devices the strategy skips), for the Node; under `none` the contract's reason is written."""
 
     strategy: str
     resources: Mapping[str, str] = field(default_factory=dict)
     numa: Mapping[str, int | None] = field(default_factory=dict)
     islands: Mapping[str, int | None] = field(default_factory=dict)
     peers: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    reason: str | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in MIG_STRATEGIES:
@@ -50,7 +53,7 @@ def mig_block(gpus: Sequence[MigGpu], advertised: MigAdvertised, in_use: Mapping
     enabled = [g for g in gpus if g.enabled]
     if not enabled:
         return None
-    held = {i for ids in in_use.values() for i in ids}
+    held = {i.split(REPLICA_SEPARATOR, 1)[0] for ids in in_use.values() for i in ids}  # a replica holds its MIG UUID
     out: list[MigGpuInfo] = []
     for g in sorted(enabled, key=lambda g: g.nvml_index):
         instances = []
@@ -65,5 +68,21 @@ def mig_block(gpus: Sequence[MigGpu], advertised: MigAdvertised, in_use: Mapping
         peers = tuple(advertised.peers.get(g.uuid, ())) if island is not None else ()
         out.append(MigGpuInfo(g.uuid, g.nvml_index, advertised.numa.get(g.uuid), island, g.model, tuple(instances),
                               peers))
-    reason = mig_none_reason(len(out)) if advertised.strategy == MIG_STRATEGY_NONE else None
+    reason = mig_none_reason(len(out)) if advertised.strategy == MIG_STRATEGY_NONE else advertised.reason
+    if reason is not None and len(reason) > MAX_MIG_REASON:
+        reason = reason[: MAX_MIG_REASON - 3] + "..."
     return Mig(advertised.strategy, reason, tuple(out))
+
+
+def advertised_from(strategy: str, resources: Mapping[str, Iterable[str]], reason: str | None,
+                    hood: Neighbourhood, whole_ids: Mapping[str, str]) -> MigAdvertised:
+    """MigAdvertised from the MIG node's status (strategy, advertised MIG UUIDs per resource, its one-line reason)
+    and discovery's neighbourhood of every GPU. `whole_ids`: whole GPU UUID -> the id it is advertised (and
+    published in the topology) as; a MIG GPU's peers are the others of its island, whole GPUs by that id."""
+    by_uuid = {u: name for name, uuids in resources.items() for u in uuids}
+    peers = {g: tuple(whole_ids.get(p, p) for p in hood.members[n] if p != g)
+             for g, n in hood.islands.items() if n is not None and g not in whole_ids}
+    mig_gpus = [g for g in hood.islands if g not in whole_ids]
+    return MigAdvertised(strategy, {} if strategy == MIG_STRATEGY_NONE else by_uuid,
+                         {g: hood.numa.get(g) for g in mig_gpus}, {g: hood.islands.get(g) for g in mig_gpus}, peers,
+                         reason)

@@ -2,6 +2,8 @@
 
 What is written (prefix configurable, default gpu-topology.io; see docs/contracts.md):
 - annotation `<prefix>/topology`: the core's compact topology JSON, GPU ids = the ids advertised to the kubelet;
+  absent on a node whose every GPU is MIG (no whole GPU: the state's "mig" member alone, which the extender reads
+  as a MIG-only node; a topology left from an earlier layout is removed);
 - annotation `<prefix>/state`: {"v":1,"gen":N,"used":[ids],"unhealthy":[ids]}; `gen` grows by one on every change,
   continuing from the value already on the Node, so it only ever grows across plugin restarts; with `mig=` (issue
   23) also the MIG GPUs and their instances, advertised or not, and which pods hold (gpuplugin.mig_publication);
@@ -91,7 +93,7 @@ class NodePublisher(Worker):
         api: kubernetes.client.ApiClient,
         node_name: str,
         keys: Keys,
-        topology: Topology,
+        topology: Topology | None,
         device_ids: Sequence[str] | None,
         used_ids: IdsProvider,
         unhealthy_ids: IdsProvider,
@@ -113,10 +115,11 @@ class NodePublisher(Worker):
         self._api = api
         self.node_name = node_name
         self.keys = keys
-        self.topology = relabel(topology, device_ids) if device_ids is not None else topology
+        self.topology = relabel(topology, device_ids) if device_ids is not None and topology is not None else topology
         # Health monitors and the kubelet may name GPUs by UUID or by advertised id: accept both.
-        self._to_id: dict[str, str] = {g.id: a.id for g, a in zip(topology.gpus, self.topology.gpus, strict=True)}
-        self._to_id.update({a.id: a.id for a in self.topology.gpus})
+        whole = (topology.gpus, self.topology.gpus) if topology is not None and self.topology is not None else ((), ())
+        self._to_id: dict[str, str] = {g.id: a.id for g, a in zip(*whole, strict=True)}
+        self._to_id.update({a.id: a.id for a in whole[1]})
         self._used_ids = used_ids
         self._unhealthy_ids = unhealthy_ids
         self._poll = poll_interval_s
@@ -132,7 +135,7 @@ class NodePublisher(Worker):
 
         self.topology_key = keys.topology
         self.state_key = keys.state
-        self._topology_json = topology_to_json(self.topology)
+        self._topology_json = topology_to_json(self.topology) if self.topology is not None else None
         self._labels = self._desired_labels()
 
         self._observed: dict[str, str | None] | None = None  # our keys as the Node last carried them
@@ -144,6 +147,8 @@ class NodePublisher(Worker):
     # --- what should be on the Node -----------------------------------------------------------------------------
 
     def _desired_labels(self) -> dict[str, str | None]:
+        if self.topology is None:  # no whole GPU: the whole-GPU labels do not apply
+            return {self.keys.fabric_label: None, self.keys.model_label: None, self.keys.count_label: None}
         models = {g.model for g in self.topology.gpus if g.model}
         model = sanitize_label_value(models.pop()) if len(models) == 1 else ("mixed" if models else "")
         return {
@@ -166,7 +171,12 @@ class NodePublisher(Worker):
 
     def _desired_state(self, current: str | None) -> tuple[str, NodeState]:
         used = self._ids(self._used_ids, "used")
-        unhealthy = self._ids(self._unhealthy_ids, "unhealthy")
+        mig = self._mig() if self._mig is not None else None
+        raw_unhealthy = list(self._unhealthy_ids())
+        # MIG UUIDs of the published instances are ids of this plugin too (the extender skips unhealthy instances)
+        instances = {i.uuid for g in mig.gpus for i in g.instances} if mig is not None else set()
+        unhealthy = self._ids(lambda: [x for x in raw_unhealthy if x not in instances], "unhealthy")
+        unhealthy |= frozenset(x for x in raw_unhealthy if x in instances)
         previous: NodeState | None = None
         if current is not None:
             try:
@@ -175,7 +185,6 @@ class NodePublisher(Worker):
                 log.warning("plugin.publish.state_unreadable", node=self.node_name, error=str(e), action="overwrite")
         sharing = self._sharing() if self._sharing is not None else None
         used -= sharing.shared_gpus if sharing is not None else frozenset()
-        mig = self._mig() if self._mig is not None else None
         if (previous is not None and previous.used == used and previous.unhealthy == unhealthy
                 and previous.sharing == sharing and previous.mig == mig):
             return current or "", previous
@@ -347,23 +356,25 @@ class Publication(Worker):
     manager, and a trigger on every device list change (health), forwarded by this worker's thread. `stop()` ends
     both and closes their clients."""
 
-    def __init__(self, publisher: NodePublisher, manager: _ManagerLike, closers: Sequence[Callable[[], None]]):
+    def __init__(self, publisher: NodePublisher, manager: _ManagerLike | None,
+                 closers: Sequence[Callable[[], None]]):
         super().__init__("publisher-trigger")
         self.publisher = publisher
-        self._manager = manager
+        self._manager = manager  # None: no whole GPU (a MIG-only node), nothing to forward
         self._closers = list(closers)
-        self._sub = manager.subscribe()
+        self._sub = manager.subscribe() if manager is not None else None
 
     def start(self) -> Self:
         self.publisher.start()
-        return super().start()
+        return super().start() if self._sub is not None else self
 
     def loop(self) -> None:
-        while self._sub.next() is not None:
+        while self._sub is not None and self._sub.next() is not None:
             self.publisher.trigger()
 
     def interrupt(self) -> None:
-        self._manager.unsubscribe(self._sub)  # ends the subscription's next() with None
+        if self._manager is not None:
+            self._manager.unsubscribe(self._sub)  # ends the subscription's next() with None
 
     def stop(self, timeout: float | None = None) -> None:
         super().stop(timeout)
@@ -376,9 +387,12 @@ class Publication(Worker):
 
 
 def start_publisher(
-    cfg: _ConfigLike, manager: _ManagerLike, *, api: kubernetes.client.ApiClient | None = None, **options: Any
+    cfg: _ConfigLike, manager: _ManagerLike | None, *, api: kubernetes.client.ApiClient | None = None,
+    unhealthy: IdsProvider | None = None, **options: Any
 ) -> Publication | None:
-    """Publication for `gpuplugin run`; None (said once in the log) when no API client can be made."""
+    """Publication for `gpuplugin run`; None (said once in the log) when no API client can be made. `manager`
+    None: a node without whole GPUs, publishing its state (the `mig=` member) without a topology. `unhealthy`: the
+    unhealthy ids when more than the manager's (MIG UUIDs)."""
     from gpuplugin.podresources import PodResourcesClient
     from gputopo.kube.client import KubeConfigError, make_api_client
 
@@ -397,10 +411,11 @@ def start_publisher(
         api,
         cfg.node_name or "",
         cfg.keys,
-        manager.topology,
+        manager.topology if manager is not None else None,
+        None if manager is None else
         [d.id for d in (manager.all_devices if hasattr(manager, "all_devices") else manager.devices)],
         lambda: pods.used_ids(resource),
-        manager.unhealthy_ids,
+        unhealthy or (manager.unhealthy_ids if manager is not None else tuple),
         **options,
     )
     log.info(

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gputopo.core.mig import MIG_RESOURCE_PREFIX, resource_for
+from gputopo.core.mig import MIG_RESOURCE_PREFIX, PROFILE_TABLES, advertised_by_mixed, resource_for
 
 DEFAULT_PREFIX = "gpu-topology.io"
 DEFAULT_RESOURCE = "nvidia.com/gpu"
@@ -193,6 +193,14 @@ def is_mig_resource(name: str, domain: str = DEFAULT_RESOURCE.split("/", 1)[0]) 
     gputopo.core.mig.profile_for_resource says so, naming it)."""
     return name.startswith(f"{domain}/{MIG_RESOURCE_PREFIX}") and len(name) > len(domain) + 1 + len(
         MIG_RESOURCE_PREFIX)
+
+
+def mig_resource_suffixes() -> tuple[str, ...]:
+    """Every resource NVIDIA's mixed strategy advertises for the models of gputopo.core.mig's tables, without a
+    domain (`mig-1g.10gb`, `mig-1g.10gb.me`), sorted: what kube-scheduler's managedResources must list, since it
+    matches extender resources by exact name (deploy/ is generated from this: scripts/gen_managed_resources.py)."""
+    return tuple(sorted({resource_for(p.name) for t in PROFILE_TABLES for p in t.profiles
+                         if advertised_by_mixed(p.name)}))
 
 
 def mig_none_reason(gpus: int) -> str:

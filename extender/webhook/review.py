@@ -1,6 +1,7 @@
 """One AdmissionReview v1 request in, its answer out: whether to set the pod's schedulerName, and the JSONPatch.
 
-The rule (issue 13): a pod being created that asks for the managed resource (counted as the kubelet counts it,
+The rule (issue 13): a pod being created that asks for the managed resource or a MIG resource of its domain
+(`nvidia.com/mig-1g.10gb`, issue 23: gputopo.contract.is_mig_resource; counted as the kubelet counts it,
 init containers included: gputopo.podspec) and names no scheduler of its own (none, "" or "default-scheduler") gets
 `spec.schedulerName` set to the topology-aware scheduler; with `--whole-jobs`, so does a pod of a Kubeflow job
 (label `training.kubeflow.org/job-name`) that asks none, such as a TFJob's parameter server, so that the extender
@@ -24,6 +25,7 @@ from typing import Any
 import orjson
 
 from extender.jobs.membership import KUBEFLOW_JOB
+from gputopo.contract import is_mig_resource
 from gputopo.podspec import PodSpecError, pod_device_count
 
 API_VERSION = "admission.k8s.io/v1"
@@ -142,13 +144,27 @@ def decide(request: Mapping[str, Any], policy: Policy) -> Decision:
     if spec.get("nodeName"):
         return Decision(ALREADY_BOUND)  # no scheduler will see it
     try:
-        gpus = pod_device_count(pod, policy.resource)
+        gpus = sum(pod_device_count(pod, r) for r in (policy.resource, *mig_resources(spec, policy.resource)))
     except PodSpecError as e:
         return Decision(UNREADABLE_POD, warning=warning(f"{LEFT}: {e}"))
     if gpus == 0 and not (policy.whole_jobs and isinstance(labels.get(KUBEFLOW_JOB), str)):
         return Decision(NO_GPUS)
     patch = ({"op": "add", "path": "/spec/schedulerName", "value": policy.scheduler_name},)
     return Decision(PATCHED, patch, gpus=gpus)
+
+
+def mig_resources(spec: Mapping[str, Any], resource: str) -> list[str]:
+    """The MIG resources of `resource`'s domain the pod's containers name in limits or requests (sorted; malformed
+    parts are skipped here, pod_device_count names them)."""
+    domain = resource.split("/", 1)[0]
+    names: set[str] = set()
+    for field in ("initContainers", "containers"):
+        items = spec.get(field)
+        for c in items if isinstance(items, list) else ():
+            res = _dict(_dict(c).get("resources"))
+            for part in (_dict(res.get("limits")), _dict(res.get("requests"))):
+                names.update(k for k in part if isinstance(k, str) and is_mig_resource(k, domain))
+    return sorted(names)
 
 
 def failed(error: BaseException) -> Decision:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -296,40 +296,77 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
                 raise StartupError(f"cannot serve metrics on port {cfg.metrics_port}: {e.strerror or e}") from None
             teardown.undo(server.stop)
             log.info("plugin.metrics.on", port=server.port)
-        if node is not None:
-            start_node_publication(cfg, node, pods, teardown)
-        else:
-            log.info("plugin.publish.off", reason="no whole GPU on this node (every GPU is MIG-enabled)")
+        start_node_publication(cfg, node, pods, teardown, mig=mig, mig_state=mig_state_reader(found, node, mig, pods),
+                               metrics=metrics)
         if on_ready is not None:
             on_ready()
         stop.wait()
         log.info("plugin.process.stopping")
 
 
-def start_node_publication(cfg: PluginConfig, node: Any, pods: Any, teardown: Teardown) -> None:
-    """The node publisher and the plan watch of the whole GPUs (and their shared sets)."""
-    sharing_options: dict[str, Any] = {}
-    if cfg.sharing_config_dir is not None:
-        sharing_options["sharing"] = lambda: node.sharing(pods.in_use())
+def mig_state_reader(found: Discovered, node: Any, mig: Any, pods: Any) -> Callable[[], Any] | None:
+    """The state's "mig" member as the MIG node serves it now (gpuplugin.mig_publication), for the publisher; None
+    without MIG GPUs. NUMA nodes and NVLink islands are read once from NVML for every GPU (they do not change while
+    the plugin runs): a MIG GPU's peers are the whole GPUs (by advertised id) and MIG GPUs of its island."""
+    if mig is None:
+        return None
+    from gpuplugin.mig_publication import advertised_from, mig_block
+    from gputopo.discovery.nvml import neighbourhood
+
+    whole = node.whole.all_devices if node is not None else ()
+    gpus = sorted({*((d.nvml_index, d.uuid) for d in whole), *found.mig_gpus})
+    hood = neighbourhood(found.backend, gpus)
+    whole_ids = {d.uuid: d.id for d in whole}
+    log.info("plugin.mig.neighbourhood", islands={n: len(m) for n, m in hood.members.items()},
+             mig_numa={u: hood.numa.get(u) for _, u in found.mig_gpus})
+
+    def read() -> Any:
+        status = mig.status()
+        advertised = advertised_from(str(status.strategy), status.resources, status.reason(), hood, whole_ids)
+        return mig_block(mig.layout, advertised, pods.in_use())
+
+    return read
+
+
+def start_node_publication(cfg: PluginConfig, node: Any, pods: Any, teardown: Teardown, *, mig: Any = None,
+                           mig_state: Callable[[], Any] | None = None, metrics: Any = None) -> None:
+    """The node publisher and the plan watch: whole GPUs and their shared sets (`node`, None when every GPU is
+    MIG) and the MIG resources (`mig`). A node of MIG GPUs only publishes its state without a topology."""
+    options: dict[str, Any] = {}
+    if node is not None and cfg.sharing_config_dir is not None:
+        options["sharing"] = lambda: node.sharing(pods.in_use())
         if cfg.sharing_labels:
-            sharing_options["extra_labels"] = node.labels
-    publisher = start_publication(cfg, node, **sharing_options)
+            options["extra_labels"] = node.labels
+    if mig_state is not None:
+        options["mig"] = mig_state
+        options["unhealthy"] = lambda: [*(node.unhealthy_ids() if node is not None else ()), *mig.unhealthy_ids()]
+    if node is None and mig is None:
+        return
+    publisher = start_publication(cfg, node, **options)
     if publisher is not None and hasattr(publisher, "stop"):
         teardown.undo(publisher.stop)
     refresh = None
     if publisher is not None:
         # a GPU pod ended: publish its devices free as soon as the kubelet lets go of them (it may lag the API)
         refresh = lambda: publisher.publisher.trigger(follow_s=POD_END_FOLLOW_S)  # noqa: E731
-    plans = start_plan_watch(cfg, node, refresh)
+        if mig is not None:
+            mig.on_change = publisher.publisher.trigger  # an instance's health or a re-partition: publish now
+            teardown.undo(lambda: setattr(mig, "on_change", None))  # before the publisher stops
+    plans = start_plan_watch(cfg, [t for t in (node, mig) if t is not None], metrics, refresh,
+                             shared=lambda: [*(node.shared_names() if node is not None else ()),
+                                             *(mig.resource_names() if mig is not None else ())])
     if plans is not None:
         teardown.undo(plans)
 
 
-def start_plan_watch(cfg: PluginConfig, manager: Any,
-                     on_device_pod_ended: Callable[[], None] | None = None) -> Callable[[], None] | None:
-    """Plans from the scheduler extender: a watch on this node's pods feeding GetPreferredAllocation. Returns the
-    function that stops it, or None (said once) when there is no cluster to watch; the plugin then answers with its
-    own best subset, which on the same free set is the extender's choice anyway."""
+def start_plan_watch(cfg: PluginConfig, targets: Sequence[Any], metrics: Any,
+                     on_device_pod_ended: Callable[[], None] | None = None, *,
+                     shared: Callable[[], Collection[str]] | None = None) -> Callable[[], None] | None:
+    """Plans from the scheduler extender: a watch on this node's pods feeding GetPreferredAllocation of every
+    target (`set_plan_source`: the whole GPUs take the configured resource's plans, shared sets and MIG resources
+    their own, named by `shared`). Returns the function that stops it, or None (said once) when there is no cluster
+    to watch; the plugin then answers with its own best subset, which on the same free set is the extender's choice
+    anyway."""
     reason = no_cluster_reason(cfg)
     if reason is not None:
         log.info("plugin.plans.off", reason=reason)
@@ -343,15 +380,15 @@ def start_plan_watch(cfg: PluginConfig, manager: Any,
         return None
     from gpuplugin.plan_watch import PlanWatch
 
-    shared = getattr(manager, "shared_names", None)
-    watch = PlanWatch(api, cfg.node_name, keys=cfg.keys, metrics=manager.whole.metrics if shared else manager.metrics,
-                      resource_name=cfg.resource_name, on_device_pod_ended=on_device_pod_ended,
-                      shared_resources=shared).start()
-    manager.set_plan_source(watch)
+    watch = PlanWatch(api, cfg.node_name or "", keys=cfg.keys, metrics=metrics, resource_name=cfg.resource_name,
+                      on_device_pod_ended=on_device_pod_ended, shared_resources=shared).start()
+    for target in targets:
+        target.set_plan_source(watch)
     log.info("plugin.plans.on", node=cfg.node_name)
 
     def stop() -> None:
-        manager.set_plan_source(None)
+        for target in targets:
+            target.set_plan_source(None)
         watch.stop()
         api.close()
 

@@ -7,8 +7,11 @@ What differs from whole GPUs, and why:
   NVIDIA_VISIBLE_DEVICES (or the CDI name) is the MIG UUID, which the container toolkit resolves to the parent GPU
   and the instance; the device nodes are the parent's /dev/nvidiaN and the GPU and compute instance capability
   nodes /dev/nvidia-caps/nvidia-cap<N> (from mig-minors), plus the control nodes of the whole-GPU path.
-- The preference packs: MIG instances have no NVLink between them, so a container asking for several gets them on
-  the fewest GPUs, taken from the GPUs already partly used first (whole free GPUs stay for bigger asks).
+- The preference takes the extender's pending plan first (its ids are MIG UUIDs; gpuplugin.plan_watch gives each
+  MIG resource its own plans), checked against the request as the whole-GPU path checks it; a plan that does not
+  fit is logged and the node's own choice answers. That choice packs: MIG instances have no NVLink between them,
+  so a container asking for several gets them on the fewest GPUs, taken from the GPUs already partly used first
+  (whole free GPUs stay for bigger asks).
 - Time-slicing (NVIDIA offers it on MIG devices): a shared instance is advertised as replicas `<MIG UUID>::<n>`,
   and Allocate applies the sharing config's rules (failRequestsGreaterThanOne, distinctGpus) to MIG devices.
 - The set of devices changes without a restart when the GPU is re-partitioned (`set_instances`); the caller
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +116,8 @@ class MigResourceManager(ResourceManager):
             problems.append(f"size {size} does not fit the {len(avail)} valid available devices")
             pref = Preference(tuple(avail[: max(size, 0)]), Source.FALLBACK, FallbackReason.BAD_REQUEST,
                               tuple(problems))
+        elif not problems and (planned := self._from_plan(by_id, avail, must, size)) is not None:
+            return planned
         else:
             per_gpu: dict[int, list[str]] = defaultdict(list)
             # replicas: the first of each instance first, so a request spreads over distinct instances
@@ -149,6 +154,36 @@ class MigResourceManager(ResourceManager):
                         size=size, answer=list(pref.ids))
         return pref
 
+    def _from_plan(self, by_id: dict[str, Device], avail: Sequence[str], must: Sequence[str],
+                   size: int) -> Preference | None:
+        """The pending plan's answer (each planned MIG UUID as its first available id: itself, or a replica of it
+        under time-slicing), or None, logged, when there is no plan source, no plan, or a plan that cannot be met."""
+        plans = self._plans
+        if plans is None:
+            return None
+        by_uuid: dict[str, list[str]] = defaultdict(list)
+        for x in avail:
+            by_uuid[by_id[x].uuid].append(x)
+        must_uuids = list(dict.fromkeys(by_id[x].uuid for x in must))
+        if len(must_uuids) != len(must):  # several replicas of one instance must go: no plan of distinct UUIDs fits
+            return None
+        reason = FallbackReason.PLAN_REJECTED
+        try:
+            plan = plans.pending_plan(list(by_uuid), must_uuids, size)
+        except Exception as e:  # a faulty plan source must not fail pod admission
+            plan, why, reason = None, f"plan source raised {type(e).__name__}: {e}", FallbackReason.PLAN_ERROR
+        else:
+            why = None if plan is None else _plan_problem(plan, by_uuid, must_uuids, size)
+        if plan is not None and why is None:
+            chosen = [x for u in plan for x in ([m for m in must if by_id[m].uuid == u] or by_uuid[u][:1])]
+            self.metrics.plan_hits.inc()
+            return Preference(tuple(chosen), Source.PLAN)
+        if why is not None:
+            self.metrics.preferred_fallbacks.labels(reason=reason.value).inc()
+            log.warning("plugin.preferred.plan_unmet", resource=self.resource_name, problem=why[:300],
+                        available=brief_ids(avail), size=size, action="the node's own choice answers")
+        return None
+
     def _allocate(self, ids: Sequence[str]) -> ContainerAllocation:
         devices = self._checked(ids)
         share = self.share
@@ -168,6 +203,23 @@ class MigResourceManager(ResourceManager):
             log.warning("plugin.allocate.device_nodes_missing", resource=self.resource_name,
                         missing=list(alloc.missing_nodes), dev_root=str(self.dev_root), not_logged_since_last=quiet)
         return alloc
+
+
+def _plan_problem(plan: object, available: Mapping[str, Sequence[str]], must: Sequence[str], size: int) -> str | None:
+    """Why a MIG plan (distinct MIG UUIDs) cannot answer the request, or None."""
+    if not isinstance(plan, (list, tuple)) or not all(isinstance(x, str) for x in plan):
+        return f"plan is not a list of MIG UUIDs: {plan!r}"
+    if len(set(plan)) != len(plan):
+        return f"plan repeats MIG devices: {list(plan)}"
+    if len(plan) != size:
+        return f"plan has {len(plan)} MIG devices, the request asks for {size}"
+    outside = [x for x in plan if x not in available]
+    if outside:
+        return f"plan MIG devices not available: {', '.join(outside)}"
+    missing = [x for x in must if x not in plan]
+    if missing:
+        return f"plan lacks must-include MIG devices: {', '.join(missing)}"
+    return None
 
 
 def mig_container_allocation(instances: Sequence[MigInstance], strategy: ListStrategy, gpus_key: str,

@@ -95,6 +95,9 @@ class MigNode(Worker):
         self.layout: tuple[MigGpu, ...] = ()
         self.passes = 0
         self._numa = {i: self._numa_of(i) for i, _ in self.gpus}
+        self._plan_watch: Any = None  # gpuplugin.plan_watch.PlanWatch: each resource takes its own plans
+        # told after a health change or a re-advertisement (the publisher publishes at once, not at its next poll)
+        self.on_change: Callable[[], None] | None = None
 
     def _numa_of(self, gpu: int) -> int | None:
         try:
@@ -135,9 +138,24 @@ class MigNode(Worker):
             s = self._served.get(resource)
             return s.runner if s else None
 
+    def unhealthy_ids(self) -> list[str]:
+        """MIG UUIDs served now that the health monitor marked unhealthy (for the published state; instances kept
+        only for the pods holding them are held, and published so, not unhealthy)."""
+        with self._lock:
+            served = {i.uuid for s in self._served.values() for i in s.manager.instances()}
+            return sorted(self._sick & served)
+
     def ready(self) -> bool:
         with self._lock:
             return all(s.runner.ready() for s in self._served.values())
+
+    def set_plan_source(self, watch: Any) -> None:
+        """The PlanWatch (or None): each MIG resource served, now and after a re-partition, takes the plans of its
+        own resource (`watch.for_resource`), whose ids are MIG UUIDs."""
+        with self._lock:
+            self._plan_watch = watch
+            for name, s in self._served.items():
+                s.manager.set_plan_source(watch.for_resource(name) if watch is not None else None)
 
     # -- health -------------------------------------------------------------------------------------------------
 
@@ -147,6 +165,14 @@ class MigNode(Worker):
         with self._lock:
             self._sick = self._sick - ids if healthy else self._sick | ids
             self._reconcile_health()
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception:  # whoever listens must not break health or serving
+                log.exception("plugin.mig.notify_failed")
 
     def _reconcile_health(self) -> None:
         for name, s in self._served.items():
@@ -276,6 +302,8 @@ class MigNode(Worker):
                         self._served[name].manager.set_instances(insts.values(), share)
                     continue
                 manager = MigResourceManager(name, insts.values(), share=share, numa=self._numa, **self._options)
+                if self._plan_watch is not None:
+                    manager.set_plan_source(self._plan_watch.for_resource(name))
                 runner = self._serve(manager, name, socket_for(self.whole_socket, name))
                 self._served[name] = _Served(manager, runner)
                 log.info("plugin.mig.resource_started", resource=name, devices=len(insts))
@@ -295,6 +323,7 @@ class MigNode(Worker):
                      draining=sorted(u for ids in draining.values() for u in ids)[:8])
             if self.on_instances is not None:
                 self.on_instances(instances)
+            self._changed()
 
     def start(self) -> MigNode:
         """Serve the layout NVML gives now, then keep re-reading it."""

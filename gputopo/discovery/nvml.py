@@ -370,3 +370,51 @@ def _pcie_generation(facts: list[_GpuFacts], links: list[list[Link | None]]) -> 
     if nv:
         return bandwidth.PCIE_GENERATION_FOR_NVLINK[max(nv)]
     return bandwidth.DEFAULT_PCIE_GENERATION
+
+
+@dataclass(frozen=True)
+class Neighbourhood:
+    """Where GPUs sit: NUMA node and NVLink island by UUID (None: unknown, or no NVLink to another listed GPU), and
+    each island's members. Read for MIG GPUs, which the topology leaves out, so placement can keep islands whole."""
+
+    numa: dict[str, int | None]
+    islands: dict[str, int | None]
+    members: dict[int, tuple[str, ...]]
+
+
+def neighbourhood(backend: NvmlBackend, gpus: Sequence[tuple[int, str]]) -> Neighbourhood:
+    """NUMA nodes and NVLink islands of `gpus` ((NVML index, UUID), MIG-enabled or not) from the parent GPUs'
+    NVLink answers: GPUs joined by a direct link share an island, as do all GPUs with an active NVSwitch link.
+
+    NVML answers the NVLink queries on a MIG-enabled GPU as on any GPU (they describe the physical links; MIG only
+    removes peer-to-peer over them), so a MIG GPU's island is that of its board; P2P status is not asked, since a
+    MIG GPU has none to give. Islands are numbered by their lowest NVML index; a GPU alone has island None."""
+    facts = [_gpu_facts(backend, i, uuid, normalize_bus_id(b) if (b := _try(backend.pci_bus_id, i)) else None)
+             for i, uuid in gpus]
+    parent = list(range(len(facts)))
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    by_bus = {f.bus: k for k, f in enumerate(facts) if f.bus}
+    switched = []
+    for k, f in enumerate(facts):
+        for _link, _gen, remote, rtype in f.links:
+            if rtype == NVML_NVLINK_DEVICE_TYPE_SWITCH or remote == NVSWITCH_REMOTE_BUS_ID:
+                switched.append(k)
+            elif remote in by_bus and rtype in (None, NVML_NVLINK_DEVICE_TYPE_GPU):
+                parent[root(k)] = root(by_bus[remote])
+    for k in switched[1:]:
+        parent[root(k)] = root(switched[0])
+    groups: dict[int, list[int]] = {}
+    for k in sorted(range(len(facts)), key=lambda k: facts[k].nvml_index):
+        groups.setdefault(root(k), []).append(k)
+    islands: dict[str, int | None] = {f.uuid: None for f in facts}
+    members: dict[int, tuple[str, ...]] = {}
+    for n, ks in enumerate(g for g in groups.values() if len(g) > 1):
+        members[n] = tuple(facts[k].uuid for k in ks)
+        islands.update({facts[k].uuid: n for k in ks})
+    return Neighbourhood({f.uuid: f.numa for f in facts}, islands, members)

@@ -81,6 +81,20 @@ CASES: dict[str, tuple[Any, str]] = {
                        review.UNREADABLE_POD),
     "a fractional GPU": (lambda r: _containers(r)[0]["resources"]["limits"].update({"nvidia.com/gpu": "1.5"}),
                          review.UNREADABLE_POD),
+    "a MIG resource (mixed strategy)": (lambda r: _containers(r)[0].update(
+        resources={"limits": {"nvidia.com/mig-1g.10gb": "1"}}), review.PATCHED),
+    "a MIG resource in requests only, +me profile": (lambda r: _containers(r)[0].update(
+        resources={"requests": {"nvidia.com/mig-1g.18gb.me": "2"}}), review.PATCHED),
+    "a MIG resource in an init container only": (lambda r: (_containers(r)[0].update(
+        resources={"limits": {"nvidia.com/mig-3g.40gb": "1"}}), _gpu_in_init_only(r)), review.PATCHED),
+    "a MIG resource of another domain": (lambda r: _containers(r)[0].update(
+        resources={"limits": {"example.com/mig-1g.10gb": "1"}}), review.NO_GPUS),
+    "the bare MIG prefix": (lambda r: _containers(r)[0].update(resources={"limits": {"nvidia.com/mig-": "1"}}),
+                            review.NO_GPUS),
+    "zero MIG devices": (lambda r: _containers(r)[0].update(resources={"limits": {"nvidia.com/mig-1g.10gb": "0"}}),
+                         review.NO_GPUS),
+    "a bad MIG quantity": (lambda r: _containers(r)[0].update(
+        resources={"limits": {"nvidia.com/mig-1g.10gb": "half"}}), review.UNREADABLE_POD),
     "labels not a map": (lambda r: r["object"]["metadata"].update(labels=["a"]), review.PATCHED),
     "metadata missing": (lambda r: r["object"].pop("metadata"), review.PATCHED),
 }
@@ -176,9 +190,30 @@ def test_any_pod_is_answered_and_only_a_default_scheduled_gpu_pod_is_patched(cha
     assert scheduler is None or scheduler in ("", "default-scheduler")
     assert not spec.get("nodeName")
     try:
-        assert pod_device_count(pod, "nvidia.com/gpu") == decision.gpus > 0
+        def parts(c: Any) -> list[Any]:
+            res = c.get("resources") if isinstance(c, dict) else None
+            return [res.get(p) for p in ("limits", "requests")] if isinstance(res, dict) else []
+
+        containers = [c for f in ("containers", "initContainers") if isinstance(spec.get(f), list) for c in spec[f]]
+        asked = {k for c in containers for part in parts(c) if isinstance(part, dict) for k in part
+                 if k.startswith("nvidia.com/mig-")}
+        assert pod_device_count(pod, "nvidia.com/gpu") + sum(pod_device_count(pod, k) for k in asked) \
+            == decision.gpus > 0
     except PodSpecError:  # pragma: no cover - a patched pod was readable
         pytest.fail("patched a pod whose GPU count cannot be read")
+
+
+def test_a_mig_pod_is_counted_with_its_whole_gpus_and_gets_the_scheduler() -> None:
+    """A pod asking whole GPUs in one container and a MIG device in another (issue 23): both are the node's GPUs,
+    so the extender must place it; the decision counts both."""
+    def both(r: dict[str, Any]) -> None:
+        app = _containers(r)[0]
+        side = {"name": "infer", "image": "x", "resources": {"limits": {"nvidia.com/mig-2g.20gb": "1"}}}
+        app["resources"] = {"limits": {"nvidia.com/gpu": "2"}}
+        _containers(r).append(side)
+
+    decision = review.decide(review.read_review(recorded(both)).request, POLICY)
+    assert decision.outcome == review.PATCHED and decision.gpus == 3 and decision.patch == tuple(PATCH)
 
 
 def test_whole_jobs_sends_a_kubeflow_jobs_cpu_only_pods_too() -> None:

@@ -377,3 +377,41 @@ def test_strategy_none_publishes_the_mig_gpus_unadvertised_with_the_reason(
     with pytest.raises(ValueError, match="is not one of none, single, mixed"):
         MigAdvertised("dynamic")
     assert mig_block([], MigAdvertised("mixed"), {}) is None
+
+
+def test_a_node_of_mig_gpus_only_publishes_its_state_without_a_topology(
+    fake: FakeKubeApi, api: Any, kubelet: PodResourcesServer, pods: PodResourcesClient, topo: Topology
+) -> None:
+    """Every GPU MIG (issue 23): no topology, no whole-GPU labels; the topology and labels of an earlier layout (the
+    node had whole GPUs) are removed, so the extender reads it as a MIG-only node. A held replica of a time-sliced
+    MIG device marks its MIG UUID used; a refused strategy's reason is written, bounded."""
+    from gpuplugin.mig_publication import MigAdvertised, mig_block
+    from gputopo.contract import mig_resource
+    from gputopo.core.codec import MAX_MIG_REASON
+
+    _, mig = _h200_mig()
+    enabled = [g for g in mig if g.enabled]
+    devices = [d for g in enabled for d in g.devices if d.advertised_by_mixed]
+    resources = {d.uuid: mig_resource(d.name) for d in devices}
+    held = devices[0].uuid
+    kubelet.service.set_pod("ml", "nb", {"main": {f"{resources[held]}.shared": [f"{held}::1"]}})
+    fake.add_node(node_object())
+    earlier = make(api, topo, pods)
+    assert earlier.publish_once() is True and f"{PREFIX}/topology" in annotations(fake)
+    assert labels(fake).get(f"{PREFIX}/gpu-count") == str(topo.size)
+    sick = devices[1].uuid  # an unhealthy instance is published so (the extender skips it); a foreign id is not
+    pub = NodePublisher(api, NODE, Keys(PREFIX), None, None, lambda: pods.used_ids(GPU), lambda: [sick, "GPU-gone"],
+                        mig=lambda: mig_block(mig, MigAdvertised("mixed", resources), pods.in_use()))
+    assert pub.publish_once() is True
+    assert f"{PREFIX}/topology" not in annotations(fake)
+    assert not any(k.startswith(f"{PREFIX}/") for k in labels(fake))
+    state = node_state(fake)
+    assert state.mig is not None and state.mig.used_ids == {held} and state.used == frozenset()
+    assert state.unhealthy == {sick}
+    assert pub.publish_once() is False
+    refused = MigAdvertised("single", reason="mig strategy single refused: " + "x" * 1000)
+    pub = NodePublisher(api, NODE, Keys(PREFIX), None, None, lambda: (), lambda: (),
+                        mig=lambda: mig_block(mig, refused, {}))
+    assert pub.publish_once() is True
+    reason = node_state(fake).mig.reason
+    assert reason is not None and reason.startswith("mig strategy single refused: ") and len(reason) == MAX_MIG_REASON

@@ -4,8 +4,10 @@ left out is there for the publisher, and a re-partition re-advertises without re
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +15,7 @@ from gpuplugin.commands.run import Discovered, start_health
 from gpuplugin.config import PluginConfig
 from gpuplugin.deviceplugin.lifecycle import PluginRunner
 from gpuplugin.deviceplugin.resource import ResourceManager
+from gpuplugin.plan_watch import PlanWatch
 from gpuplugin.sharing.mig_node import MigNode
 from gpuplugin.sharing.mig_strategy import MigStrategy
 from gputopo.core.mig import H100_80GB
@@ -20,7 +23,9 @@ from gputopo.discovery.nvml import discover_node
 from gputopo.discovery.nvml_replay import ReplayNvmlBackend, load_event_stream
 from gputopo.discovery.recording import parse_recording
 from sim.kubelet import KubeletSimulator
+from tests.fakes.kubeapi import FakeKubeApi
 from tests.fixtures.nvml import EVENTS, RECORDINGS, canonical, load_json
+from tests.helpers.kube import k8s_pod
 from tests.helpers.mig import ALL_1G, mig_recording
 from tests.helpers.polling import eventually
 
@@ -64,6 +69,7 @@ def test_instance_xids_turn_exactly_those_advertised_instances_unhealthy(
 
         assert eventually(lambda: bad() == expected, WAIT), bad()
         assert expected <= monitor.unhealthy_instances()
+        assert set(node.unhealthy_ids()) == expected  # what the publisher puts in the state's "unhealthy"
         assert kubelet.wait_for_devices(ONE, 10, WAIT)
     finally:
         monitor.stop()
@@ -91,5 +97,45 @@ def test_none_keeps_mig_gpus_out_with_a_reason_and_a_repartition_is_seen_without
         assert eventually(lambda: set(node.status().resources) == {ONE}, WAIT)
         assert node.status().reason() is None
     finally:
+        node.stop()
+        backend.shutdown()
+
+
+def _planned(node: str, resource: str, ids: list[str]) -> str:
+    return json.dumps({"v": 1, "node": node, "resource": resource, "containers": {"main": ids}, "gbps": 0.0})
+
+
+def test_each_mig_resource_takes_its_own_plans_also_after_a_repartition_adds_it(
+        plugin_dir: Path, kubelet: KubeletSimulator, fake: FakeKubeApi, api: Any) -> None:
+    """The PlanWatch set once on the MIG node reaches every MIG resource's GetPreferredAllocation, also one a
+    re-partition creates later; a plan the request cannot meet is passed over for the node's own choice."""
+    backend = ReplayNvmlBackend(canonical(H100_MIXED))
+    backend.init()
+    node = mig_node(backend, plugin_dir, MigStrategy.MIXED).start()
+    watch = PlanWatch(api, "n1", backoff_initial_s=0.02, backoff_max_s=0.1,
+                      shared_resources=node.resource_names).start()
+    try:
+        assert watch.wait_synced(WAIT)
+        node.set_plan_source(watch)
+        ones = [d.id for d in kubelet.wait_for_devices(ONE, 10, WAIT)]
+        own = kubelet.preferred_raw(ONE, ones, [], 1)
+        wanted = next(x for x in sorted(ones) if x not in own)  # not what the node would pick itself
+        fake.add_pod(k8s_pod("infer", 0, "n1", {"gpu-topology.io/plan": _planned("n1", ONE, [wanted])}))
+        assert eventually(lambda: kubelet.preferred_raw(ONE, ones, [], 1) == [wanted], WAIT)
+        # the planned instance is not among those offered: the node's own choice, no error
+        rest = [x for x in ones if x != wanted]
+        answer = kubelet.preferred_raw(ONE, rest, [], 1)
+        assert len(answer) == 1 and answer[0] in rest
+        # GPUs 4-7 re-partitioned as one 7g.80gb each: a new resource, its plans served without a new watch
+        backend.replace(parse_recording(mig_recording(H100_80GB, [None] * 4 + [[("7g.80gb", 0, (7,))]] * 4)))
+        sevens = [d.id for d in kubelet.wait_for_devices("nvidia.com/mig-7g.80gb", 4, WAIT)]
+        target = sorted(sevens)[-1]
+        assert kubelet.preferred_raw("nvidia.com/mig-7g.80gb", sevens, [], 1) != [target]  # own choice: lowest
+        fake.add_pod(k8s_pod("train", 0, "n1",
+                             {"gpu-topology.io/plan": _planned("n1", "nvidia.com/mig-7g.80gb", [target])}))
+        assert eventually(lambda: kubelet.preferred_raw("nvidia.com/mig-7g.80gb", sevens, [], 1) == [target], WAIT)
+    finally:
+        node.set_plan_source(None)
+        watch.stop()
         node.stop()
         backend.shutdown()

@@ -90,6 +90,15 @@ imagePullSecrets:
   managedResources:
     - name: {{ $v.resourceName }}
       ignoredByScheduler: false
+    {{- $domain := first (splitList "/" $v.resourceName) }}
+    {{- range $v.scheduler.migResources }}
+    - name: {{ $domain }}/{{ . }}
+      ignoredByScheduler: false
+    {{- end }}
+    {{- range $v.scheduler.extraManagedResources }}
+    - name: {{ . }}
+      ignoredByScheduler: false
+    {{- end }}
 {{- end -}}
 
 {{/* Arguments shared by every extender container. */}}
