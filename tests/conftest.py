@@ -3,12 +3,14 @@ recorded facts (fixtures/ in the repository); `fake` is an in-process kube-apise
 pointed at it; `kubelet` is the kubelet simulator serving on `plugin_dir` (a directory short enough for unix socket
 paths). Every run ends by checking that no test wrote under fixtures/."""
 
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import kubernetes.client
 import pytest
+import structlog
 
 from gputopo.kube import make_api_client
 from sim.kubelet import KubeletSimulator
@@ -25,6 +27,20 @@ def fixtures_untouched() -> Iterator[None]:
     yield
     changes = fixture_changes(before, fixture_manifest())
     assert not changes, f"tests wrote under {SHARED} (recorded facts, read-only): {changes}"
+
+
+@pytest.fixture(autouse=True)
+def logging_restored() -> Iterator[None]:
+    """A command run in-process configures logging for the process (gputopo.logs.configure_logging: a level filter,
+    a stream, the root handlers); left so, a later test's `structlog.testing.capture_logs` misses every event under
+    that level, so which tests pass would depend on their order. Each test starts from the configuration before."""
+    config = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    structlog.configure(**config)
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")
