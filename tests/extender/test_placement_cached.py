@@ -110,3 +110,18 @@ def test_kept_answers_equal_a_fresh_computation_after_any_changes(steps: list[tu
         assert got == fresh.score_offer(names, need), need
         if fresh.shared_resource(need) is None and fresh.mig_resource(need) is None:
             assert got == reference_scores(cache, names, need), need
+
+
+def test_fits_share_a_value_class_only_when_everything_the_ranking_reads_is_equal() -> None:
+    from dataclasses import replace
+
+    from extender.placement.memo import PlacementMemo
+
+    memo = PlacementMemo()
+    facts = policy.TopologyFacts(TOPOS[0])
+    a = policy.compute_fit(facts, 0b11111111, Need(2))
+    b = policy.compute_fit(facts, 0b11111111, Need(2))  # the same answer, another object
+    assert a is not b and memo.value_class(a) is memo.value_class(b)
+    for other in (replace(a, islands=((8, 1.0, 0.5),)), replace(a, packing=a.packing / 2), replace(a, gbps=a.gbps / 2)):
+        assert memo.value_class(other) is other  # a class of its own: it ranks differently
+    assert memo.value_class(policy.NO_FIT) is policy.NO_FIT
