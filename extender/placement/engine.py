@@ -7,10 +7,11 @@ extender.placement.reasons words the refusals. This module maps node names to st
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import is_
+from typing import Any
 
 from extender.placement import policy, reasons
 from extender.placement.explain import Offer, offer
@@ -47,6 +48,7 @@ class Placement:
     def __init__(self, cache: NodeCache) -> None:
         self.cache = cache
         self.memo = PlacementMemo()
+        cache.on_state_change.append(self.memo.forget)
         # node -> (entry, question, answer) of its last MIG answer; one per node, cleared past twice the cluster
         self._mig_memo: dict[str, tuple[NodeEntry, tuple[object, ...], MigChoiceOnNode | Failed | Unresolvable]] = {}
 
@@ -66,18 +68,10 @@ class Placement:
     def _state_fit(self, st: PlacementState, need: Need) -> Fit:
         return self.memo.fit(self.cache.topologies[st.fingerprint], st.free, need)
 
-    def _states(self, names: list[str], extra: Mapping[str, NodeEntry] | None) -> list[PlacementState | None]:
-        states: list[PlacementState | None] = list(map(self.cache.states.get, names))
-        if extra and None in states:
-            for i, st in enumerate(states):
-                if st is None and names[i] in extra:
-                    states[i] = self.cache.state_for(extra[names[i]], 0)
-        return states
-
     # -- verbs ------------------------------------------------------------------------------------------------
     #
-    # Both verbs map node names to node states, then states to answers through the memo's per-need table, with
-    # C-level map() calls: per node only a few dict lookups, and Python code runs only for states not seen before.
+    # Both verbs map node names to answers through the memo's per-need table by name (forgotten per node as its
+    # state changes), with a C-level map(): Python code runs only for nodes that changed since the last request.
 
     def _verdict(self, st: PlacementState | None, need: Need) -> bool | Failed | Unresolvable:
         """True (passes), or the reason, typed by whether preemption could help."""
@@ -109,16 +103,39 @@ class Placement:
             return self._filter_shared(names, need, shared, extra)
         return self._filter_whole(names, need, extra)
 
+    def _answers(self, verb: str, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None,
+                 table: dict[Any, Any], compute: Callable[[PlacementState | None, Need], Any]) -> list[Any]:
+        """The verb's answer per name: from the table by node name (one C-level lookup each), else from the table
+        by node state, else computed. An answer is kept by name only while the node's state is the one it was
+        computed from: written first, then checked against the cache's current state (NodeCache writes the state
+        first, then forgets the name), so a change racing this request never leaves a stale answer behind."""
+        by_name = self.memo.by_name(verb, need)
+        answers = list(map(by_name.get, names))
+        if None not in answers:
+            return answers
+        states = self.cache.states
+        for i, a in enumerate(answers):
+            if a is not None:
+                continue
+            name = names[i]
+            st = states.get(name)
+            known = st is not None
+            if not known and extra and name in extra:
+                st = self.cache.state_for(extra[name], 0)
+            a = table.get(st) if st is not None else None
+            if a is None:
+                a = compute(st, need)
+                if st is not None:
+                    table[st] = a
+            answers[i] = a
+            if known:
+                by_name[name] = a
+                if states.get(name) is not st:
+                    by_name.pop(name, None)
+        return answers
+
     def _filter_whole(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None) -> FilterOutcome:
-        states = self._states(names, extra)
-        table = self.memo.verdicts(need)
-        verdicts = list(map(table.get, states))
-        if None in verdicts:
-            for i, v in enumerate(verdicts):
-                if v is None:
-                    v = verdicts[i] = self._verdict(states[i], need)
-                    if states[i] is not None:
-                        table[states[i]] = v
+        verdicts = self._answers("filter", names, need, extra, self.memo.verdicts(need), self._verdict)
         if verdicts.count(True) == len(names):
             return FilterOutcome(names, {}, {})
         # split by the verdict's type with C-level iterators: no Python code per node
@@ -136,7 +153,7 @@ class Placement:
         if st is None or st.problem is not None or st.total < need.size or st.free.bit_count() < need.size:
             return NO_FIT
         fit = self._state_fit(st, need)
-        return fit if fit.alloc is not None else NO_FIT
+        return self.memo.value_class(fit) if fit.alloc is not None else NO_FIT
 
     def score(self, names: Iterable[str], need: Need, extra: Mapping[str, NodeEntry] | None = None) -> list[int]:
         """Scores 0-10 aligned with `names`."""
@@ -171,16 +188,7 @@ class Placement:
         return ranking.scores, offer(names, fits, ranking, config.island_penalty, config.island_spare)
 
     def _fits(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None) -> list[Fit]:
-        states = self._states(names, extra)
-        table = self.memo.scores(need)
-        fits = list(map(table.get, states))
-        if None in fits:
-            for i, f in enumerate(fits):
-                if f is None:
-                    f = fits[i] = self._score_fit(states[i], need)
-                    if states[i] is not None:
-                        table[states[i]] = f
-        return fits  # type: ignore[return-value]
+        return self._answers("score", names, need, extra, self.memo.scores(need), self._score_fit)
 
     # -- replicas of shared GPUs (extender.placement.shared) ---------------------------------------------------
     #

@@ -26,6 +26,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import compress, count
 from operator import attrgetter
 
 from extender.placement import policy
@@ -68,7 +69,7 @@ def offer(names: Sequence[str], fits: Sequence[Fit], ranking: policy.Ranking, pe
     ties = [f for f in ranking.counts if f.gbps >= fastest - _EPS]
     score = max(by_fit[f] for f in ties)
     best_fits = {f for f in ties if by_fit[f] == score}
-    i = next(k for k, f in enumerate(fits) if f in best_fits)
+    i = next(compress(count(), map(best_fits.__contains__, fits)))  # C-level: the first may be far down the list
     top = max(by_fit.values())
     kept: tuple[tuple[int, float], ...] = ()
     best = fits[i]

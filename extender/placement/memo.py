@@ -4,7 +4,12 @@ Every answer depends only on (topology fingerprint, free GPU set, pod need): nod
 share one computation, and the core's own memo (keyed the same way) stays warm. Two layers:
 - fits, keyed (fingerprint, free set, need): the policy's answer for one node state;
 - per-need tables, keyed by the node's PlacementState (which hashes its whole state key once): filter's verdict and
-  prioritize's Fit, looked up with C-level map() calls so a request runs Python code only for states not seen before.
+  prioritize's Fit, looked up with C-level map() calls so a request runs Python code only for states not seen before;
+- per-need tables keyed by node name (`by_name`): the same answers for the cache's nodes, forgotten for a node when
+  its state changes (NodeCache.on_state_change), so a request over thousands of names is one C-level lookup per
+  name, without mapping names to states first (issue 24: that mapping was a sixth of the pair at 5,000 nodes).
+Prioritize's Fits are kept one per value class (`value_class`): nodes whose best subsets differ but whose GB/s,
+packing and islands are equal score alike, so the ranking values a few hundred classes, not every distinct state.
 
 The tables are plain dicts with no lock of their own: single get/set/clear calls are atomic under the GIL, and a
 lost race only computes the same pure answer twice. The fits and each per-need table are bounded (when full they
@@ -20,6 +25,7 @@ from extender.state.pods import Need
 from gputopo.core import Topology
 
 MEMO_LIMIT = 200_000
+BY_NAME_NEEDS = 64  # distinct needs with tables by node name (a pod's bandwidth floor is its own): past it, start over
 
 NeedKey = tuple[int, bool, float]
 
@@ -37,6 +43,8 @@ class PlacementMemo:
         self._verdicts: dict[NeedKey, dict[Any, Any]] = {}
         self._scores: dict[NeedKey, dict[Any, Any]] = {}
         self._shared: dict[Any, Any] = {}
+        self._by_name: dict[tuple[str, NeedKey], dict[str, Any]] = {}
+        self._classes: dict[tuple[float, float, tuple[tuple[int, float, float], ...]], Fit] = {}
 
     def facts(self, topo: Topology) -> TopologyFacts:
         hit = self._facts.get(topo.fingerprint)
@@ -62,6 +70,33 @@ class PlacementMemo:
     def scores(self, need: Need) -> dict[Any, Any]:
         """Prioritize's table for this need: node state -> Fit (NO_FIT where the pod cannot go)."""
         return self._table(self._scores, need)
+
+    def by_name(self, verb: str, need: Need) -> dict[str, Any]:
+        """The verb's ('filter': verdict, 'score': Fit) answers for this need by node name; NodeCache's nodes only."""
+        key = (verb, need_key(need))
+        table = self._by_name.get(key)
+        if table is None:
+            if len(self._by_name) >= BY_NAME_NEEDS:
+                self._by_name = {}
+            table = self._by_name.setdefault(key, {})
+        return table
+
+    def forget(self, name: str) -> None:
+        """The node's state changed: its answers by name go (the tables' list is copied in C: no lock needed)."""
+        for table in list(self._by_name.values()):
+            table.pop(name, None)
+
+    def value_class(self, fit: Fit) -> Fit:
+        """One Fit per (GB/s, packing, islands): all prioritize reads of a fit (policy.rank, explain.offer)."""
+        if fit.alloc is None:
+            return fit
+        key = (fit.gbps, fit.packing, fit.islands)
+        hit = self._classes.get(key)
+        if hit is None:
+            if len(self._classes) >= self.limit:
+                self._classes = {}
+            hit = self._classes.setdefault(key, fit)
+        return hit
 
     def shared(self) -> dict[Any, Any]:
         """Shared placement's answers (extender.placement.shared), keyed by all they depend on (its choice_key)."""

@@ -190,6 +190,9 @@ class NodeCache:
         # job plans' hooks (extender.jobs.plans): a node left the cache; a job's last pod left it
         self.on_node_removed: Callable[[str], None] = lambda name: None
         self.on_job_gone: Callable[[str], None] = lambda key: None
+        # called with a node's name after its state (self.states) changed or went: answers kept per node name
+        # (extender.placement.engine) are forgotten there, so they change exactly when the node's inputs do
+        self.on_state_change: list[Callable[[str], None]] = []
         self.shared_names: frozenset[str] = frozenset()  # resource names some node shares (replicas)
         self._shared_by: dict[str, frozenset[str]] = {}  # node -> the names it shares
         self.mig_names: frozenset[str] = frozenset()  # resource names some node's MIG instances are advertised as
@@ -220,8 +223,15 @@ class NodeCache:
             entry = self.nodes.get(name)
             if entry is None:
                 self.states.pop(name, None)
-                return
-            self.states[name] = self.state_for(entry, self.reservations.masks.get(name, 0))
+            else:
+                st = self.state_for(entry, self.reservations.masks.get(name, 0))
+                if self.states.get(name) is st:
+                    return
+                self.states[name] = st
+            # after the state is written: a reader that kept an answer of the old state finds the new one when
+            # it checks (extender.placement.engine), or its answer is forgotten here
+            for forget in list(self.on_state_change):
+                forget(name)
 
     def state_for(self, entry: NodeEntry, reserved: int) -> PlacementState:
         """The interned state of an entry (also for nodes seen only in a request's NodeList)."""
