@@ -34,7 +34,7 @@ case "${1:-}" in
     setup
     shift
     .venv/bin/ruff check .
-    exec .venv/bin/python -m pytest -q "$@"
+    exec .venv/bin/python -m pytest -q --durations=15 "$@"
     ;;
   setup)
     setup
