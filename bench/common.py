@@ -19,9 +19,14 @@ SHARED = ROOT / "fixtures"  # the recorded facts every benchmark shares, inside 
 RESULTS = ROOT / "bench" / "results"
 
 
+def complete_topology_files() -> list[Path]:
+    """Every shared `nvidia-smi topo -m` fixture that is complete (truncated ones are named PARTIAL)."""
+    return sorted(p for p in (SHARED / "topologies").glob("*.txt") if "PARTIAL" not in p.name)
+
+
 def shared_topology_files() -> list[Path]:
-    """Every shared `nvidia-smi topo -m` fixture that is complete, plus the H200 recording's text."""
-    files = sorted(p for p in (SHARED / "topologies").glob("*.txt") if "PARTIAL" not in p.name)
+    """Every complete shared `nvidia-smi topo -m` fixture, plus the H200 recording's text."""
+    files = complete_topology_files()
     h200 = SHARED / "recordings" / "h200x2-vm-nvidia-smi-topo-m.txt"
     return [*files, h200] if h200.exists() else files
 

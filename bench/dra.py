@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.common import RESULTS, SHARED, machine_line, markdown_table, percentile
+from bench.common import RESULTS, SHARED, complete_topology_files, machine_line, markdown_table, percentile
 from bench.placement import ExtenderPolicy, Job, Node, least_allocated, simulate, summarise, trace
 from gpuplugin.dra.catalog import ONE, RINGS, Catalog, set_group
 from gpuplugin.dra.ordering import publication_order
@@ -79,8 +79,7 @@ class DraPolicy:
 
 def placement(hours: float, seed: int, load: float) -> tuple[str, dict[str, dict[str, float]]]:
     rows, results = [], {}
-    files = sorted(p for p in (SHARED / "topologies").glob("*.txt") if "PARTIAL" not in p.name)
-    for path in files:
+    for path in complete_topology_files():
         kind = path.stem
         topo = load_topology_file(path)
         jobs = [j for j in trace(seed, hours, NODES * topo.size, load) if j.size <= topo.size]

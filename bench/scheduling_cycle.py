@@ -45,10 +45,9 @@ from typing import Any
 
 import orjson
 
-from bench.common import RESULTS, ROOT, machine_line, markdown_table, percentile, stop_process
+from bench.common import RESULTS, ROOT, complete_topology_files, machine_line, markdown_table, percentile, stop_process
 
 RECORDED = ROOT / "fixtures" / "recordings" / "kube-scheduler"
-TOPOLOGIES = ROOT / "fixtures" / "topologies"
 MIX = (1, 1, 1, 1, 2, 2, 2, 4, 4, 8)  # pod sizes, as bench.extender's closed loop
 BIND_CONCURRENCY = 300
 BACKLOG = 300
@@ -61,10 +60,6 @@ def ms(seconds: float) -> str:
 
 
 # -- the cluster (child process) -----------------------------------------------------------------------------------
-
-
-def topology_files() -> list[Path]:
-    return sorted(p for p in TOPOLOGIES.glob("*.txt") if "PARTIAL" not in p.name)
 
 
 @dataclass
@@ -88,7 +83,7 @@ class Cluster:
 
         self.rng = random.Random(seed)
         self.fake = FakeKubeApi(history_limit=200_000).start()
-        topos = [load_topology_file(f) for f in topology_files()]
+        topos = [load_topology_file(f) for f in complete_topology_files()]
         self.used: dict[str, set[str]] = {}
         self.generation: dict[str, int] = {}
         self.names: list[str] = []
