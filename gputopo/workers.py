@@ -25,8 +25,11 @@ def stop_on_signals(process: str) -> threading.Event:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
-        log.info("worker.signal.received", signal=signal.Signals(signum).name, process=process)
         stop.set()
+        # Not logged here: the handler runs in the main thread between two of its bytecodes, maybe inside a log
+        # write holding structlog's stream lock, which is not reentrant; a log call here would wait for itself.
+        threading.Thread(target=log.info, args=("worker.signal.received",), name="signal-log",
+                         kwargs={"signal": signal.Signals(signum).name, "process": process}).start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

@@ -4,6 +4,7 @@ pointed at it; `kubelet` is the kubelet simulator serving on `plugin_dir` (a dir
 paths). Every run ends by checking that no test wrote under fixtures/."""
 
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,10 @@ from gputopo.kube import make_api_client
 from sim.kubelet import KubeletSimulator
 from tests.fakes.kubeapi import FakeKubeApi
 from tests.helpers.paths import SHARED, fixture_changes, fixture_manifest, short_dir
+
+# Every process a test starts inherits this: one that hangs and is aborted (tests.helpers.processes.stop_process)
+# writes its threads' stacks first.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

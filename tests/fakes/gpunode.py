@@ -32,7 +32,7 @@ class GpuNode:
     env: dict[str, str] | None = None
 
     def stop(self) -> None:
-        stop_process(self.process)
+        stop_process(self.process, log=self.log)
 
     def kill(self) -> None:
         """SIGKILL: the plugin's container ended without a word (an OOM kill, a node agent crash)."""

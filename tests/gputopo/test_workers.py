@@ -110,3 +110,38 @@ def test_a_crashing_loop_ends_its_thread_and_says_so() -> None:
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     crash = next(e for e in events if e["event"] == "worker.thread.crashed")
     assert crash["worker"] == "crasher" and "boom" in json.dumps(crash["exception"])
+
+
+LOGS_UNTIL_STOPPED = """
+import sys
+import structlog
+from gputopo.logs import configure_logging
+from gputopo.workers import stop_on_signals
+
+configure_logging("info", sys.stderr)
+log = structlog.get_logger("busy")
+stop = stop_on_signals("busy")
+print("ready", flush=True)
+while not stop.is_set():
+    log.info("busy.line", padding="x" * 200)
+"""
+
+
+def test_a_signal_while_the_main_thread_writes_a_log_line_still_stops_it(tmp_path) -> None:
+    """structlog's stream lock is not reentrant and Python runs signal handlers in the main thread, between two
+    bytecodes of whatever it was doing: a handler that logs, landing while the main thread holds that lock, waits
+    for itself forever. A process that logs all the time is stopped, every time."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers.processes import stop_process
+
+    for _ in range(5):
+        with open(tmp_path / "log", "wb") as out:
+            process = subprocess.Popen([sys.executable, "-c", LOGS_UNTIL_STOPPED], stdout=subprocess.PIPE, stderr=out)
+        assert process.stdout is not None and process.stdout.readline() == b"ready\n"
+        time.sleep(0.05)
+        stop_process(process, timeout=10, log=tmp_path / "log")
+        assert process.returncode == 0
+        assert '"worker.signal.received"' in (tmp_path / "log").read_text()

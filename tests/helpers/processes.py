@@ -27,18 +27,25 @@ def wait_serving(process: subprocess.Popen[Any], ready: Callable[[], bool], time
                              f"{_piped_output(process)}{_log_tail(log)}")
 
 
-def stop_process(process: subprocess.Popen[Any], timeout: float = 20.0) -> tuple[Any, Any]:
+def stop_process(process: subprocess.Popen[Any], timeout: float = 20.0, log: Path | None = None) -> tuple[Any, Any]:
     """SIGTERM, as the kubelet sends on pod deletion, then what is left of the process's piped (stdout, stderr);
-    `process.returncode` holds its exit status. A process still running `timeout` seconds later is killed and the
-    call fails: every binary must stop on SIGTERM. Safe to call again."""
+    `process.returncode` holds its exit status. A process still running `timeout` seconds later gets SIGABRT
+    (Python writes every thread's stack first, PYTHONFAULTHANDLER being set for every child by tests/conftest.py),
+    then SIGKILL, and the call fails with that output: every binary must stop on SIGTERM, and a hang must say
+    where it hung. Safe to call again."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
     try:
         return process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate()
-        raise AssertionError(f"pid {process.pid} did not exit within {timeout} s of SIGTERM (killed)") from None
+        process.send_signal(signal.SIGABRT)
+        try:
+            out = process.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out = process.communicate()
+        raise AssertionError(f"pid {process.pid} did not exit within {timeout} s of SIGTERM (aborted): "
+                             f"{_text(out)}{_log_tail(log, 12000)}") from None
 
 
 def accepts(port: int) -> bool:
@@ -68,5 +75,10 @@ def _piped_output(process: subprocess.Popen[Any]) -> str:
     return "".join(c.decode(errors="replace") if isinstance(c, bytes) else c for c in chunks)[-3000:]
 
 
-def _log_tail(log: Path | None) -> str:
-    return f"; log tail:\n{log.read_text(errors='replace')[-3000:]}" if log is not None and log.exists() else ""
+def _log_tail(log: Path | None, chars: int = 3000) -> str:
+    return f"; log tail:\n{log.read_text(errors='replace')[-chars:]}" if log is not None and log.exists() else ""
+
+
+def _text(out: tuple[Any, Any]) -> str:
+    """A process's piped (stdout, stderr) as text, the end of it (where an abort's stacks are)."""
+    return "".join(c.decode(errors="replace") if isinstance(c, bytes) else c for c in out if c)[-12000:]
