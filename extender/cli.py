@@ -67,7 +67,6 @@ def serve(config: ExtenderConfig) -> None:
 
     from extender.http.app import create_app, create_metrics_app
     from extender.http.server import (
-        AcceptErrors,
         ListenError,
         companion_server,
         connection_limits,
@@ -127,7 +126,6 @@ def serve(config: ExtenderConfig) -> None:
              header_timeout_s=limits.header_timeout_s, body_timeout_s=limits.body_timeout_s)
 
     async def run() -> None:
-        asyncio.get_running_loop().set_exception_handler(AcceptErrors(metrics))
         await serve_beside(main_server, metrics_server, [sock], [metrics_sock] if metrics_sock else [])
 
     with asyncio.Runner(loop_factory=api_config.get_loop_factory()) as runner:

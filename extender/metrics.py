@@ -59,8 +59,6 @@ class ExtenderMetrics:
             "Connections the server closed, by listener and why: head_timeout, body_timeout, evicted (the cap was "
             "reached and it waited longest for a request), refused (the cap was reached, none could be evicted).",
             ["listener", "reason"], registry=r)
-        self.http_accept_errors = Counter(f"{PREFIX}_http_accept_errors_total",
-                                          "Accepts that failed for lack of files, buffers or memory.", registry=r)
         self.job_plans = Counter(f"{PREFIX}_job_plans_total",
                                  "Job plans made at a job pod's filter, by outcome: planned (its slots reserved), "
                                  "unplaceable (fits nowhere now), bad_job.", ["outcome"], registry=r)

@@ -5,7 +5,10 @@ number of connections; on EMFILE asyncio logs the failed accept with its traceba
 the listen backlog, every second. Hypercorn has only a per-read idle timeout (a byte every few seconds keeps a head
 open) and no connection cap; granian has a head timeout but no body timeout or connection cap, and runs the app in
 worker processes of its own. So the server stays uvicorn, through its documented extension point (`http=`, the
-protocol class), and this module adds, per listener:
+protocol class), on uvicorn's httptools protocol (llhttp, the C parser of Node.js) and the uvloop event loop:
+kube-scheduler's scheduling cycle waits for every /filter and /prioritize answer, and h11's pure-Python parsing and
+the asyncio loop were a third of the serving process's time under bind load (issue 24). This module adds, per
+listener:
 
 - a head deadline: from when a connection is ready for a request (accepted, or its last response sent) to the end
   of the request's head; a body deadline: from the end of the head to the end of the body. A connection that misses
@@ -13,10 +16,14 @@ protocol class), and this module adds, per listener:
 - a connection cap, below the process's open-files limit: a new connection past the cap evicts the connection that
   has waited longest for a request head (idle or slow: a client that sends its request quickly always gets in),
   else the one longest in sending a body, and is refused only when every connection is busy with an answer.
-- accept failures (EMFILE and kin) counted and logged at most once per `ACCEPT_LOG_INTERVAL_S`.
+- running out of files at accept: libuv (under uvloop) handles it itself, closing the connections that wait in
+  the backlog, without the busy retry and the log line per queued connection per second of asyncio's own loop;
+  the cap keeps client connections below the limit, so it takes a leak elsewhere to get there.
 - listening sockets bound before the app starts, so a busy port fails before anything says "started".
-- a request with both Transfer-Encoding and Content-Length refused with 400 (RFC 9112 6.3: its length is
-  ambiguous, the classic request-smuggling shape), before the app sees it.
+- a request the parser refuses is answered 400 with the parser's reason: among them both Transfer-Encoding and
+  Content-Length (RFC 9112 6.3: its length is ambiguous, the classic request-smuggling shape), which llhttp refuses
+  itself; and a chunk-size line announcing more than the body limit, refused at that line (the parser would
+  otherwise wait for every byte it announced, 2^64-1 of them, until the body deadline).
 - a second, read-only listener (metrics, probes) run beside the main one in the same loop (`serve_beside`).
 
 Both binaries that serve HTTP use it: `gpu-extender serve` and `gpu-extender webhook`.
@@ -31,24 +38,21 @@ import resource
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, NoReturn, Protocol
 
 import click
-import h11
+import httptools
 import structlog
 import uvicorn
-from h11._readers import ChunkedReader
 from prometheus_client import Counter, Gauge
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from extender.config import ListenerSettings
-from gputopo.logs import Repeats
 
 log = structlog.get_logger(__name__)
 
-ACCEPT_LOG_INTERVAL_S = 10.0
 # Files the process needs besides client connections: listeners, API watches, logs, the interpreter's own.
 FD_RESERVE = 64
 # The listen backlog is also how many connections asyncio accepts in one go. An accepted connection reaches the
@@ -65,6 +69,8 @@ ACCEPT_BATCHES = 3
 MIN_CONNECTIONS = 16
 WELL_SERVED_CONNECTIONS = 320
 HEAD, BODY = "head", "body"
+# How much of a chunk-size line is kept to read the size from (the size comes first; extensions may follow).
+CHUNK_LINE_BYTES = 64
 
 
 class HttpMetrics(Protocol):
@@ -72,7 +78,6 @@ class HttpMetrics(Protocol):
 
     http_connections: Gauge
     http_connections_closed: Counter
-    http_accept_errors: Counter
 
 
 class ListenError(Exception):
@@ -134,8 +139,8 @@ class Guard:
     def __init__(self, listener: str, limits: ConnectionLimits, metrics: HttpMetrics) -> None:
         self.listener = listener
         self.limits = limits
-        self.waiting: dict[GuardedH11Protocol, float] = {}  # waiting for a request head, since when
-        self.receiving: dict[GuardedH11Protocol, float] = {}  # receiving a request body, since when
+        self.waiting: dict[GuardedProtocol, float] = {}  # waiting for a request head, since when
+        self.receiving: dict[GuardedProtocol, float] = {}  # receiving a request body, since when
         self._open = metrics.http_connections.labels(listener)
         self._closed = metrics.http_connections_closed
 
@@ -158,34 +163,13 @@ class Guard:
         return False
 
 
-class StrictConnection(h11.Connection):
-    """h11's server connection, refusing request heads whose framing is ambiguous (h11 takes the chunked body and
-    ignores Content-Length); `refusal` says why, for the 400 answer."""
-
-    refusal: str | None = None
-    max_chunk: int | None = None
-
-    def next_event(self) -> Any:
-        event = super().next_event()
-        reader = self._reader
-        if self.max_chunk is not None and isinstance(reader, ChunkedReader) and \
-                reader._bytes_in_chunk > self.max_chunk:
-            # h11 would wait for every byte the size line announced (2^64-1: the connection held until the body
-            # deadline); a chunk larger than the body limit can never make an acceptable body.
-            self.refusal = (f"a chunk of {reader._bytes_in_chunk} bytes exceeds the body limit of {self.max_chunk} "
-                            "bytes")
-            raise h11.RemoteProtocolError(self.refusal, error_status_hint=400)
-        if isinstance(event, h11.Request):
-            names = {name.lower() for name, _ in event.headers}
-            if b"transfer-encoding" in names and b"content-length" in names:
-                self.refusal = ("a request may not carry both Transfer-Encoding and Content-Length (RFC 9112 6.3): "
-                                "its body length is ambiguous")
-                raise h11.RemoteProtocolError(self.refusal, error_status_hint=400)
-        return event
+class Refused(Exception):
+    """A request refused by the protocol before the app sees it; the message is the 400 answer's text."""
 
 
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with head and body deadlines and a connection cap (see the module docstring)."""
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with head and body deadlines, a connection cap and chunk sizes bounded by the
+    body limit (see the module docstring)."""
 
     guard: ClassVar[Guard]
 
@@ -195,11 +179,9 @@ class GuardedH11Protocol(H11Protocol):
         self._phase: str | None = None
         self._phase_cycle: object = None
         self._made = False
-        self.conn = StrictConnection(h11.SERVER, self.conn._max_incomplete_event_size)
-        self.conn.max_chunk = self.guard.limits.max_body_bytes
-
-    def send_400_response(self, msg: str) -> None:
-        super().send_400_response(self.conn.refusal or msg)
+        self._chunked = False  # the request being received has a chunked body: its size lines are read
+        self._line = b""  # the start of the chunk-size line being received (fed to the parser already)
+        self._refusal: str | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         guard = self.guard
@@ -221,8 +203,63 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+        self._unset_keepalive_if_required()
+        try:
+            if self._chunked:
+                self._feed_lines(data)
+            elif self._phase == HEAD and (end := data.find(b"\r\n\r\n")) != -1 and end + 4 < len(data):
+                # the head alone first: if it announces a chunked body, the rest is read line by line
+                self.parser.feed_data(data[:end + 4])
+                rest = data[end + 4:]
+                self._feed_lines(rest) if self._chunked else self.parser.feed_data(rest)
+            else:
+                self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            pass  # no WebSocket here (ws="none"): answered as a plain request, as uvicorn does, without its warning
+        except httptools.HttpParserError as e:
+            self.send_400_response(self._refusal or f"invalid HTTP request: {e}")
+            return
         self._follow()
+
+    def _feed_lines(self, data: bytes) -> None:
+        """Feed a chunked body a line at a time, so that on_chunk_header knows the size line it follows."""
+        start = 0
+        while self._chunked and (end := data.find(b"\n", start)) != -1:
+            self._keep_line(data[start:end + 1])
+            self.parser.feed_data(data[start:end + 1])
+            self._line = b""
+            start = end + 1
+        if start < len(data):
+            self._keep_line(data[start:])
+            self.parser.feed_data(data[start:])
+
+    def _keep_line(self, piece: bytes) -> None:
+        if len(self._line) < CHUNK_LINE_BYTES:
+            self._line = (self._line + piece)[:CHUNK_LINE_BYTES]
+
+    def on_headers_complete(self) -> None:
+        self._chunked = any(name == b"transfer-encoding" and b"chunked" in value.lower()
+                            for name, value in self.headers)
+        self._line = b""
+        super().on_headers_complete()
+
+    def on_chunk_header(self) -> None:
+        limit = self.guard.limits.max_body_bytes
+        if limit is None or not self._chunked:
+            return
+        size_text = self._line.split(b";", 1)[0].strip()  # the line just fed (_feed_lines keeps it)
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            return  # the parser has accepted it: nothing of ours to check
+        if size > limit:
+            # the parser would wait for every byte announced (2^64-1: held until the body deadline)
+            self._refusal = f"a chunk of {size} bytes exceeds the body limit of {limit} bytes"
+            raise Refused(self._refusal)
+
+    def on_message_complete(self) -> None:
+        self._chunked = False
+        super().on_message_complete()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -269,33 +306,9 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.abort()
 
 
-def protocol_class(guard: Guard) -> type[GuardedH11Protocol]:
+def protocol_class(guard: Guard) -> type[GuardedProtocol]:
     """The protocol class for one listener's uvicorn.Config(http=...)."""
-    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"guard": guard})
-
-
-class AcceptErrors:
-    """The event loop's exception handler: failed accepts (out of files, buffers or memory) are counted and logged
-    at most once per interval with how many were not; everything else goes to the default handler."""
-
-    MESSAGE = "socket.accept() out of system resource"
-
-    def __init__(self, metrics: HttpMetrics, interval_s: float = ACCEPT_LOG_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._counter = metrics.http_accept_errors
-        self._repeats = Repeats(interval_s, clock)
-
-    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if context.get("message") != self.MESSAGE:
-            loop.default_exception_handler(context)
-            return
-        self._counter.inc()
-        if (quiet := self._repeats.admit()) is None:
-            return
-        exc = context.get("exception")
-        log.warning("extender.server.accept_failed", error=str(exc), not_logged_since_last=quiet,
-                    hint="the process is out of open files or memory: raise its open-files limit or lower "
-                         "--max-connections")
+    return type("GuardedProtocol", (GuardedProtocol,), {"guard": guard})
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -345,7 +358,8 @@ def server_config(app: Any, listener: str, host: str, port: int, *, log_level: s
     """uvicorn's settings for one of our listeners: its guard, our backlog, no access log, uvicorn's own lines
     through our structured logging (gputopo.logs); `tls` are uvicorn's ssl_* settings."""
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=None, access_log=False,
-                          lifespan=lifespan, http=protocol_class(Guard(listener, limits, metrics)),
+                          lifespan=lifespan, http=protocol_class(Guard(listener, limits, metrics)), loop="uvloop",
+                          ws="none",
                           backlog=limits.backlog,
                           timeout_keep_alive=keep_alive_s, **tls)  # type: ignore[arg-type]
 

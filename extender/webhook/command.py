@@ -27,7 +27,6 @@ def command(config: WebhookConfig) -> None:
     import uvicorn
 
     from extender.http.server import (
-        AcceptErrors,
         ListenError,
         companion_server,
         connection_limits,
@@ -72,7 +71,6 @@ def command(config: WebhookConfig) -> None:
              metrics_port=config.metrics_port or None, max_connections=limits.max_connections)
 
     async def run() -> None:
-        asyncio.get_running_loop().set_exception_handler(AcceptErrors(metrics))
         fresh = asyncio.create_task(keep_fresh(context, config.tls_cert, config.tls_key,  # type: ignore[arg-type]
                                                config.certificate_check_s, metrics))
         try:

@@ -33,8 +33,6 @@ class WebhookMetrics:
             f"{PREFIX}_http_connections_closed_total",
             "Connections the server closed, by listener and why: head_timeout, body_timeout, evicted, refused.",
             ["listener", "reason"], registry=r)
-        self.http_accept_errors = Counter(f"{PREFIX}_http_accept_errors_total",
-                                          "Accepts that failed for lack of files, buffers or memory.", registry=r)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

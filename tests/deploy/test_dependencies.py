@@ -49,7 +49,7 @@ def test_the_base_holds_neither_half_and_each_extra_its_own() -> None:
     the web framework, `[demo]` both, so each image's closure is its half."""
     names = {extra: {canonicalize_name(Requirement(spec).name) for spec in specs} for extra, specs in EXTRAS.items()}
     assert names["plugin"] == {"grpcio", "protobuf", "nvidia-ml-py", "watchdog"}
-    assert names["extender"] == {"fastapi", "uvicorn"}
+    assert names["extender"] == {"fastapi", "uvicorn", "httptools", "uvloop"}
     assert not (names["plugin"] | names["extender"]) & BASE
     assert "gpu-topology-scheduling[plugin,extender]" in EXTRAS["demo"]
     assert "gpu-topology-scheduling[demo]" in EXTRAS["test"], "the tests run both halves"

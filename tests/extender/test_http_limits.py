@@ -5,8 +5,6 @@ one; a busy port fails before anything says it started."""
 
 from __future__ import annotations
 
-import asyncio
-import errno
 import json
 import resource
 import socket
@@ -14,17 +12,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
-import structlog
 from click.testing import CliRunner
 
 from extender.cli import main
-from extender.http.server import MIN_CONNECTIONS, AcceptErrors, connection_capacity
-from extender.metrics import ExtenderMetrics
+from extender.http.server import MIN_CONNECTIONS, connection_capacity
 from sim.ports import free_port
 from tests.extender.conftest import A100, write_inventory
 from tests.helpers.paths import REPO
@@ -113,31 +110,21 @@ def test_incomplete_requests_and_idle_connections_are_closed(tmp_path: Path) -> 
 
 
 def test_short_of_open_files_normal_clients_are_served(tmp_path: Path) -> None:
-    """300 idle connections against a process allowed 256 open files: the cap stays under the limit, so accept
-    keeps working and a normal client is answered."""
-    with extender(tmp_path, nofile=256) as (port, proc):
-        held = [socket.create_connection(("127.0.0.1", port), timeout=WAIT) for _ in range(300)]
+    """600 idle connections against a process allowed 256 open files: the cap stays under the limit, so accept
+    keeps working, a normal client is answered, and nothing is logged per connection (asyncio's own loop logged
+    each failed accept with its traceback, every second; libuv closes what waits in the backlog instead)."""
+    with extender(tmp_path, "--log-level", "info", nofile=256) as (port, proc):
+        # connected 32 at a time: a connect that finds the small backlog full waits out a 1 s SYN retry
+        with ThreadPoolExecutor(32) as pool:
+            held = list(pool.map(lambda _: socket.create_connection(("127.0.0.1", port), timeout=WAIT), range(600)))
         assert filter_ok(port)
+        assert metric(port, 'gpu_extender_http_connections_closed_total{listener="api",reason="evicted"}') >= 300
         for s in held:
             s.close()
+        assert filter_ok(port)
         output = stop_process(proc, 15)[0].decode()
-    assert "Too many open files" not in output
-
-
-def test_failed_accepts_are_counted_and_logged_once_per_interval() -> None:
-    metrics = ExtenderMetrics()
-    handler = AcceptErrors(metrics, interval_s=3600)
-    loop = asyncio.new_event_loop()
-    loop.set_exception_handler(handler)
-    try:
-        with structlog.testing.capture_logs() as logs:
-            for _ in range(2048):  # asyncio reports each queued connection of one accept pass
-                loop.call_exception_handler({"message": AcceptErrors.MESSAGE,
-                                             "exception": OSError(errno.EMFILE, "Too many open files")})
-    finally:
-        loop.close()
-    assert [e["event"] for e in logs] == ["extender.server.accept_failed"]
-    assert metrics.registry.get_sample_value("gpu_extender_http_accept_errors_total") == 2048
+    assert "Too many open files" not in output and "Traceback" not in output
+    assert len(output.splitlines()) < 40, output[-3000:]
 
 
 def test_busy_port_fails_before_starting(tmp_path: Path) -> None:
@@ -171,14 +158,20 @@ def test_transfer_encoding_with_content_length_is_refused(tmp_path: Path) -> Non
             while chunk := s.recv(65536):
                 answer += chunk
         assert answer.startswith(b"HTTP/1.1 400 ")
-        assert b"both Transfer-Encoding and Content-Length" in answer
-        with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as s:  # chunked alone is fine
-            s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
-                      + chunked)
-            answer = b""
-            while chunk := s.recv(65536):
-                answer += chunk
-        assert answer.startswith(b"HTTP/1.1 200 ") and b'"NodeNames":["a100"]' in answer
+        assert b"Content-Length can't be present with Transfer-Encoding" in answer
+        # chunked alone is fine: in one piece, and in many chunks sent a few bytes at a time
+        many = b"".join(b"%x;ext=1\r\n%s\r\n" % (len(body[i:i + 7]), body[i:i + 7]) for i in range(0, len(body), 7))
+        for framed, piece in ((chunked, len(chunked)), (many + b"0\r\n\r\n", 5)):
+            request = (b"POST /filter HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       + framed)
+            with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as s:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                for i in range(0, len(request), piece):
+                    s.sendall(request[i:i + piece])
+                answer = b""
+                while chunk := s.recv(65536):
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200 ") and b'"NodeNames":["a100"]' in answer, answer[:300]
 
 
 def test_at_the_cap_a_body_that_never_comes_gives_way(tmp_path: Path) -> None:
@@ -246,4 +239,14 @@ def test_a_chunk_larger_than_the_body_limit_is_refused_at_once(tmp_path: Path) -
             elapsed = time.monotonic() - started
         assert answer.startswith(b"HTTP/1.1 400 ") and b"exceeds the body limit" in answer
         assert elapsed < WAIT  # answered, not held until the 60 s body deadline
+        # the size line split over two reads, after a first chunk that fits: refused the same
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as s:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\nfff")
+            time.sleep(0.2)
+            s.sendall(b"ffff0;x=y\r\n\"")
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 400 ") and b"a chunk of 4294967280 bytes exceeds" in answer, answer
         assert filter_ok(port)
