@@ -393,7 +393,7 @@ def server_config(app: Any, listener: str, host: str, port: int, *, log_level: s
     through our structured logging (gputopo.logs); `tls` are uvicorn's ssl_* settings."""
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=None, access_log=False,
                           lifespan=lifespan, http=protocol_class(Guard(listener, limits, metrics)), loop="uvloop",
-                          ws="none",
+                          ws="none", proxy_headers=False,  # kube-scheduler calls it directly: no proxy to trust
                           backlog=limits.backlog,
                           timeout_keep_alive=keep_alive_s, **tls)  # type: ignore[arg-type]
 
