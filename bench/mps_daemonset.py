@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS, markdown_table
-from bench.mps_limits import _client, _control_pid, _mps_processes, _result
+from bench.mps_client import client_result, start_client
+from bench.mps_processes import control_pid, mps_processes
 
 RESOURCE = "nvidia.com/gpu.shared"
 REPLICAS = 4
@@ -55,7 +56,7 @@ def _pid(pipe: Path) -> int | None:
 
 
 def _servers() -> list[str]:
-    return [p for p in _mps_processes() if "nvidia-cuda-mps-server" in p]
+    return [p for p in mps_processes() if "nvidia-cuda-mps-server" in p]
 
 
 def measure(out: Path, root: Path) -> None:
@@ -100,13 +101,13 @@ def measure(out: Path, root: Path) -> None:
 
             steps["first_healthy_s"] = _wait("the replicas healthy (the control process's daemon answering)", healthy)
             daemon = _pid(pipe)
-            steps["daemon"] = {"pid": daemon, "by_env": _control_pid(pipe), "processes": _mps_processes()}
+            steps["daemon"] = {"pid": daemon, "by_env": control_pid(pipe), "processes": mps_processes()}
             held = [replica_id(kubelet.devices(RESOURCE)[0].id.split("::")[0], 0)]
             reply = kubelet.allocate(RESOURCE, held)
             envs = dict(reply.envs)
             data["allocate_env"] = {k: v for k, v in envs.items() if k.startswith(("CUDA_MPS", "NVIDIA_VISIBLE"))}
             podres.service.set_pod("default", "infer", {"main": {RESOURCE: held}})
-            holder = _client(envs, cap_mib=0, hold_s=25.0)
+            holder = start_client(envs, cap_mib=0, hold_s=25.0)
             assert holder.stdout is not None
             steps["client_ready"] = holder.stdout.readline().strip()
             steps["servers_with_client"] = _servers()
@@ -127,13 +128,13 @@ def measure(out: Path, root: Path) -> None:
             # 2. the control pod restarts (SIGTERM, as on a pod deletion): the next one adopts the daemon
             control.send_signal(signal.SIGTERM)
             control.wait(20)
-            steps["control_stopped"] = {"daemon_pid": _pid(pipe), "alive": _control_pid(pipe) is not None,
+            steps["control_stopped"] = {"daemon_pid": _pid(pipe), "alive": control_pid(pipe) is not None,
                                         "servers": _servers()}
             control = start(control_argv, logs["control"])
             procs.append(control)
             time.sleep(3.0)
             steps["control_restarted"] = {"daemon_pid": _pid(pipe), "servers": _servers(), "healthy": healthy()}
-            steps["client"] = _result(holder)
+            steps["client"] = client_result(holder)
             steps["starts_logged"] = logs["control"].read_text(errors="replace").count("plugin.mps.started")
             save()
         finally:
@@ -148,8 +149,8 @@ def measure(out: Path, root: Path) -> None:
                 subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, timeout=20, check=False,
                                env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, capture_output=True)
             with contextlib.suppress(SystemExit):
-                _wait("the daemon to quit", lambda: _control_pid(pipe) is None, 20.0)
-            data["left_after_quit"] = _mps_processes()
+                _wait("the daemon to quit", lambda: control_pid(pipe) is None, 20.0)
+            data["left_after_quit"] = mps_processes()
             save()
 
 

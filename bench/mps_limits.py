@@ -5,10 +5,10 @@ Limits: the plugin's own path (NVML discovery, a SharedResourceManager over GPU 
 GetPreferredAllocation and Allocate for one replica, the plugin's MpsDaemon running the real
 `nvidia-cuda-mps-control -d` with its pipe and log directories under a fresh root) gives a client environment with
 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (memory / replicas) and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (100 / replicas). Each
-case starts one client process with that environment (or a variation of it, named in the case) and records what
-the client sees: the multiprocessors CUDA reports, a bf16 matrix product's TFLOP/s, and how much device memory it
-can take in 512 MiB cudaMallocs before the first one fails, against its limit. The reference case runs with no
-MPS at all (the whole GPU).
+case starts one client process (bench.mps_client) with that environment (or a variation of it, named in the case)
+and records what the client sees: the multiprocessors CUDA reports, a bf16 matrix product's TFLOP/s, and how much
+device memory it can take in 512 MiB cudaMallocs before the first one fails, against its limit. The reference case
+runs with no MPS at all (the whole GPU).
 
 Lifetime: the same daemon is watched by one MpsDaemon runner (the plugin), which is stopped while a client holds
 a replica and computes; a second runner (the restarted plugin) must adopt the daemon (same pid, no second start)
@@ -20,81 +20,19 @@ recorded, so the CI stand-in (tests/helpers/mps_control.py) can be checked again
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS, markdown_table
-from bench.sharing import KEEP_ENV, RESOURCE, quit_and_wait, until_answering
+from bench.mps_client import STEP_MIB, client_result, start_client
+from bench.mps_processes import control_pid, end_leftovers, mps_processes
+from bench.sharing import RESOURCE, quit_and_wait, until_answering
 
 REPLICAS = 4
-STEP_MIB = 512
-
-
-# -- the client: one process with a given environment ------------------------------------------------------------
-
-
-def client(cap_mib: int, hold_s: float) -> None:
-    """Report SMs, TFLOP/s and the memory it could take (up to `cap_mib`); with `hold_s`, first compute for that
-    long (a pod holding its replica while the plugin restarts) and check the result is still right."""
-    import torch
-
-    out: dict[str, Any] = {"sms": torch.cuda.get_device_properties(0).multi_processor_count}
-    free, total = torch.cuda.mem_get_info()
-    out |= {"free_mib": free // 2**20, "total_mib": total // 2**20}
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    if hold_s:
-        print(json.dumps({"holding": True}), flush=True)
-        ref = (a @ b).float().sum().item()
-        end, iters, wrong = time.monotonic() + hold_s, 0, 0
-        while time.monotonic() < end:
-            wrong += int((a @ b).float().sum().item() != ref)
-            iters += 1
-        out |= {"hold_iters": iters, "hold_wrong": wrong}
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize()
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0.record()
-    for _ in range(20):
-        a @ b
-    t1.record()
-    torch.cuda.synchronize()
-    out["tflops"] = round(20 * 2 * 8192**3 / (t0.elapsed_time(t1) / 1e3) / 1e12, 1)
-    del a, b
-    torch.cuda.empty_cache()
-    blocks, error = [], None
-    while len(blocks) * STEP_MIB < cap_mib:
-        try:
-            blocks.append(torch.empty(STEP_MIB * 2**20, dtype=torch.uint8, device="cuda"))
-        except torch.OutOfMemoryError as e:
-            error = str(e).splitlines()[0][:200]
-            break
-    out |= {"took_mib": len(blocks) * STEP_MIB, "failed": error is not None, "error": error}
-    print(json.dumps(out), flush=True)
-
-
-def _env(envs: dict[str, str]) -> dict[str, str]:
-    return {k: os.environ[k] for k in KEEP_ENV if k in os.environ} | envs | {"PYTHONUNBUFFERED": "1"}
-
-
-def _client(envs: dict[str, str], cap_mib: int, hold_s: float = 0.0) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "bench.mps_limits", "--client", "--cap-mib", str(cap_mib),
-                             "--hold-s", str(hold_s)], env=_env(envs), stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).parents[1])
-
-
-def _result(proc: subprocess.Popen[str], timeout_s: float = 120.0) -> dict[str, Any]:
-    out, _ = proc.communicate(timeout=timeout_s)
-    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
-    return {**(lines[-1] if lines else {}), "rc": proc.returncode}
 
 
 # -- the driver ---------------------------------------------------------------------------------------------------
@@ -140,10 +78,10 @@ def measure(out: Path, root: Path) -> None:
 
     plugin = MpsDaemon(share, lambda ok: (health.append(ok), manager.set_service_health(ok)), interval_s=1.0)
     life["before_start"] = _state(plugin)
-    life["mps_processes_before"] = _mps_processes()
+    life["mps_processes_before"] = mps_processes()
     until_answering(plugin)
     life["started"] = {**_state(plugin), "starts": plugin.starts, "log": _listing(share.log_dir),
-                       "processes": _mps_processes(), "control_pid_by_env": _control_pid(share.pipe_dir)}
+                       "processes": mps_processes(), "control_pid_by_env": control_pid(share.pipe_dir)}
     cpid = life["started"]["pid"] or life["started"]["control_pid_by_env"]
     if cpid:
         life["started"]["session"] = {"daemon_sid": os.getsid(cpid), "daemon_pgid": os.getpgid(cpid),
@@ -159,17 +97,17 @@ def measure(out: Path, root: Path) -> None:
     save()
     try:
         # -- lifetime: a client holds a replica across a plugin stop and a restarted plugin's adoption ---------
-        holder = _client(envs, cap_mib=0, hold_s=12.0)
+        holder = start_client(envs, cap_mib=0, hold_s=12.0)
         assert holder.stdout is not None
         life["holder_ready"] = holder.stdout.readline().strip()
-        life["with_client"] = {**_state(plugin), "processes": _mps_processes()}
+        life["with_client"] = {**_state(plugin), "processes": mps_processes()}
         plugin.stop()  # the plugin stops (SIGTERM, upgrade): it must leave the daemon to its clients
         life["after_plugin_stop"] = _state(plugin)
         restarted = MpsDaemon(share, lambda ok: health.append(ok), interval_s=1.0)
         restarted.step()
         life["restarted_plugin"] = {**_state(restarted), "adopted": restarted.adopted, "starts": restarted.starts,
                                     "healthy": restarted.healthy}
-        life["holder"] = _result(holder)
+        life["holder"] = client_result(holder)
         save()
 
         # -- limits: one client at a time, each with the Allocate environment or a variation of it ------------
@@ -185,14 +123,14 @@ def measure(out: Path, root: Path) -> None:
         (root / "none").mkdir(exist_ok=True)
         for name, env, expect in cases:
             cap = int(expect * 1.25) + STEP_MIB
-            r = _result(_client(env, cap))
+            r = client_result(start_client(env, cap))
             data["cases"].append({"case": name, "env": {k: v for k, v in env.items() if k.startswith("CUDA_MPS")},
                                   "expected_limit_mib": expect, "cap_mib": cap, **r})
             print(json.dumps(data["cases"][-1]), flush=True)
             save()
 
         # -- a crash: the control daemon is killed; the runner must restart it, replicas unhealthy meanwhile ----
-        pid = restarted.probe().pid or _control_pid(share.pipe_dir)
+        pid = restarted.probe().pid or control_pid(share.pipe_dir)
         life["killed_pid"] = pid
         if pid:
             os.kill(pid, signal.SIGKILL)
@@ -207,57 +145,16 @@ def measure(out: Path, root: Path) -> None:
         life["restarted_after_kill"] = {**_state(restarted), "starts": restarted.starts,
                                         "health_changes": health[seen:],
                                         "seconds_to_answer": round(time.monotonic() - t0, 2)}
-        life["mps_servers_running"] = _mps_processes()
+        life["mps_servers_running"] = mps_processes()
         save()
         quit_and_wait(restarted)
         life["after_quit"] = _state(restarted)
-        life["left_after_quit"] = _ended_leftovers(share.pipe_dir)
+        life["left_after_quit"] = end_leftovers(share.pipe_dir)
         save()
     finally:
         plugin.quit()  # the uninstall path: idempotent if it already ended
         manager.close()
         backend.shutdown()
-
-
-def _mps_processes() -> list[str]:
-    """`pid argv...` of every MPS control daemon and server running."""
-    found = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                argv = (p / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if argv and Path(os.fsdecode(argv[0])).name.startswith("nvidia-cuda-mps"):
-                found.append(f"{p.name} {' '.join(os.fsdecode(a) for a in argv if a)}")
-    return sorted(found)
-
-
-def _ours(pid: str, pipe: Path) -> bool:
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return f"CUDA_MPS_PIPE_DIRECTORY={pipe}".encode() in environ
-
-
-def _ended_leftovers(pipe: Path) -> list[str]:
-    """MPS processes of this run still there after `quit` (a server orphaned by the killed daemon): named, then
-    ended by pid so the next benchmark finds the GPU as it was."""
-    left = [line for line in _mps_processes() if _ours(line.split()[0], pipe)]
-    for line in left:
-        with contextlib.suppress(OSError):
-            os.kill(int(line.split()[0]), signal.SIGTERM)
-    return left
-
-
-def _control_pid(pipe: Path) -> int | None:
-    """The control daemon serving `pipe`, found by its environment (where no pid file names it)."""
-    for line in _mps_processes():
-        pid, argv0 = line.split()[:2]
-        if Path(argv0).name == "nvidia-cuda-mps-control" and _ours(pid, pipe):
-            return int(pid)
-    return None
 
 
 # -- the report ---------------------------------------------------------------------------------------------------
@@ -346,17 +243,12 @@ def _findings(data: dict[str, Any]) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--cap-mib", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--hold-s", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--report", type=Path, help="write bench/results/mps_limits.md from this JSON")
     ap.add_argument("--out", type=Path, default=Path("mps_limits.json"), help="where the measured JSON goes")
     ap.add_argument("--mps-root", type=Path, default=Path("/tmp/mps-limits"),
                     help="MPS root: <root>/nvidia.com/gpu/{pipe,log}")
     args = ap.parse_args()
-    if args.client:
-        client(args.cap_mib, args.hold_s)
-    elif args.report:
+    if args.report:
         report(args.report)
     else:
         args.mps_root.mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,10 @@ out a sleep: `pause()` returns as soon as `stop()` or `wake()` is called.
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Self
 
@@ -19,17 +21,60 @@ import structlog
 log = structlog.get_logger(__name__)
 
 
-def stop_on_signals(process: str) -> threading.Event:
+SIGNAL_SLICE_S = 0.2  # the longest a caught signal waits for a waiter to act on it
+
+
+class SignalStop(threading.Event):
+    """The event set by SIGTERM or SIGINT (stop_on_signals). Two things make a plain Event wrong here:
+    - the kernel may hand a process's signal to any of its threads (gRPC's, watchdog's), and CPython then runs the
+      handler only when the main thread next runs Python code, which a plain Event.wait() without a timeout never
+      does: the process ignored SIGTERM until SIGKILL (seen in bench.plugin; every time when the signal is sent
+      to a thread's id). So wait() waits in slices of SIGNAL_SLICE_S;
+    - the handler runs between two bytecodes of the main thread, maybe while it holds a lock that the handler would
+      take (this event's own inside wait(), structlog's stream lock inside a log write, threading's when it starts
+      a thread): a handler that sets an Event, logs or starts a thread can wait for itself forever. So the handler
+      only notes the signal (`caught`, a list append: no lock), and the next is_set() or wait() slice, in any
+      thread, sets the event and logs."""
+
+    def __init__(self, process: str) -> None:
+        super().__init__()
+        self.process = process
+        self._caught: list[int] = []
+        self._settling = threading.Lock()  # taken in ordinary code only, never by the handler
+
+    def caught(self, signum: int) -> None:
+        """The signal handler: no lock, no log, no thread (see the class)."""
+        self._caught.append(signum)
+
+    def _settle(self) -> bool:
+        if self._caught and not super().is_set():
+            with self._settling:
+                if not super().is_set():
+                    super().set()
+                    log.info("worker.signal.received", signal=signal.Signals(self._caught[0]).name,
+                             process=self.process)
+        return super().is_set()
+
+    def is_set(self) -> bool:
+        return self._settle()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        end = math.inf if timeout is None else time.monotonic() + timeout
+        while not self._settle():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            super().wait(min(SIGNAL_SLICE_S, left))
+        return True
+
+
+def stop_on_signals(process: str) -> SignalStop:
     """The event a process's main thread waits on: set by SIGTERM (the kubelet stopping the pod) or SIGINT, each
-    logged with the signal's and the process's name. Call from the main thread (Python delivers signals there)."""
-    stop = threading.Event()
+    logged with the signal's and the process's name. Call from the main thread (Python runs handlers there)."""
+    stop = SignalStop(process)
 
     def on_signal(signum: int, _frame: object) -> None:
-        stop.set()
-        # Not logged here: the handler runs in the main thread between two of its bytecodes, maybe inside a log
-        # write holding structlog's stream lock, which is not reentrant; a log call here would wait for itself.
-        threading.Thread(target=log.info, args=("worker.signal.received",), name="signal-log",
-                         kwargs={"signal": signal.Signals(signum).name, "process": process}).start()
+        stop.caught(signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

@@ -25,7 +25,16 @@ from extender.state.pods import Need
 from gputopo.contract import is_mig_resource
 from gputopo.core import Allocation, Topology
 
-__all__ = ["CORDONED", "UNKNOWN_NODE", "FilterOutcome", "Fit", "NoFit", "Placement", "island_values"]
+__all__ = ["CORDONED", "MIG", "SHARED", "UNKNOWN_NODE", "WHOLE", "FilterOutcome", "Fit", "NoFit", "Placement",
+           "Route", "island_values"]
+
+# the path a need takes (Placement.route): whole GPUs, replicas of shared GPUs, MIG instances
+WHOLE, SHARED, MIG = "whole", "shared", "mig"
+Route = tuple[str, str]  # (the path, the resource it takes: "" for whole GPUs of the configured one)
+_WHOLE_ROUTE: Route = (WHOLE, "")
+
+# what is kept of a MIG answer by node name: (entry, pending instances, reserved mask, answer)
+_MigKept = tuple[NodeEntry, frozenset[str], int, MigChoiceOnNode | Failed | Unresolvable]
 
 
 class NoFit(Exception):
@@ -49,8 +58,9 @@ class Placement:
         self.cache = cache
         self.memo = PlacementMemo()
         cache.on_state_change.append(self.memo.forget)
-        # node -> (entry, question, answer) of its last MIG answer; one per node, cleared past twice the cluster
-        self._mig_memo: dict[str, tuple[NodeEntry, tuple[object, ...], MigChoiceOnNode | Failed | Unresolvable]] = {}
+        # the configured resource and its domain (the config is frozen): what route() compares with
+        self._resource = cache.config.resource_name
+        self._domain = self._resource.split("/", 1)[0]
 
     def fit(self, entry: NodeEntry, free: int, need: Need) -> Fit:
         """Best subset of `free` for the need on this node, with its packing value, or why there is none."""
@@ -95,12 +105,11 @@ class Placement:
         names = list(names)
         if need.size == 0:
             return FilterOutcome(names, {}, {})
-        mig = self.mig_resource(need, extra)
-        if mig is not None:
-            return self._filter_mig(names, need, mig, extra)
-        shared = self.shared_resource(need, extra)
-        if shared is not None:
-            return self._filter_shared(names, need, shared, extra)
+        kind, resource = self.route(need, extra)
+        if kind == MIG:
+            return self._filter_mig(names, need, resource, extra)
+        if kind == SHARED:
+            return self._filter_shared(names, need, resource, extra)
         return self._filter_whole(names, need, extra)
 
     def _answers(self, verb: str, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None,
@@ -160,8 +169,9 @@ class Placement:
         names = list(names)
         if need.size == 0:
             return [0] * len(names)
-        if self.shared_resource(need, extra) is not None or self.mig_resource(need, extra) is not None:
-            return self.score_offer(names, need, extra)[0]
+        route = self.route(need, extra)
+        if route[0] != WHOLE:
+            return self._score_offer(names, need, extra, route)[0]
         config = self.cache.config
         return policy.rank(self._fits(names, need, extra), config.island_penalty, config.island_spare).scores
 
@@ -172,12 +182,15 @@ class Placement:
         names = list(names)
         if need.size == 0:
             return [0] * len(names), None
-        mig = self.mig_resource(need, extra)
-        if mig is not None:
-            return self._score_mig(names, need, mig, extra)
-        shared = self.shared_resource(need, extra)
-        if shared is not None:
-            return self._score_shared(names, need, shared, extra)
+        return self._score_offer(names, need, extra, self.route(need, extra))
+
+    def _score_offer(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None, route: Route
+                     ) -> tuple[list[int], Offer | None]:
+        kind, resource = route
+        if kind == MIG:
+            return self._score_mig(names, need, resource, extra)
+        if kind == SHARED:
+            return self._score_shared(names, need, resource, extra)
         return self._score_whole(names, need, extra)
 
     def _score_whole(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None
@@ -190,20 +203,42 @@ class Placement:
     def _fits(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None) -> list[Fit]:
         return self._answers("score", names, need, extra, self.memo.scores(need), self._score_fit)
 
-    # -- replicas of shared GPUs (extender.placement.shared) ---------------------------------------------------
+    # -- the path a need takes ---------------------------------------------------------------------------------
     #
-    # Only when the pod asks for a shared resource, or the configured one is shared on some node: otherwise the
-    # verbs above run exactly as before (one set lookup more).
+    # Replicas or MIG instances only when the pod asks for such a resource, or the configured one is shared or cut
+    # in MIG instances on some node: otherwise the verbs above run exactly as before (two set lookups more).
+
+    def route(self, need: Need, extra: Mapping[str, NodeEntry] | None = None) -> Route:
+        """(MIG, resource), (SHARED, resource) or (WHOLE, ""), once per verb: from the resource names the cache's
+        nodes serve (NodeCache keeps `mig_names` and `shared_names` as nodes change, so this is set lookups), and
+        one pass over the request's own unseen nodes when there are any. MIG first: a node that advertises MIG
+        instances as the configured resource (NVIDIA's single strategy) serves it with them."""
+        asked = need.resource
+        if asked is not None:
+            return (MIG, asked) if is_mig_resource(asked, self._domain) else (SHARED, asked)
+        name = self._resource
+        if name in self.cache.mig_names:
+            return MIG, name
+        shared = name in self.cache.shared_names
+        if extra:
+            for e in extra.values():
+                if e.serves_mig(name):
+                    return MIG, name
+                shared = shared or e.shares(name)
+        return (SHARED, name) if shared else _WHOLE_ROUTE
 
     def shared_resource(self, need: Need, extra: Mapping[str, NodeEntry] | None = None) -> str | None:
         """The resource whose replicas the need may take on some node (the cache's, or the request's own unseen
-        ones); None for the whole-GPU path alone."""
-        if need.resource is not None:
-            return need.resource
-        name = self.cache.config.resource_name
-        if name in self.cache.shared_names or (extra and any(e.shares(name) for e in extra.values())):
-            return name
-        return None
+        ones); None: the MIG or whole-GPU path (route)."""
+        kind, resource = self.route(need, extra)
+        return resource if kind == SHARED else None
+
+    def mig_resource(self, need: Need, extra: Mapping[str, NodeEntry] | None = None) -> str | None:
+        """The resource whose MIG instances the need may take on some node; None: no MIG path (route)."""
+        kind, resource = self.route(need, extra)
+        return resource if kind == MIG else None
+
+    # -- replicas of shared GPUs (extender.placement.shared) ---------------------------------------------------
 
     def shared_choice(self, entry: NodeEntry, resource: str, size: int) -> SharedChoice | Failed | Unresolvable:
         """The node's answer, memoised on everything it depends on (nodes in equal states share it)."""
@@ -272,35 +307,31 @@ class Placement:
     # -- MIG instances (extender.placement.mig) ------------------------------------------------------------------
     #
     # A pod asking `<domain>/mig-<profile>`, or the configured resource where some node advertises MIG instances
-    # under it (NVIDIA's single strategy): otherwise the verbs above run as before (one set lookup more).
-
-    def mig_resource(self, need: Need, extra: Mapping[str, NodeEntry] | None = None) -> str | None:
-        """The resource whose MIG instances the need may take on some node; None: no MIG path."""
-        if need.resource is not None:
-            domain = self.cache.config.resource_name.split("/", 1)[0]
-            return need.resource if is_mig_resource(need.resource, domain) else None
-        name = self.cache.config.resource_name
-        if name in self.cache.mig_names or (extra and any(e.serves_mig(name) for e in extra.values())):
-            return name
-        return None
+    # under it (NVIDIA's single strategy).
 
     def mig_choice(self, entry: NodeEntry, resource: str, need: Need) -> MigChoiceOnNode | Failed | Unresolvable:
-        """The node's answer, remembered per node for the entry object (entries are replaced, never changed) and
-        what else it depends on: filter, prioritize and bind ask the same question in a row."""
-        pending = self.cache.reservations.pending_instances(entry.name)
-        reserved = self.cache.reservations.masks.get(entry.name, 0) & ~entry.used_mask
-        key = (resource, need.size, need.constrained, pending, reserved)
-        hit = self._mig_memo.get(entry.name)
-        if hit is not None and hit[0] is entry and hit[1] == key:
-            return hit[2]
+        """The node's answer: filter, prioritize and bind ask the same question in a row."""
+        return self._mig_answer(entry, resource, need, self.memo.by_name(MIG, need, resource))
+
+    def _mig_answer(self, entry: NodeEntry, resource: str, need: Need, kept: dict[str, _MigKept]
+                    ) -> MigChoiceOnNode | Failed | Unresolvable:
+        """The answer kept by node name with the others (PlacementMemo.by_name: forgotten as the node's state
+        changes, gone with the node), valid only for the entry it was computed from: the placement state holds no
+        MIG instance, so a newly published MIG state (a new entry: entries are replaced, never changed) must miss
+        even where the state stayed the same; and for the instances and GPUs binds in flight hold."""
+        name = entry.name
+        pending = self.cache.reservations.pending_instances(name)
+        reserved = self.cache.reservations.masks.get(name, 0) & ~entry.used_mask
+        hit = kept.get(name)
+        if hit is not None and hit[0] is entry and hit[1] == pending and hit[2] == reserved:
+            return hit[3]
         whole = entry.used_ids
         if reserved and entry.topo is not None:
             ids = entry.topo.ids
             whole = whole | {ids[i] for i in range(entry.topo.size) if reserved >> i & 1}
         answer = mig_choice(entry, resource, need.size, pending, need.constrained, whole)
-        if len(self._mig_memo) > 2 * len(self.cache.nodes) + 1024:  # names of nodes gone: forget them all
-            self._mig_memo.clear()
-        self._mig_memo[entry.name] = (entry, key, answer)
+        if self.cache.nodes.get(name) is entry:  # the cache's nodes only: a request's unseen ones would pile up
+            kept[name] = (entry, pending, reserved, answer)
         return answer
 
     def _split_mig(self, names: list[str], need: Need, resource: str, extra: Mapping[str, NodeEntry] | None
@@ -309,6 +340,7 @@ class Placement:
         node's answer."""
         whole: list[str] = []
         out: dict[str, MigChoiceOnNode | Failed | Unresolvable] = {}
+        kept = self.memo.by_name(MIG, need, resource)
         for name in names:
             entry = self.cache.nodes.get(name)
             if entry is None and extra:
@@ -318,7 +350,7 @@ class Placement:
             elif entry is None:
                 out[name] = Unresolvable(UNKNOWN_NODE)
             else:
-                out[name] = self.mig_choice(entry, resource, need)
+                out[name] = self._mig_answer(entry, resource, need, kept)
         return whole, out
 
     def _filter_mig(self, names: list[str], need: Need, resource: str, extra: Mapping[str, NodeEntry] | None

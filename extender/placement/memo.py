@@ -8,6 +8,7 @@ share one computation, and the core's own memo (keyed the same way) stays warm. 
 - per-need tables keyed by node name (`by_name`): the same answers for the cache's nodes, forgotten for a node when
   its state changes (NodeCache.on_state_change), so a request over thousands of names is one C-level lookup per
   name, without mapping names to states first (issue 24: that mapping was a sixth of the pair at 5,000 nodes).
+  MIG answers are kept there too (per need and asked resource), each with the node entry it was computed from.
 Prioritize's Fits are kept one per value class (`value_class`): nodes whose best subsets differ but whose GB/s,
 packing and islands are equal score alike, so the ranking values a few hundred classes, not every distinct state.
 
@@ -43,7 +44,7 @@ class PlacementMemo:
         self._verdicts: dict[NeedKey, dict[Any, Any]] = {}
         self._scores: dict[NeedKey, dict[Any, Any]] = {}
         self._shared: dict[Any, Any] = {}
-        self._by_name: dict[tuple[str, NeedKey], dict[str, Any]] = {}
+        self._by_name: dict[tuple[str, NeedKey, str | None], dict[str, Any]] = {}
         self._classes: dict[tuple[float, float, tuple[tuple[int, float, float], ...]], Fit] = {}
 
     def facts(self, topo: Topology) -> TopologyFacts:
@@ -71,9 +72,10 @@ class PlacementMemo:
         """Prioritize's table for this need: node state -> Fit (NO_FIT where the pod cannot go)."""
         return self._table(self._scores, need)
 
-    def by_name(self, verb: str, need: Need) -> dict[str, Any]:
-        """The verb's ('filter': verdict, 'score': Fit) answers for this need by node name; NodeCache's nodes only."""
-        key = (verb, need_key(need))
+    def by_name(self, verb: str, need: Need, resource: str | None = None) -> dict[str, Any]:
+        """The verb's answers for this need (and asked `resource`) by node name; NodeCache's nodes only. 'filter':
+        verdict, 'score': Fit, 'mig': what extender.placement.engine keeps of a MIG answer (it checks the entry)."""
+        key = (verb, need_key(need), resource)
         table = self._by_name.get(key)
         if table is None:
             if len(self._by_name) >= BY_NAME_NEEDS:
