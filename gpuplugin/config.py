@@ -61,6 +61,10 @@ class PluginConfig(BaseModel):
         None, description="This node's name: publication and plans need it.")
     pod_resources_socket: Path = Field(Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
                                        description="The kubelet's PodResources socket (which GPUs are used).")
+    pod_resources_poll_interval: float = Field(
+        10.0, description="Seconds between reads of PodResources for the Node's published state (a GPU pod's end "
+                          "is followed closely anyway); shorter publishes new allocations sooner, at one local call "
+                          "per read and a Node patch only on a change.")
     metrics_port: Port = Field(8080, description="Port of /metrics and /healthz; 0 turns them off.")
     annotation_prefix: AnnotationPrefix = Field(
         DEFAULT_PREFIX, description="Prefix of every node and pod annotation and label.")
@@ -140,7 +144,8 @@ class PluginConfig(BaseModel):
     def _mig_strategy(cls, v: Any) -> Any:
         return v.strip().lower() if isinstance(v, str) else v
 
-    @field_validator("health_probe_interval", "sharing_poll_interval", "mig_poll_interval", "mps_probe_interval")
+    @field_validator("health_probe_interval", "sharing_poll_interval", "mig_poll_interval", "mps_probe_interval",
+                     "pod_resources_poll_interval")
     @classmethod
     def _probe_interval(cls, v: float) -> float:
         if not v > 0:

@@ -332,7 +332,7 @@ def start_node_publication(cfg: PluginConfig, node: Any, pods: Any, teardown: Te
                            mig_state: Callable[[], Any] | None = None, metrics: Any = None) -> None:
     """The node publisher and the plan watch: whole GPUs and their shared sets (`node`, None when every GPU is
     MIG) and the MIG resources (`mig`). A node of MIG GPUs only publishes its state without a topology."""
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {"poll_interval_s": cfg.pod_resources_poll_interval}
     if node is not None and cfg.sharing_config_dir is not None:
         options["sharing"] = lambda: node.sharing(pods.in_use())
         if cfg.sharing_labels:

@@ -196,7 +196,14 @@ def all_renderings() -> dict[str, list[Obj]]:
     }
     for name, variant in CHART_VARIANTS.items():
         sets[f"helm:{name}"] = render_chart(variant)
+    assert sorted(sets) == rendering_names()
     return sets
+
+
+def rendering_names() -> list[str]:
+    """all_renderings()' keys, sorted, without rendering anything: parametrize ids are made at collection, and
+    rendering every variant there made each collection of the suite (the standalone copy's too) seconds slower."""
+    return sorted(["kustomize:deploy/manifests", "kustomize:deploy/scheduler", *(f"helm:{n}" for n in CHART_VARIANTS)])
 
 
 def containers(obj: Obj) -> Iterator[tuple[Obj, Obj]]:

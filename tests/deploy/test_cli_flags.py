@@ -26,7 +26,7 @@ from extender.cli import serve
 from extender.config import SETTINGS as EXTENDER_SETTINGS
 from gpuplugin.config import SETTINGS as PLUGIN_SETTINGS
 from sim.ports import free_port
-from tests.deploy.rendering import ROOT, Obj, all_renderings, containers, find
+from tests.deploy.rendering import ROOT, Obj, all_renderings, containers, find, rendering_names
 from tests.helpers.paths import short_dir
 from tests.helpers.processes import http_ok, stop_process, wait_serving
 
@@ -80,7 +80,7 @@ def _extender_params(pod: dict[str, Any], container: dict[str, Any], root: Path)
     return dict(json.loads(result.output))
 
 
-@pytest.mark.parametrize("rendering", sorted(all_renderings()))
+@pytest.mark.parametrize("rendering", rendering_names())
 def test_plugin_arguments_resolve_as_intended(rendering: str) -> None:
     objects = all_renderings()[rendering]
     for _, pod, container in _container(objects, "plugin"):
@@ -112,7 +112,7 @@ def test_fail_on_init_error_reaches_the_plugin_setting(rendering: str) -> None:
         assert config["fail_on_init_error"] is (wanted == "true")
 
 
-@pytest.mark.parametrize("rendering", sorted(all_renderings()))
+@pytest.mark.parametrize("rendering", rendering_names())
 def test_extender_arguments_parse_and_agree_with_the_plugin(rendering: str, tmp_path: Path) -> None:
     objects = all_renderings()[rendering]
     plugins = [_plugin_config(c) for _, _, c in _container(objects, "plugin")]
@@ -160,7 +160,7 @@ def _service_link_env(service: Obj) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("rendering", sorted(all_renderings()))
+@pytest.mark.parametrize("rendering", rendering_names())
 def test_no_service_link_sets_a_setting(rendering: str) -> None:
     """A Service named like a binary's prefix (gpu-extender) would set GPU_EXTENDER_PORT=tcp://... in every pod of
     its namespace that keeps service links on."""

@@ -23,6 +23,7 @@ from tests.deploy.rendering import (
     all_renderings,
     find,
     render_chart_files,
+    rendering_names,
 )
 
 CALLS_FILE = DEPLOY / "rbac-calls.yaml"
@@ -109,7 +110,7 @@ def leader_election_on(objects: list[Obj]) -> bool:
     return False
 
 
-@pytest.mark.parametrize("rendering", sorted(all_renderings()))
+@pytest.mark.parametrize("rendering", rendering_names())
 def test_each_account_gets_exactly_its_components_calls(rendering: str) -> None:
     objects = all_renderings()[rendering]
     calls = declared_calls()
@@ -129,7 +130,7 @@ def test_each_account_gets_exactly_its_components_calls(rendering: str) -> None:
         assert builtins == BUILTIN_ROLES.get(label, set()), f"{where}: bound built-in roles {builtins}"
 
 
-@pytest.mark.parametrize("rendering", sorted(all_renderings()))
+@pytest.mark.parametrize("rendering", rendering_names())
 def test_workloads_run_under_their_components_account(rendering: str) -> None:
     objects = all_renderings()[rendering]
     accounts = {a["metadata"]["name"]: a for a in find(objects, "ServiceAccount")}
@@ -143,7 +144,7 @@ def test_workloads_run_under_their_components_account(rendering: str) -> None:
     assert used == set(accounts), f"{rendering}: unused ServiceAccounts {set(accounts) - used}"
 
 
-@pytest.mark.parametrize("rendering", sorted(all_renderings()))
+@pytest.mark.parametrize("rendering", rendering_names())
 def test_every_defined_role_is_bound(rendering: str) -> None:
     objects = all_renderings()[rendering]
     refs = {(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in find(objects, "RoleBinding")

@@ -168,8 +168,8 @@ def test_comparison_notices_an_undeclared_call_and_an_unused_one() -> None:
 
 @pytest.fixture
 def plugin_node() -> Iterator[GpuNode]:
-    """`gpuplugin run` as on a GPU node (tests/fakes/gpunode.py)."""
-    with gpu_node(NODE, DGX1, args=["--device-id-strategy", "index"]) as node:
+    """`gpuplugin run` as on a GPU node (tests/fakes/gpunode.py), reading PodResources often (its state change)."""
+    with gpu_node(NODE, DGX1, args=["--device-id-strategy", "index", "--pod-resources-poll-interval", "0.2"]) as node:
         yield node
 
 

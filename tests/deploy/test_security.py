@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 
 from tests.deploy import security
-from tests.deploy.rendering import DEPLOY, ROOT, Obj, all_renderings, containers, find
+from tests.deploy.rendering import DEPLOY, ROOT, Obj, all_renderings, containers, find, rendering_names
 
 CHECKOV_VENV = Path("/tmp/checkov-venv")
 
 
-@pytest.mark.parametrize("rendering", sorted(all_renderings()))
+@pytest.mark.parametrize("rendering", rendering_names())
 def test_container_security_rules(rendering: str) -> None:
     assert security.findings(all_renderings()[rendering]) == []
 
 
-@pytest.mark.parametrize("rendering", sorted(all_renderings()))
+@pytest.mark.parametrize("rendering", rendering_names())
 def test_every_workload_pod_is_covered_by_a_network_policy(rendering: str) -> None:
     objects = all_renderings()[rendering]
     policies = find(objects, "NetworkPolicy")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import copy
 import datetime
+import functools
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -64,13 +65,16 @@ def _webhook_objects(objects: list[Obj]) -> list[Obj]:
     return [o for o in objects if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "webhook"]
 
 
+@functools.cache
 def renderings() -> dict[str, list[Obj]]:
+    """The webhook's objects of each rendering, made at first use (not at collection)."""
     out = {f"helm:{name}": _webhook_objects(render_chart(v)) for name, v in WEBHOOK_VARIANTS.items()}
     out["kustomize:deploy/webhook"] = kustomize_build(DEPLOY / "webhook")
+    assert sorted(out) == RENDERING_NAMES
     return out
 
 
-RENDERINGS = renderings()
+RENDERING_NAMES = sorted([*(f"helm:{name}" for name in WEBHOOK_VARIANTS), "kustomize:deploy/webhook"])
 
 
 def _one(objects: list[Obj], kind: str) -> Obj:
@@ -101,7 +105,7 @@ def test_on_by_default_with_the_second_scheduler_and_never_with_the_default_one(
 @pytest.mark.parametrize("version", schemas.supported_versions())
 def test_every_object_validates_strictly(version: str) -> None:
     problems = []
-    for name, objects in RENDERINGS.items():
+    for name, objects in renderings().items():
         api = [o for o in objects if o["kind"] not in CERT_MANAGER_KINDS]
         problems += [f"[{name}] {p}" for p in schemas.failures(api, version)]
     assert problems == []
@@ -117,9 +121,9 @@ def test_helm_lint_is_clean(name: str) -> None:
         assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
-@pytest.mark.parametrize("name", sorted(RENDERINGS))
+@pytest.mark.parametrize("name", RENDERING_NAMES)
 def test_security_rules_network_policy_and_no_api_access(name: str) -> None:
-    objects = RENDERINGS[name]
+    objects = renderings()[name]
     assert security.findings(objects) == []
     pod, _ = _container(objects)
     account = _one(objects, "ServiceAccount")
@@ -137,9 +141,9 @@ def test_security_rules_network_policy_and_no_api_access(name: str) -> None:
     assert ports == {"https", "http-metrics"}
 
 
-@pytest.mark.parametrize("name", sorted(RENDERINGS))
+@pytest.mark.parametrize("name", RENDERING_NAMES)
 def test_the_api_server_fails_open_fast_and_reaches_the_pods(name: str) -> None:
-    objects = RENDERINGS[name]
+    objects = renderings()[name]
     hook = _hook(objects)
     assert hook["failurePolicy"] == "Ignore" and 1 <= hook["timeoutSeconds"] <= 5
     assert hook["sideEffects"] == "None" and hook["admissionReviewVersions"] == ["v1"]
@@ -185,9 +189,9 @@ def _secret_name(objects: list[Obj]) -> str:
     return _one(objects, "Secret")["metadata"]["name"]
 
 
-@pytest.mark.parametrize("name", sorted(RENDERINGS))
+@pytest.mark.parametrize("name", RENDERING_NAMES)
 def test_the_webhook_sets_the_schedulers_name_for_the_managed_resource(name: str) -> None:
-    objects = RENDERINGS[name]
+    objects = renderings()[name]
     _, container = _container(objects)
     settings = SETTINGS.load(_flags(container["args"]), env={})
     values = WEBHOOK_VARIANTS[name.split(":")[1]].values if name.startswith("helm:") else {}
@@ -198,7 +202,7 @@ def test_the_webhook_sets_the_schedulers_name_for_the_managed_resource(name: str
 
 
 def test_the_charts_own_certificate_is_what_the_ca_bundle_trusts() -> None:
-    objects = RENDERINGS["helm:defaults"]
+    objects = renderings()["helm:defaults"]
     secret, hook = _one(objects, "Secret"), _hook(objects)
     assert secret["type"] == "kubernetes.io/tls"
     assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
@@ -215,7 +219,7 @@ def test_the_charts_own_certificate_is_what_the_ca_bundle_trusts() -> None:
 
 @pytest.mark.parametrize("name", ["helm:cert-manager", "helm:custom", "kustomize:deploy/webhook"])
 def test_cert_manager_issues_the_certificate_and_fills_the_ca_bundle(name: str) -> None:
-    objects = RENDERINGS[name]
+    objects = renderings()[name]
     configuration = _one(objects, "MutatingWebhookConfiguration")
     assert "caBundle" not in _hook(objects)["clientConfig"] and find(objects, "Secret") == []
     (certificate,) = [c for c in find(objects, "Certificate") if not c["spec"].get("isCA")]
@@ -234,7 +238,7 @@ def test_cert_manager_issues_the_certificate_and_fills_the_ca_bundle(name: str) 
 
 
 def test_kustomize_installs_the_same_webhook_as_the_chart_with_cert_manager() -> None:
-    chart, kustomize = RENDERINGS["helm:cert-manager"], RENDERINGS["kustomize:deploy/webhook"]
+    chart, kustomize = renderings()["helm:cert-manager"], renderings()["kustomize:deploy/webhook"]
     assert sorted((o["kind"], o["metadata"]["name"]) for o in chart) == sorted(
         (o["kind"], o["metadata"]["name"]) for o in kustomize)
     assert _hook(chart) == _hook(kustomize)
@@ -268,7 +272,7 @@ def _namespace(name: str, **labels: str) -> dict[str, str]:
 
 
 def test_opt_out_sees_every_namespace_and_pod_but_the_excluded() -> None:
-    hook = _hook(RENDERINGS["helm:defaults"])
+    hook = _hook(renderings()["helm:defaults"])
     ns, pods = hook["namespaceSelector"], hook["objectSelector"]
     assert _selects(ns, _namespace("ml")) and _selects(pods, {"app": "train"})
     assert not _selects(ns, _namespace("kube-system")) and not _selects(ns, _namespace("gpu-topology"))
@@ -277,7 +281,7 @@ def test_opt_out_sees_every_namespace_and_pod_but_the_excluded() -> None:
 
 
 def test_opt_in_sees_only_labelled_namespaces_and_pods() -> None:
-    hook = _hook(RENDERINGS["helm:custom"])
+    hook = _hook(renderings()["helm:custom"])
     label = "topo.acme.example/webhook"
     ns, pods = hook["namespaceSelector"], hook["objectSelector"]
     assert not _selects(ns, _namespace("ml")) and _selects(ns, _namespace("ml", **{label: "enabled"}))
@@ -330,7 +334,7 @@ def test_match_conditions_let_through_every_pod_the_webhook_would_patch(name: st
     """A condition that dropped a pod the webhook patches would lose it silently; letting through a pod it leaves
     alone only costs a call (a pod asking for 0 GPUs)."""
     pod = _pods()[name]
-    passes = _passes(_conditions(RENDERINGS["helm:defaults"]), pod)
+    passes = _passes(_conditions(renderings()["helm:defaults"]), pod)
     request = recorded(lambda r: r.update(object=pod))["request"]
     patched = review.decide(request, POLICY).outcome == review.PATCHED
     assert passes or not patched

@@ -29,6 +29,7 @@ from extender.cli import is_loopback
 from sim.ports import free_port
 from tests.extender.conftest import DGX1
 from tests.helpers.paths import short_dir
+from tests.helpers.polling import eventually
 from tests.helpers.processes import accepts, stop_process, wait_serving
 from tests.helpers.scheduler import cache_args, pod_json
 
@@ -213,20 +214,18 @@ def test_https_with_certificate_and_key_serves_the_api(workdir: Path, pki: Pki) 
             stranger.get("/healthz")
 
 
-def test_client_ca_admits_only_clients_with_a_certificate_it_signed(workdir: Path, pki: Pki) -> None:
-    with serving(workdir, "--host", "127.0.0.1", "--tls-cert", str(pki.server_cert), "--tls-key",
-                 str(pki.server_key), "--tls-client-ca", str(pki.ca)) as ports:
-        url = f"https://127.0.0.1:{ports['port']}"
-        signed = _client_context(pki, pki.client_cert, pki.client_key)
-        with httpx.Client(base_url=url, verify=signed, timeout=30) as client:
-            assert client.get("/healthz").status_code == 200
-            assert _filter(client).json()["NodeNames"] == ["n1"]
-        for context in (_client_context(pki), _client_context(pki, pki.foreign_client_cert, pki.foreign_client_key)):
-            # TLS 1.3: the server's verdict on the client certificate arrives after the client's handshake ends,
-            # so the refusal shows as a failed handshake or a connection closed before any answer.
-            with httpx.Client(base_url=url, verify=context, timeout=30) as client, \
-                    pytest.raises(httpx.TransportError):
-                client.get("/healthz")
+def _client_ca_admits_only_clients_with_a_certificate_it_signed(pki: Pki, port: int) -> None:
+    url = f"https://127.0.0.1:{port}"
+    signed = _client_context(pki, pki.client_cert, pki.client_key)
+    with httpx.Client(base_url=url, verify=signed, timeout=30) as client:
+        assert client.get("/healthz").status_code == 200
+        assert _filter(client).json()["NodeNames"] == ["n1"]
+    for context in (_client_context(pki), _client_context(pki, pki.foreign_client_cert, pki.foreign_client_key)):
+        # TLS 1.3: the server's verdict on the client certificate arrives after the client's handshake ends,
+        # so the refusal shows as a failed handshake or a connection closed before any answer.
+        with httpx.Client(base_url=url, verify=context, timeout=30) as client, \
+                pytest.raises(httpx.TransportError):
+            client.get("/healthz")
 
 
 def test_plain_http_on_loopback_is_served(workdir: Path) -> None:
@@ -272,13 +271,17 @@ def test_loopback_means_unreachable_from_other_machines(host: str, loopback: boo
     assert is_loopback(host) is loopback
 
 
-def test_metrics_listener_serves_health_and_metrics_only(workdir: Path, pki: Pki) -> None:
-    """A sidecar's API on loopback over TLS, its metrics listener plain: scrapes and probes get through, the
-    verbs and the OpenAPI document do not."""
+def test_client_ca_admits_only_signed_clients_and_the_metrics_listener_serves_health_and_metrics_only(
+        workdir: Path, pki: Pki) -> None:
+    """A sidecar's API on loopback over TLS with --tls-client-ca (kube-scheduler's tlsConfig): only clients with a
+    certificate the CA signed get through. Its metrics listener plain: scrapes and probes get through, the verbs
+    and the OpenAPI document do not. One process for both (the API's port is checked once it accepts)."""
     with serving(workdir, "--host", "127.0.0.1", "--tls-cert", str(pki.server_cert), "--tls-key",
                  str(pki.server_key), "--tls-client-ca", str(pki.ca), "--metrics-host", "127.0.0.1",
                  "--metrics-port", "{metrics_port}", wait_port="metrics_port") as ports, \
             httpx.Client(base_url=f"http://127.0.0.1:{ports['metrics_port']}", timeout=30) as client:
+        assert eventually(lambda: accepts(ports["port"]), WAIT)
+        _client_ca_admits_only_clients_with_a_certificate_it_signed(pki, ports["port"])
         assert client.get("/healthz").text == "ok"
         assert client.get("/readyz").status_code == 200
         assert "gpu_extender_requests_total" in client.get("/metrics").text

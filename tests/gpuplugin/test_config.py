@@ -46,6 +46,7 @@ def test_defaults() -> None:
     assert cfg["device_list_strategy"] == "envvar"
     assert cfg["device_id_strategy"] == "uuid"
     assert cfg["pod_resources_socket"] == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert cfg["pod_resources_poll_interval"] == 10.0
     assert cfg["metrics_port"] == 8080
     assert cfg["annotation_prefix"] == "gpu-topology.io"
     assert cfg["publish"] == "auto"
@@ -103,6 +104,7 @@ def test_topology_flag() -> None:
         (["--log-level", "loud"], {}, "invalid log_level"),
         (["--health-recovery", "-1"], {}, "invalid health_recovery"),
         (["--ignored-xids", "13,x"], {}, "invalid ignored_xids"),
+        (["--pod-resources-poll-interval", "0"], {}, "invalid pod_resources_poll_interval"),
     ],
 )
 def test_invalid_values_exit_2_naming_the_field(args: list[str], env: dict[str, str], expected: str) -> None:

@@ -37,7 +37,7 @@ GPU = "nvidia.com/gpu"
 A100_SINGLE = RECORDINGS / "synthetic-hgx-a100-80gb-8gpu-mig-single.json"
 ALL_1G_141 = [("1g.18gb", s, (1,)) for s in range(7)]
 WAIT = 30.0  # liveness bound of the waits, never a performance figure
-FAST = ["--mig-poll-interval", "0.2", "--sharing-poll-interval", "0.2"]
+FAST = ["--mig-poll-interval", "0.2", "--sharing-poll-interval", "0.2", "--pod-resources-poll-interval", "0.2"]
 # H200 recording: GPU 4 seven 1g.18gb, GPU 5 balanced (2x 1g.18gb, 2g.35gb, 3g.71gb); the others whole
 GPU4 = [f"MIG-c204{gi:02x}00-5e7d-4000-8000-00000000{gi - 1:04x}" for gi in range(1, 8)]
 GPU5 = [f"MIG-c205{gi:02x}00-5e7d-4000-8000-00000000{gi - 1:04x}" for gi in range(1, 3)]

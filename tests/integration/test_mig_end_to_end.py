@@ -62,7 +62,17 @@ def configs(tmp_path: Path, text: str) -> Path:
     return directory
 
 
-def test_mixed_from_the_config_files_flag_serves_mig_resources_beside_whole_gpus(tmp_path: Path) -> None:
+def hold(node: GpuNode, pod: str, resource: str, device: str) -> None:
+    """The kubelet admitted `pod` with `device`: Allocate, then PodResources reports it."""
+    node.kubelet.allocate(resource, [device])
+    node.podres.service.set_pod("default", pod, {"main": {resource: [device]}})
+
+
+def test_mixed_from_the_config_files_flag_serves_mig_beside_whole_gpus_and_over_a_kubelet_restart(
+        tmp_path: Path) -> None:
+    """One plugin process for both: the strategy read from NVIDIA's file, then a kubelet restart with MIG pods
+    held (the restart does not depend on where the strategy came from; --mig-strategy mixed as a flag is the
+    re-partition test's)."""
     dev = tmp_path / "host"
     make_dev_nodes(dev, ["/dev/nvidia7", *caps(7, 1, 0), "/dev/nvidiactl", "/dev/nvidia-uvm"])
     # NVIDIA's file as teams have it: the strategy in flags.migStrategy, no --mig-strategy given
@@ -87,6 +97,17 @@ def test_mixed_from_the_config_files_flag_serves_mig_resources_beside_whole_gpus
         assert sorted(kubelet.preferred_raw(ONE, one, [], 2)) == ["MIG-b1050100-5e7d-4000-8000-000000000000",
                                                                   "MIG-b1050200-5e7d-4000-8000-000000000001"]
 
+        # the kubelet restarts with MIG pods held: every resource registers again, the held instance stays
+        hold(node, "infer", ONE, "MIG-b1040300-5e7d-4000-8000-000000000002")
+        hold(node, "train", THREE, "MIG-b1060100-5e7d-4000-8000-000000000000")
+        kubelet.restart()
+        for name in H100_MIXED_COUNTS:
+            kubelet.wait_for_registrations(name, 2, WAIT)
+        assert eventually(lambda: healthy(kubelet) == H100_MIXED_COUNTS, WAIT), (healthy(kubelet), node.log_tail())
+        assert "MIG-b1040300-5e7d-4000-8000-000000000002" in ids(kubelet.devices(ONE), health=True)
+        resp = kubelet.allocate(THREE, ["MIG-b1060200-5e7d-4000-8000-000000000001"])
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-b1060200-5e7d-4000-8000-000000000001"
+
 
 def test_the_mig_strategy_setting_wins_over_the_files_flag(tmp_path: Path) -> None:
     directory = configs(tmp_path, "version: v1\nflags:\n  migStrategy: mixed\n")
@@ -94,7 +115,12 @@ def test_the_mig_strategy_setting_wins_over_the_files_flag(tmp_path: Path) -> No
                   args=["--sharing-config-dir", str(directory), "--mig-strategy", "none", *FAST]) as node:
         node.kubelet.wait_for_devices(GPU, 4, WAIT)
         assert eventually(lambda: node.log.read_text().count('"plugin.sharing.applied"') >= 1, WAIT)
-        assert not eventually(lambda: set(node.kubelet.resources()) != {GPU}, 2.0), node.kubelet.resources()
+        # The first MIG pass runs before the plugin says it serves (its `mig` member: what that pass serves), and
+        # every later pass decides the same on the same layout and setting: no MIG resource, ever started or logged.
+        assert eventually(lambda: events(node, "plugin.server.started"), WAIT), node.log_tail()
+        assert [e["mig"] for e in events(node, "plugin.server.started")] == [{}], node.log_tail()
+        assert events(node, "plugin.mig.resource_started") == [], node.log_tail()
+        assert set(node.kubelet.resources()) == {GPU}, node.kubelet.resources()
 
 
 def test_single_serves_every_instance_of_a_uniform_node_as_nvidia_gpu() -> None:
@@ -138,27 +164,6 @@ sharing:
         assert eventually(lambda: healthy(node.kubelet) == H100_MIXED_COUNTS, WAIT), node.log_tail()
         assert eventually(lambda: "MIG and MPS on one GPU are refused" in node.log.read_text(), WAIT)
         assert "nvidia.com/gpu.shared" not in node.kubelet.resources()
-
-
-def hold(node: GpuNode, pod: str, resource: str, device: str) -> None:
-    """The kubelet admitted `pod` with `device`: Allocate, then PodResources reports it."""
-    node.kubelet.allocate(resource, [device])
-    node.podres.service.set_pod("default", pod, {"main": {resource: [device]}})
-
-
-def test_kubelet_restart_with_mig_pods_held(tmp_path: Path) -> None:
-    with gpu_node(NODE, None, nvml_recording=H100_MIXED, args=["--mig-strategy", "mixed", *FAST]) as node:
-        kubelet = node.kubelet
-        assert eventually(lambda: healthy(kubelet) == H100_MIXED_COUNTS, WAIT), node.log_tail()
-        hold(node, "infer", ONE, "MIG-b1040300-5e7d-4000-8000-000000000002")
-        hold(node, "train", THREE, "MIG-b1060100-5e7d-4000-8000-000000000000")
-        kubelet.restart()
-        for name in H100_MIXED_COUNTS:
-            kubelet.wait_for_registrations(name, 2, WAIT)
-        assert eventually(lambda: healthy(kubelet) == H100_MIXED_COUNTS, WAIT), (healthy(kubelet), node.log_tail())
-        assert "MIG-b1040300-5e7d-4000-8000-000000000002" in ids(kubelet.devices(ONE), health=True)
-        resp = kubelet.allocate(THREE, ["MIG-b1060200-5e7d-4000-8000-000000000001"])
-        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-b1060200-5e7d-4000-8000-000000000001"
 
 
 def test_a_repartition_re_advertises_and_never_takes_away_an_instance_a_pod_holds(tmp_path: Path) -> None:

@@ -30,7 +30,16 @@ def node_env() -> Iterator[GpuNode]:
         yield node
 
 
-def test_publishes_topology_and_state_and_honours_a_plan(node_env: GpuNode) -> None:
+@pytest.fixture
+def polling_node() -> Iterator[GpuNode]:
+    """PodResources read every 0.2 s (not the default 10): a new allocation reaches the Node's state quickly. Not
+    for the force-deleted pod's test, which proves a release is published fast whatever the slow poll."""
+    with gpu_node(NODE, DGX1, args=["--device-id-strategy", "index", "--pod-resources-poll-interval", "0.2"]) as node:
+        yield node
+
+
+def test_publishes_topology_and_state_and_honours_a_plan(polling_node: GpuNode) -> None:
+    node_env = polling_node
     fake, podres, kubelet, proc = node_env.fake, node_env.podres, node_env.kubelet, node_env.process
     devices = kubelet.wait_for_devices(RESOURCE, 8, timeout=30)
     ids = [d.id for d in devices]

@@ -46,7 +46,8 @@ def test_a_shared_pod_goes_from_filter_to_allocate_on_the_gpus_the_extender_plan
     configs = tmp_path / "configs"
     configs.mkdir()
     (configs / "default").write_text(CONFIG)
-    args = ["--sharing-config-dir", str(configs), "--sharing-poll-interval", "0.2", "--device-id-strategy", "index"]
+    args = ["--sharing-config-dir", str(configs), "--sharing-poll-interval", "0.2", "--pod-resources-poll-interval",
+            "0.2", "--device-id-strategy", "index"]
     with gpu_node(NODE, DGX1, args=args) as node:
         fake, kubelet = node.fake, node.kubelet
         replicas = kubelet.wait_for_devices(REPLICA, 16, WAIT)

@@ -37,7 +37,7 @@ def test_run_serves_shared_and_whole_gpus_and_publishes_the_sharing(tmp_path: Pa
     (configs / "default").write_text("version: v1\n")
     (configs / "inference").write_text(CONFIG)
     with gpu_node(NODE, DGX1, args=["--sharing-config-dir", str(configs), "--sharing-poll-interval", "0.2",
-                                    "--device-id-strategy", "index"]) as node:
+                                    "--pod-resources-poll-interval", "0.2", "--device-id-strategy", "index"]) as node:
         fake, kubelet = node.fake, node.kubelet
         kubelet.wait_for_devices(GPU, 8, WAIT)
         fake.update_node(NODE, lambda n: {**n, "metadata": {**n["metadata"], "labels": {
