@@ -415,12 +415,25 @@ def mig_from_dict(data: Any) -> Mig:
         _expect(isinstance(insts, list) and len(insts) <= MAX_MIG_INSTANCES,
                 f"{where} 'instances' must list at most {MAX_MIG_INSTANCES}")
         taken = 0
+        # compute instances of one GPU instance share its placement: (the GI's slices, theirs taken), by placement
+        shared_gi: dict[tuple[int, int], tuple[int, int]] = {}
         instances = []
         for j, r in enumerate(insts):
             inst = _mig_instance(r, f"{where} instances[{j}]")
             mask = Placement(inst.start, inst.size).mask
-            _expect(not taken & mask, f"{where} instances[{j}] ({inst.profile} at {{{inst.start}}}:{inst.size}) "
-                                      "overlaps another instance")
+            name, gi = parse_profile_name(inst.profile), (inst.start, inst.size)
+            label = f"{where} instances[{j}] ({inst.profile} at {{{inst.start}}}:{inst.size})"
+            if taken & mask and gi in shared_gi and name.compute_slices is not None:
+                slices, used = shared_gi[gi]
+                _expect(name.gi_slices == slices, f"{label}: a compute instance of a {name.gi_slices}-slice GPU "
+                                                  f"instance where another names {slices} slices")
+                _expect(used + name.compute_slices <= slices,
+                        f"{label}: the compute instances of that GPU instance take more than its {slices} slices")
+                shared_gi[gi] = (slices, used + name.compute_slices)
+            else:
+                _expect(not taken & mask, f"{label} overlaps another instance")
+                if name.compute_slices is not None:
+                    shared_gi[gi] = (name.gi_slices, name.compute_slices)
             taken |= mask
             _expect(inst.uuid not in uuids, f"{where} instances[{j}]: MIG UUID {inst.uuid!r} is listed twice")
             uuids.add(inst.uuid)

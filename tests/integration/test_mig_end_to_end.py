@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gputopo.core import state_from_json
 from gputopo.core.mig import A100_80GB
 from sim.kubelet import AdmissionError, KubeletSimulator, SimDevice
 from tests.fakes.gpunode import GpuNode, gpu_node
@@ -62,6 +63,12 @@ def configs(tmp_path: Path, text: str) -> Path:
     return directory
 
 
+def published(node: GpuNode) -> str | None:
+    """The GPU state annotation the plugin wrote on its Node."""
+    obj = node.fake.node(NODE) or {}
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get("gpu-topology.io/state")
+
+
 def hold(node: GpuNode, pod: str, resource: str, device: str) -> None:
     """The kubelet admitted `pod` with `device`: Allocate, then PodResources reports it."""
     node.kubelet.allocate(resource, [device])
@@ -92,6 +99,12 @@ def test_mixed_from_the_config_files_flag_serves_mig_beside_whole_gpus_and_over_
                                                       "/dev/nvidia-uvm"]
         whole = kubelet.allocate(GPU, ["GPU-b1000000-5e7d-4000-8000-000000000000"])
         assert whole.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-b1000000-5e7d-4000-8000-000000000000"
+        # the state published on the Node reads back as the extender reads it, GPU 7's two compute instances of
+        # one 2g GPU instance included
+        assert eventually(lambda: published(node) is not None, WAIT), node.log_tail()
+        text = published(node)
+        gpu7 = next(g for g in state_from_json(text).mig.gpus if g.index == 7)
+        assert [i.profile for i in gpu7.instances].count("1c.2g.20gb") == 2, text
         # two 1g.10gb: GPU 5's two (its other slices are partitioned otherwise), not two of GPU 4's seven
         one = [d.id for d in kubelet.devices(ONE)]
         assert sorted(kubelet.preferred_raw(ONE, one, [], 2)) == ["MIG-b1050100-5e7d-4000-8000-000000000000",

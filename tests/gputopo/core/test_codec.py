@@ -245,6 +245,18 @@ def test_mig_state_round_trips_and_old_documents_read_without_it() -> None:
     assert state_from_json(state_to_json(NodeState(1, frozenset(), frozenset(), None, off))).mig == off
 
 
+def test_compute_instances_of_one_gpu_instance_share_its_placement() -> None:
+    """Two 1c.2g compute instances of one 2g GPU instance are two MIG devices at one placement (the H100 mixed
+    recording's GPU 7): the extender must read that state."""
+    gpu = MigGpuInfo("GPU-m", 7, 0, None, "NVIDIA H100 80GB HBM3", (
+        MigInstance("1c.2g.20gb", 4, 2, "MIG-a", None, False),
+        MigInstance("1c.2g.20gb", 4, 2, "MIG-b", None, True),
+        MigInstance("3g.40gb", 0, 4, "MIG-c", "nvidia.com/mig-3g.40gb", False),
+    ))
+    state = NodeState(2, frozenset(), frozenset(), None, Mig("mixed", None, (gpu,)))
+    assert state_from_json(state_to_json(state)) == state
+
+
 def _migged(gpu: dict | None = None, **change) -> str:
     body = json.loads(state_to_json(NodeState(3, frozenset({"GPU-a"}), frozenset(), None, _mig())))
     body["mig"].update(change)
@@ -273,6 +285,15 @@ def _migged(gpu: dict | None = None, **change) -> str:
     (_migged({"instances": [["1g.18gb", 0, 1, "u", None, 0], ["2g.35gb", 0, 2, "w", None, 0]]}),
      "overlaps another instance"),
     (_migged({"instances": [["1g.18gb", 0, 1, "u", None, 0], ["1g.18gb", 1, 1, "u", None, 0]]}), "listed twice"),
+    # compute instances share their GPU instance's placement, within its slices, and nothing else's
+    (_migged({"instances": [["1c.2g.35gb", 0, 2, "u", None, 0], ["1c.2g.35gb", 0, 2, "w", None, 0],
+                            ["1c.2g.35gb", 0, 2, "x", None, 0]]}), "take more than its 2 slices"),
+    (_migged({"instances": [["2g.35gb", 0, 2, "u", None, 0], ["1c.2g.35gb", 0, 2, "w", None, 0]]}),
+     "overlaps another instance"),
+    (_migged({"instances": [["1c.2g.35gb", 0, 2, "u", None, 0], ["1c.2g.35gb", 1, 2, "w", None, 0]]}),
+     "overlaps another instance"),
+    (_migged({"instances": [["1c.2g.35gb", 0, 2, "u", None, 0], ["1c.3g.35gb", 0, 2, "w", None, 0]]}),
+     "a compute instance of a 3-slice GPU instance where another names 2"),
     (_migged({"instances": [["1g.18gb", 0, 1, "u", "x/r", 0], ["2g.35gb", 2, 2, "w", "x/r", 0]]}),
      "serves both 1g.18gb and 2g.35gb"),
     (_migged({"gpu": "GPU-a"}), "MIG GPU 'GPU-a' as used whole"),
