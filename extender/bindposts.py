@@ -40,6 +40,7 @@ import anyio
 import orjson
 import structlog
 
+from extender.forkserver import worker_context
 from gputopo.kube.errors import ApiUnavailable, KubeApiError, KubeArgumentError, error_class_for, may_have_applied
 from gputopo.retry import Backoff
 from gputopo.workers import Worker
@@ -326,22 +327,6 @@ class BindPosts(Worker):
 
 
 # -- the worker process ----------------------------------------------------------------------------------------------
-
-
-_CONTEXT: multiprocessing.context.BaseContext | None = None
-_CONTEXT_LOCK = threading.Lock()
-
-
-def worker_context() -> multiprocessing.context.BaseContext:
-    """Workers fork from a forkserver that imported the client once (a fresh interpreter took seconds to import
-    it on a busy node, and forking the serving process itself would copy its threads' locks mid-use)."""
-    global _CONTEXT
-    with _CONTEXT_LOCK:
-        if _CONTEXT is None:
-            ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["extender.bindposts", "gputopo.kube", "kubernetes.client.api.core_v1_api"])
-            _CONTEXT = ctx
-        return _CONTEXT
 
 
 def worker_main(requests: socket.socket, results: socket.socket) -> None:

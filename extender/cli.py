@@ -63,6 +63,10 @@ def main() -> None:
 @SETTINGS.command
 def serve(config: ExtenderConfig) -> None:
     """Serve POST /filter /prioritize /bind /preempt and GET /healthz /readyz /metrics."""
+    if not config.inventory:
+        from extender.forkserver import start_early
+
+        start_early()  # the bind worker's forkserver imports the client beside this process's own imports
     import uvicorn
 
     from extender.http.app import create_app, create_metrics_app
