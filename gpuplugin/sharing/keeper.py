@@ -140,13 +140,7 @@ class MpsKeeper(Worker):
         return self._poll
 
     def loop(self) -> None:
-        delay = 0.0
-        while not self.pause(delay):
-            try:
-                delay = self.step()
-            except Exception:  # keep keeping whatever one pass does
-                log.exception("plugin.mps_keeper.pass_failed")
-                delay = self._poll
+        self.run_passes(self.step, retry_s=self._poll, failed_event="plugin.mps_keeper.pass_failed")
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop keeping; the daemons run on for their clients (a restarted keeper adopts them)."""

@@ -255,13 +255,8 @@ class MigNode(Worker):
         return False
 
     def loop(self) -> None:
-        delay = self._poll
-        while not self.pause(delay):
-            try:
-                delay = self.step()
-            except Exception:
-                log.exception("plugin.mig.pass_failed")
-                delay = self._poll
+        self.run_passes(self.step, retry_s=self._poll, failed_event="plugin.mig.pass_failed",
+                        first_delay_s=self._poll)
 
     # -- serving ------------------------------------------------------------------------------------------------
 

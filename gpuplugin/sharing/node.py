@@ -345,13 +345,7 @@ class SharingNode(Worker):
         return poll
 
     def loop(self) -> None:
-        delay = 0.0
-        while not self.pause(delay):
-            try:
-                delay = self.step()
-            except Exception:
-                log.exception("plugin.sharing.pass_failed")
-                delay = self._poll
+        self.run_passes(self.step, retry_s=self._poll, failed_event="plugin.sharing.pass_failed")
 
     # -- serving ------------------------------------------------------------------------------------------------
 

@@ -145,3 +145,31 @@ def test_a_signal_while_the_main_thread_writes_a_log_line_still_stops_it(tmp_pat
         stop_process(process, timeout=10, log=tmp_path / "log")
         assert process.returncode == 0
         assert '"worker.signal.received"' in (tmp_path / "log").read_text()
+
+
+def test_run_passes_keeps_going_after_a_failed_pass_and_logs_it() -> None:
+    """The one loop of the workers that decide on state: a pass that raises is logged and retried, the next passes
+    run at the delays the passes return, and stop() ends it."""
+
+    class Passes(Worker):
+        def __init__(self) -> None:
+            super().__init__("passes")
+            self.calls = 0
+            self.done = threading.Event()
+
+        def step(self) -> float:
+            self.calls += 1
+            if self.calls == 2:
+                raise RuntimeError("one bad pass")
+            if self.calls == 4:
+                self.done.set()
+            return 0.0
+
+        def loop(self) -> None:
+            self.run_passes(self.step, retry_s=0.0, failed_event="test.pass_failed", worker_id=7)
+
+    with structlog.testing.capture_logs() as logs, Passes() as worker:
+        assert worker.done.wait(10)
+    assert worker.calls >= 4
+    failed = [e for e in logs if e["event"] == "test.pass_failed"]
+    assert len(failed) == 1 and failed[0]["worker_id"] == 7 and failed[0]["log_level"] == "error"
