@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gputopo.core.errors import TopologyError, TopologyFormatError
-from gputopo.core.mig import MEMORY_SLICES, MigError, Placement, parse_profile_name
+from gputopo.core.mig import MEMORY_SLICES, MigError, Placement, ProfileName, parse_profile_name
 from gputopo.core.topology import Gpu, Link, LinkKind, Nic, Topology
 
 TOPOLOGY_VERSION = 1
@@ -354,13 +354,14 @@ def _text(value: Any, what: str, limit: int, optional: bool = False) -> Any:
     return value
 
 
-def _mig_instance(raw: Any, where: str) -> MigInstance:
+def _mig_instance(raw: Any, where: str) -> tuple[MigInstance, ProfileName]:
+    """The instance and its parsed device name (the overlap check reads its slices)."""
     _expect(isinstance(raw, list) and len(raw) == 6,
             f"{where} must be [device name, start, size, MIG UUID, resource or null, used 0|1]")
     profile, start, size, uuid, resource, used = raw
     _text(profile, f"{where} device name", 32)
     try:
-        parse_profile_name(profile)
+        name = parse_profile_name(profile)
         placement = Placement(_count(start, f"{where} start", 0, MEMORY_SLICES - 1),
                               _count(size, f"{where} size", 1, MEMORY_SLICES))
     except MigError as e:
@@ -369,7 +370,7 @@ def _mig_instance(raw: Any, where: str) -> MigInstance:
     _text(resource, f"{where} resource", 253, optional=True)
     _expect(resource is None or "/" in resource, f"{where} resource must be domain/name or null")
     _expect(used in (0, 1) and not isinstance(used, float), f"{where} used must be 1 or 0")
-    return MigInstance(profile, placement.start, placement.size, uuid, resource, bool(used))
+    return MigInstance(profile, placement.start, placement.size, uuid, resource, bool(used)), name
 
 
 def mig_from_dict(data: Any) -> Mig:
@@ -419,9 +420,9 @@ def mig_from_dict(data: Any) -> Mig:
         shared_gi: dict[tuple[int, int], tuple[int, int]] = {}
         instances = []
         for j, r in enumerate(insts):
-            inst = _mig_instance(r, f"{where} instances[{j}]")
+            inst, name = _mig_instance(r, f"{where} instances[{j}]")
             mask = Placement(inst.start, inst.size).mask
-            name, gi = parse_profile_name(inst.profile), (inst.start, inst.size)
+            gi = (inst.start, inst.size)
             label = f"{where} instances[{j}] ({inst.profile} at {{{inst.start}}}:{inst.size})"
             if taken & mask and gi in shared_gi and name.compute_slices is not None:
                 slices, used = shared_gi[gi]
