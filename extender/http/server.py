@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import resource
 import socket
 import sys
@@ -71,6 +72,8 @@ WELL_SERVED_CONNECTIONS = 320
 HEAD, BODY = "head", "body"
 # How much of a chunk-size line is kept to read the size from (the size comes first; extensions may follow).
 CHUNK_LINE_BYTES = 64
+# A request head that announces a chunked body (what on_headers_complete then reads from the parsed headers).
+CHUNKED_HEAD = re.compile(rb"(?im)^transfer-encoding[ \t]*:[^\r\n]*chunked")
 
 
 class HttpMetrics(Protocol):
@@ -238,8 +241,10 @@ class GuardedProtocol(HttpToolsProtocol):
         try:
             if self._chunked:
                 self._feed_lines(data)
-            elif self._phase == HEAD and (end := data.find(b"\r\n\r\n")) != -1 and end + 4 < len(data):
-                # the head alone first: if it announces a chunked body, the rest is read line by line
+            elif self._phase == HEAD and (end := data.find(b"\r\n\r\n")) != -1 and end + 4 < len(data) \
+                    and CHUNKED_HEAD.search(data, 0, end) is not None:
+                # a chunked body behind its head: the head alone first, then the body line by line (any other
+                # request, kube-scheduler's among them, is fed whole, without copying its body)
                 self.parser.feed_data(data[:end + 4])
                 rest = data[end + 4:]
                 self._feed_lines(rest) if self._chunked else self.parser.feed_data(rest)
