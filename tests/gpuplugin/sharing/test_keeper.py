@@ -43,6 +43,17 @@ def _ask(root: Path, line: str) -> str | None:
         return None
 
 
+def _left_by_a_stopped_keeper(root: Path) -> int | None:
+    """One set wanted, its daemon started by a keeper that then stopped (a keeper pod restart): the daemon's pid."""
+    write_desired(root, [DesiredSet(_share(root), 1)])
+    first = _keeper(root).start()
+    try:
+        assert eventually(lambda: _ask(root, "get_server_list") is not None)
+        return _pid(root)
+    finally:
+        first.stop()
+
+
 def test_wanted_sets_are_kept_restarted_updated_and_quit() -> None:
     with short_dir("keep-") as root:
         keeper = _keeper(root).start()
@@ -76,13 +87,7 @@ def test_wanted_sets_are_kept_restarted_updated_and_quit() -> None:
 
 def test_a_stopped_keeper_leaves_its_daemons_and_the_next_adopts_them() -> None:
     with short_dir("keep-") as root:
-        write_desired(root, [DesiredSet(_share(root), 1)])
-        first = _keeper(root).start()
-        try:
-            assert eventually(lambda: _ask(root, "get_server_list") is not None)
-            pid = _pid(root)
-        finally:
-            first.stop()
+        pid = _left_by_a_stopped_keeper(root)
         assert _pid(root) == pid and _ask(root, "get_server_list") is not None
         second = _keeper(root)
         try:
@@ -121,12 +126,7 @@ def test_a_garbled_file_keeps_the_last_good_state() -> None:
 
 def test_a_set_taken_out_while_no_keeper_ran_is_quit_by_the_next() -> None:
     with short_dir("keep-") as root:
-        write_desired(root, [DesiredSet(_share(root), 1)])
-        first = _keeper(root).start()
-        try:
-            assert eventually(lambda: _ask(root, "get_server_list") is not None)
-        finally:
-            first.stop()
+        _left_by_a_stopped_keeper(root)
         write_desired(root, [])  # the plugin took the set out while the keeper was down
         second = _keeper(root)
         try:
@@ -139,12 +139,7 @@ def test_a_set_taken_out_while_no_keeper_ran_is_quit_by_the_next() -> None:
 
 def test_no_file_or_a_refused_one_quits_nothing_unknown() -> None:
     with short_dir("keep-") as root:
-        write_desired(root, [DesiredSet(_share(root), 1)])
-        first = _keeper(root).start()
-        try:
-            assert eventually(lambda: _ask(root, "get_server_list") is not None)
-        finally:
-            first.stop()
+        _left_by_a_stopped_keeper(root)
         try:
             for text in (None, "garbage"):
                 if text is None:
