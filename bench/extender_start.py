@@ -10,7 +10,6 @@ restart is.
 from __future__ import annotations
 
 import argparse
-import http.client
 import subprocess
 import sys
 import time
@@ -20,26 +19,16 @@ from bench.common import ROOT, machine_line, markdown_table, percentile, stop_pr
 INVENTORY = ROOT / "examples" / "inventory.yaml"
 
 
-def ready(port: int) -> bool:
-    try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-        c.request("GET", "/readyz")
-        ok = c.getresponse().status == 200
-        c.close()
-        return ok
-    except OSError:
-        return False
-
-
 def time_to_ready(args: list[str], timeout_s: float = 60.0) -> float:
     from sim.ports import free_port
+    from tests.helpers.processes import http_ok
 
     port = free_port()
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "extender.cli", "serve", "--port", str(port), "--log-level",
                              "warning", *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        while not ready(port):
+        while not http_ok(f"http://127.0.0.1:{port}/readyz"):
             if proc.poll() is not None:
                 raise RuntimeError(f"gpu-extender serve {' '.join(args)} exited with {proc.returncode}")
             if time.monotonic() - started > timeout_s:
