@@ -158,17 +158,18 @@ class Worker:
     def interrupt(self) -> None:
         """Unblock what the loop may be blocked in; called by stop() from another thread."""
 
-    def run_passes(self, step: Callable[[], float], *, retry_s: float, failed_event: str, first_delay_s: float = 0.0,
-                   **context: object) -> None:
+    def run_passes(self, step: Callable[[], float], *, retry_s: float, failed: Callable[[], object],
+                   first_delay_s: float = 0.0) -> None:
         """The loop of a worker that decides on state: `step()` makes one pass and returns the seconds until the
-        next; a pass that raises is logged as `failed_event` (with `context`) and the next one comes `retry_s`
-        later, so one bad pass never ends the worker."""
+        next; a pass that raises is reported by `failed()`, called inside the handler (a `log.exception` with the
+        worker's own event, a literal where it is written), and the next one comes `retry_s` later, so one bad
+        pass never ends the worker."""
         delay = first_delay_s
         while not self.pause(delay):
             try:
                 delay = step()
             except Exception:
-                log.exception(failed_event, **context)
+                failed()
                 delay = retry_s
 
     def pause(self, seconds: float, *, wakeable: bool = True) -> bool:

@@ -140,7 +140,7 @@ class MpsKeeper(Worker):
         return self._poll
 
     def loop(self) -> None:
-        self.run_passes(self.step, retry_s=self._poll, failed_event="plugin.mps_keeper.pass_failed")
+        self.run_passes(self.step, retry_s=self._poll, failed=lambda: log.exception("plugin.mps_keeper.pass_failed"))
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop keeping; the daemons run on for their clients (a restarted keeper adopts them)."""

@@ -255,7 +255,7 @@ class MigNode(Worker):
         return False
 
     def loop(self) -> None:
-        self.run_passes(self.step, retry_s=self._poll, failed_event="plugin.mig.pass_failed",
+        self.run_passes(self.step, retry_s=self._poll, failed=lambda: log.exception("plugin.mig.pass_failed"),
                         first_delay_s=self._poll)
 
     # -- serving ------------------------------------------------------------------------------------------------

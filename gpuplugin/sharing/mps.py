@@ -316,8 +316,8 @@ class MpsDaemon(Worker):
         return self._interval if self.healthy else self._backoff.failed()
 
     def loop(self) -> None:
-        self.run_passes(self.step, retry_s=self._interval, failed_event="plugin.mps.pass_failed",
-                        resource=self.share.resource)
+        self.run_passes(self.step, retry_s=self._interval,
+                        failed=lambda: log.exception("plugin.mps.pass_failed", resource=self.share.resource))
 
     def stop(self, timeout: float | None = None, *, retire: bool = False) -> None:
         """Stop watching. The daemon keeps running for the pods holding its replicas unless `retire` (the set is

@@ -345,7 +345,7 @@ class SharingNode(Worker):
         return poll
 
     def loop(self) -> None:
-        self.run_passes(self.step, retry_s=self._poll, failed_event="plugin.sharing.pass_failed")
+        self.run_passes(self.step, retry_s=self._poll, failed=lambda: log.exception("plugin.sharing.pass_failed"))
 
     # -- serving ------------------------------------------------------------------------------------------------
 

@@ -166,7 +166,8 @@ def test_run_passes_keeps_going_after_a_failed_pass_and_logs_it() -> None:
             return 0.0
 
         def loop(self) -> None:
-            self.run_passes(self.step, retry_s=0.0, failed_event="test.pass_failed", worker_id=7)
+            self.run_passes(self.step, retry_s=0.0,
+                            failed=lambda: structlog.get_logger().exception("test.pass_failed", worker_id=7))
 
     with structlog.testing.capture_logs() as logs, Passes() as worker:
         assert worker.done.wait(10)
