@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import ipaddress
-import ssl
 import sys
 
 import click
@@ -72,6 +71,7 @@ def serve(config: ExtenderConfig) -> None:
     from extender.http.app import create_app, create_metrics_app
     from extender.http.server import (
         ListenError,
+        api_server_config,
         companion_server,
         connection_limits,
         listen_failed,
@@ -106,28 +106,29 @@ def serve(config: ExtenderConfig) -> None:
     # holds the GIL keeps it up to the switch interval before the loop gets it back, and an answer needs it a few
     # times (read, decide, write). Python's default of 5 ms put up to tens of ms on an answer under bind load.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    mutual_tls = config.tls_client_ca is not None
     try:
         sock, metrics_sock = listeners(config.host, config.port, config.metrics_host, config.metrics_port)
     except ListenError as e:
         listen_failed(e)
     limits = connection_limits(config, config.max_body_bytes, "api")
-    common = {"log_level": config.log_level, "limits": limits, "metrics": metrics,
-              "keep_alive_s": config.keep_alive_timeout_s}
-    api_config = server_config(
-        create_app(ext), "api", config.host, config.port, lifespan="on", **common,
-        ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key,
-        ssl_ca_certs=str(config.tls_client_ca) if mutual_tls else None,
-        ssl_cert_reqs=ssl.CERT_REQUIRED if mutual_tls else ssl.CERT_NONE,
-    )
-    main_server = uvicorn.Server(api_config)
     metrics_server = None
     if metrics_sock is not None:
         metrics_server = companion_server(server_config(
-            create_metrics_app(ext), "metrics", config.metrics_host, config.metrics_port, **common))
+            create_metrics_app(ext), "metrics", config.metrics_host, config.metrics_port, log_level=config.log_level,
+            limits=limits, metrics=metrics, keep_alive_s=config.keep_alive_timeout_s))
     log.info("extender.server.listening", host=config.host, port=sock.getsockname()[1], mode=ext.mode, tls=tls,
-             mutual_tls=mutual_tls, metrics_port=config.metrics_port or None, max_connections=limits.max_connections,
-             header_timeout_s=limits.header_timeout_s, body_timeout_s=limits.body_timeout_s)
+             mutual_tls=config.tls_client_ca is not None, metrics_port=config.metrics_port or None,
+             max_connections=limits.max_connections, header_timeout_s=limits.header_timeout_s,
+             body_timeout_s=limits.body_timeout_s, answer_process=config.answer_process)
+    if config.answer_process:
+        from extender.front.link import serve_state_process
+
+        code = serve_state_process(ext, create_app(ext, manage_lifecycle=False), sock, metrics_server, metrics_sock)
+        if code:
+            sys.exit(code)
+        return
+    api_config = api_server_config(create_app(ext), config, metrics, lifespan="on")
+    main_server = uvicorn.Server(api_config)
 
     async def run() -> None:
         await serve_beside(main_server, metrics_server, [sock], [metrics_sock] if metrics_sock else [])

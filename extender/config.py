@@ -110,6 +110,9 @@ class ExtenderConfig(ListenerSettings):
         "0.0.0.0", description="Address of the --metrics-port listener (read-only, nothing secret: reachable for "
                                "Prometheus and the kubelet's probes).")
     log_level: LogLevel = Field("info", description="Least level logged.")
+    answer_process: bool = Field(
+        True, description="Answer filter and prioritize in a second process serving the API port, from node states "
+                          "this one streams to it (extender.front); --no-answer-process: one process does all.")
 
     @field_validator("reservation_timeout_s")
     @classmethod

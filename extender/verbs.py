@@ -22,7 +22,7 @@ from extender.jobs.plans import JobPod
 from extender.placement.engine import FilterOutcome
 from extender.preempt import NodeVictims, keep_victims
 from extender.service import Extender
-from extender.state.pods import PodSpecError, pod_needs
+from extender.state.pods import PodNeeds, PodSpecError, pod_needs
 
 log = structlog.get_logger(__name__)
 
@@ -69,13 +69,19 @@ class Verbs:
         large cluster, so it runs in a worker thread (one job plan at a time: extender.jobs.plans' lock) while the
         event loop keeps answering binds, probes and other pods."""
         args = wire.extender_args(data)
-        ext = self.ext
         extra = self._extra_entries(args)
         try:
             needs = pod_needs(args.pod, *self._needs_args, self._shared_names(extra))
         except PodSpecError as e:
             return filter_result(None if args.node_names is None else [], None if args.nodes is None else
                                  {**args.nodes, "items": []}, {}, {}, f"pod cannot be placed: {e}")
+        return self.filter_pod(args, needs, extra)
+
+    def filter_pod(self, args: wire.ExtenderArgs, needs: PodNeeds, extra: dict[str, Any] | None = None
+                   ) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+        """filter past the parsing: the answering process (extender.front) parses a body once to decide whether
+        it may answer it, then answers here."""
+        ext = self.ext
         ext.recent.remember(needs)
         job_pod = ext.jobs.pod_of(args.pod, needs) if needs.need.resource is None else None
         if job_pod is not None:
@@ -108,6 +114,10 @@ class Verbs:
         except PodSpecError as e:
             log.info("extender.prioritize.bad_pod", error=str(e))
             return host_priority_list(args.names, [0] * len(args.names))
+        return self.prioritize_pod(args, needs, extra)
+
+    def prioritize_pod(self, args: wire.ExtenderArgs, needs: PodNeeds, extra: dict[str, Any] | None = None) -> bytes:
+        """prioritize past the parsing (see filter_pod)."""
         self.ext.recent.remember(needs)
         job_pod = self.ext.jobs.pod_of(args.pod, needs) if needs.need.resource is None else None
         scores = self.ext.jobs.score(job_pod, args.names) if job_pod is not None else None

@@ -48,6 +48,11 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+class NotHere(Exception):
+    """Raised by a verb's `run` in the answering process (extender.front) for a request it leaves to the state
+    process: answer() lets it through, and the caller passes the body it kept on."""
+
+
 def encode_answer(result: Any) -> bytes:
     """orjson writes at most 255 levels of nesting; filter echoes Node objects, which may be deeper than that."""
     try:
@@ -69,14 +74,18 @@ def error_answer(verb: str, message: str) -> Any:
     return {"Error": message}
 
 
-async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Extender) -> Response:
+async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Extender,
+                 keep: list[bytes] | None = None) -> Response:
     """Read, decode, run and encode one verb, mapping every failure to a kube-scheduler-shaped answer, and count
-    it. `run` takes the decoded body and returns the answer as data, as ready bytes, or (bind) an awaitable."""
+    it. `run` takes the decoded body and returns the answer as data, as ready bytes, or (bind) an awaitable.
+    `keep` receives the body as read, for a `run` that raises NotHere (nothing is counted then)."""
     metrics = ext.metrics
     started = time.perf_counter()
     code = 200
     try:
         body = await read_body(request, ext.config.max_body_bytes)
+        if keep is not None:
+            keep.append(body)
         with _no_cyclic_gc():
             result = run(wire.decode(body))
             del body
@@ -86,6 +95,8 @@ async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Ex
             del result  # the decoded body and the answer are freed by refcount before the collector is back
         if pending is not None:  # bind (the apiserver), a job pod's filter (its plan): awaited, collector running
             content = encode_answer(await pending)
+    except NotHere:
+        raise
     except wire.BadRequest as e:
         code = 400
         metrics.bad_requests.labels(verb).inc()

@@ -37,6 +37,7 @@ import os
 import re
 import resource
 import socket
+import ssl
 import sys
 import time
 from collections.abc import Iterator
@@ -401,6 +402,21 @@ def server_config(app: Any, listener: str, host: str, port: int, *, log_level: s
                           ws="none", proxy_headers=False,  # kube-scheduler calls it directly: no proxy to trust
                           backlog=limits.backlog,
                           timeout_keep_alive=keep_alive_s, **tls)  # type: ignore[arg-type]
+
+
+def api_server_config(app: Any, config: Any, metrics: HttpMetrics, *, lifespan: str = "off") -> uvicorn.Config:
+    """The API listener's settings from the extender's config (extender.config.ExtenderConfig): its limits, and
+    HTTPS with client certificates required where a client CA is set. One builder for whichever process serves the
+    API port (gpu-extender serve itself, or its answering process: extender.front)."""
+    mutual_tls = config.tls_client_ca is not None
+    return server_config(
+        app, "api", config.host, config.port, log_level=config.log_level,
+        limits=connection_limits(config, config.max_body_bytes, "api"), metrics=metrics,
+        keep_alive_s=config.keep_alive_timeout_s, lifespan=lifespan,
+        ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key,
+        ssl_ca_certs=str(config.tls_client_ca) if mutual_tls else None,
+        ssl_cert_reqs=ssl.CERT_REQUIRED if mutual_tls else ssl.CERT_NONE,
+    )
 
 
 def close_quietly(sock: socket.socket) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import socket
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from tests.helpers.paths import REPO
 from tests.helpers.polling import eventually
 
 
@@ -48,6 +52,15 @@ def stop_process(process: subprocess.Popen[Any], timeout: float = 20.0, log: Pat
                              f"{_text(out)}{_log_tail(log, 12000)}") from None
 
 
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's parent may not have reaped it yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def accepts(port: int) -> bool:
     """Something accepts TCP connections on 127.0.0.1:`port`."""
     try:
@@ -82,3 +95,62 @@ def _log_tail(log: Path | None, chars: int = 3000) -> str:
 def _text(out: tuple[Any, Any]) -> str:
     """A process's piped (stdout, stderr) as text, the end of it (where an abort's stacks are)."""
     return "".join(c.decode(errors="replace") if isinstance(c, bytes) else c for c in out if c)[-12000:]
+
+
+class ExtenderProcess:
+    """`gpu-extender serve --api-server URL` as a real process on a free port (`args` added to its flags), ready
+    when this returns; its log goes to a file."""
+
+    def __init__(self, api_url: str, log: Path, wait: float, *args: str) -> None:
+        self.log = log
+        self.wait = wait
+        self._file = log.open("wb")
+        self.client: httpx.Client | None = None
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "extender.cli", "serve", "--api-server", api_url, "--port", "0",
+             "--log-level", "info", *args],
+            cwd=REPO, stdout=self._file, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            wait_serving(self.proc, lambda: self._port() is not None, 2 * wait, self.log)
+            self.client = httpx.Client(base_url=f"http://127.0.0.1:{self._port()}", timeout=wait)
+            assert eventually(lambda: http_ok("/readyz", self.http), wait), (
+                f"extender not ready: {self.log.read_text()[-2000:]}")
+        except BaseException:
+            self.stop(signal.SIGKILL)
+            raise
+
+    @property
+    def http(self) -> httpx.Client:
+        assert self.client is not None
+        return self.client
+
+    def _port(self) -> str | None:
+        """The port the process says it listens on (it was started on port 0)."""
+        text = self.log.read_text(errors="replace")
+        m = re.search(r'"port": (\d+),[^\n]*"event": "extender.server.listening"', text)
+        return m.group(1) if m else None
+
+    def answering_pids(self) -> list[int]:
+        """The answering processes it started, in order (extender.front.link logs each)."""
+        text = self.log.read_text(errors="replace")
+        return [int(p) for p in re.findall(r'"pid": (\d+), "starts": \d+, "event": "extender.front.started"', text)]
+
+    def gauge(self, name: str) -> float:
+        """A sample's value, `name` with its labels as /metrics writes them (0 when absent)."""
+        text = self.http.get("/metrics").text
+        m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Stop it with `sig` (SIGKILL plays a crash); its exit status."""
+        try:
+            if sig == signal.SIGTERM:
+                stop_process(self.proc, self.wait)
+            elif self.proc.poll() is None:
+                self.proc.send_signal(sig)
+                self.proc.wait(self.wait)
+            return self.proc.returncode
+        finally:
+            self._file.close()
+            if self.client is not None:
+                self.client.close()

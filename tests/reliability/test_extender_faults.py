@@ -16,13 +16,10 @@ Every scenario records the plans its fake ends with in LEDGER; the last test che
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import selectors
 import signal
 import socket
-import subprocess
-import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -41,9 +38,8 @@ from gputopo.kube import make_api_client
 from tests.extender.conftest import A100, DGX1, running, topo
 from tests.fakes.kubeapi import FakeKubeApi
 from tests.helpers.kube import PREFIX, k8s_node, k8s_pod, set_state
-from tests.helpers.paths import REPO
 from tests.helpers.polling import eventually
-from tests.helpers.processes import http_ok, stop_process, wait_serving
+from tests.helpers.processes import ExtenderProcess, alive
 from tests.helpers.scheduler import bind_body, cache_args
 from tests.reliability.conftest import WAIT, ThreadBaseline
 
@@ -473,57 +469,6 @@ def test_a_node_deleted_under_a_reservation(fake: FakeKubeApi) -> None:
     assert record_plans(fake, "node-deleted") == 2
 
 
-class ServeProcess:
-    """`gpu-extender serve --api-server URL` as a real process on a free port; its log goes to a file."""
-
-    def __init__(self, api_url: str, log: Path) -> None:
-        self.log = log
-        self._file = log.open("wb")
-        self.client: httpx.Client | None = None
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "extender.cli", "serve", "--api-server", api_url, "--port", "0",
-             "--log-level", "info"],
-            cwd=REPO, stdout=self._file, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        try:
-            wait_serving(self.proc, lambda: self._port() is not None, 2 * WAIT, self.log)
-            self.client = httpx.Client(base_url=f"http://127.0.0.1:{self._port()}", timeout=WAIT)
-            assert eventually(lambda: http_ok("/readyz", self.http), WAIT), (
-                f"extender not ready: {self.log.read_text()[-2000:]}")
-        except BaseException:
-            self.stop(signal.SIGKILL)
-            raise
-
-    @property
-    def http(self) -> httpx.Client:
-        assert self.client is not None
-        return self.client
-
-    def _port(self) -> str | None:
-        """The port the process says it listens on (it was started on port 0)."""
-        text = self.log.read_text(errors="replace")
-        m = re.search(r'"port": (\d+),[^\n]*"event": "extender.server.listening"', text)
-        return m.group(1) if m else None
-
-    def gauge(self, name: str) -> float:
-        m = re.search(rf"^{name} (\S+)$", self.http.get("/metrics").text, re.M)
-        assert m, name
-        return float(m.group(1))
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        """Stop it with `sig` (SIGKILL plays a crash); its exit status."""
-        try:
-            if sig == signal.SIGTERM:
-                stop_process(self.proc, WAIT)
-            elif self.proc.poll() is None:
-                self.proc.send_signal(sig)
-                self.proc.wait(WAIT)
-            return self.proc.returncode
-        finally:
-            self._file.close()
-            if self.client is not None:
-                self.client.close()
-
-
 def test_crash_restart_with_a_binding_in_flight(fake: FakeKubeApi, tmp_path: Path) -> None:
     """Extender A (a real process) binds pods, then is killed with SIGKILL while one Binding is still held at the
     apiserver; that Binding lands after A is gone. Extender B starts on the same apiserver before the node states
@@ -535,7 +480,7 @@ def test_crash_restart_with_a_binding_in_flight(fake: FakeKubeApi, tmp_path: Pat
         fake.add_node(k8s_node(n, a if n.startswith("a") else d))
     pods = [fake.add_pod(k8s_pod(f"p{i}", [1, 2, 4, 1][i % 4])) for i in range(40)]
     first, flying, rest = pods[:10], pods[10], pods[11:]
-    A = ServeProcess(fake.url, tmp_path / "a.log")
+    A = ExtenderProcess(fake.url, tmp_path / "a.log", WAIT)
     try:
         with ThreadPoolExecutor(8) as pool:
             assert list(pool.map(lambda k: bind(A.http, first[k], names[k % 4]), range(10))) == [""] * 10
@@ -543,14 +488,19 @@ def test_crash_restart_with_a_binding_in_flight(fake: FakeKubeApi, tmp_path: Pat
             pending = pool.submit(lambda: A.http.post("/bind", json=bind_body(flying, "a0")))
             assert fake.wait_for_requests(lambda r: r.path.endswith("/pods/p10/binding"))
             assert A.stop(signal.SIGKILL) == -signal.SIGKILL
-            with pytest.raises(httpx.HTTPError):
-                pending.result(WAIT)
+            try:
+                answer = pending.result(WAIT)
+            except httpx.HTTPError:
+                pass  # --no-answer-process: the connection went with the process
+            else:  # the answering process says its state process is gone, then ends
+                assert answer.status_code == 503, answer.text
     finally:
         A.stop(signal.SIGKILL)
+    assert eventually(lambda: not any(alive(pid) for pid in A.answering_pids()), WAIT)
     gate.set()
     assert fake.wait_until(lambda: bool((fake.pod("default", "p10") or {}).get("spec", {}).get("nodeName")))
     assert len(plans_on(fake)) == 11  # the ten A answered, and the one that landed after A died
-    B = ServeProcess(fake.url, tmp_path / "b.log")
+    B = ExtenderProcess(fake.url, tmp_path / "b.log", WAIT)
     try:
         assert B.gauge("gpu_extender_reservations") == 11.0
         with ThreadPoolExecutor(16) as pool:

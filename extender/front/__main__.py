@@ -1,0 +1,3 @@
+from extender.front.answering import main
+
+main()

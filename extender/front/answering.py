@@ -1,0 +1,294 @@
+"""The answering process (`python -m extender.front`, started by extender.front.link): serves the API port and
+answers the common filter and prioritize itself, from the node states the state process streams to it.
+
+A request is answered here when it is filter or prioritize, the state process has said the cache is synced, and
+the pod asks whole GPUs of the configured resource, belongs to no job, and the body names nodes only
+(nodeCacheCapable) while no node serves that resource as MIG instances or replicas: then extender.verbs answers it
+over extender.placement.engine, the same code as in the state process, on the mirror (extender.front.mirror).
+Everything else (bind, preempt, job pods, MIG, shared GPUs, NodeList bodies, probes, metrics, the inventory and the
+docs) is passed to the state process whole and its answer relayed.
+
+What a local answer leaves behind for the state process (the pod's needs and offer, which bind reads; its metrics)
+is sent ahead of the next passed-on request on the same ordered channel, so a bind never arrives before them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import orjson
+import structlog
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+from extender import wire
+from extender.config import ExtenderConfig
+from extender.front.channel import ChannelClosed, RelayedMetrics, frame, read_first, read_message
+from extender.front.mirror import MirrorCache
+from extender.http.answers import NotHere, answer
+from extender.http.bodies import BodyTooLarge, read_body
+from extender.http.server import api_server_config, companion_server
+from extender.jobs.membership import MembershipError, job_membership
+from extender.logs import configure_logging
+from extender.placement.engine import WHOLE, Placement
+from extender.placement.explain import Offer
+from extender.state.pods import PodNeeds, PodSpecError, pod_needs
+from extender.verbs import Verbs
+
+log = structlog.get_logger(__name__)
+
+LOCAL_VERBS = {"/filter": "filter", "/prioritize": "prioritize"}
+CALL_TIMEOUT_S = 120.0  # a passed-on bind waits for the apiserver: well above its own request timeout
+FLUSH_INTERVAL_S = 0.5  # ops of connections opened or closed between requests
+SCOPE_FIELDS = ("type", "http_version", "method", "scheme", "path", "raw_path", "query_string", "root_path",
+                "headers", "client", "server")
+
+
+class _TellingRecent:
+    """RecentPods as the verbs see it: what bind will read goes to the state process's own."""
+
+    def __init__(self, ops: list[tuple[Any, ...]]) -> None:
+        self._ops = ops
+
+    def remember(self, needs: PodNeeds) -> None:
+        if needs.uid:
+            self._ops.append(("recent", needs))
+
+
+class _TellingExplainer:
+    def __init__(self, ops: list[tuple[Any, ...]]) -> None:
+        self._ops = ops
+
+    def remember(self, uid: str, found: Offer | None) -> None:
+        if uid:
+            self._ops.append(("offer", uid, found))
+
+
+class _NoJobs:
+    """Front.local answers pods of no job only."""
+
+    def pod_of(self, pod: Any, needs: PodNeeds) -> None:
+        return None
+
+
+class Front:
+    """What extender.verbs reads of an Extender, in the answering process; `local` decides what is answered here."""
+
+    def __init__(self, config: ExtenderConfig) -> None:
+        self.config = config
+        self.ops: list[tuple[Any, ...]] = []
+        self.cache = MirrorCache(config)
+        self.placement = Placement(self.cache)  # type: ignore[arg-type]  # the mirror has what the verbs read
+        self.metrics = RelayedMetrics(self.ops)
+        self.recent = _TellingRecent(self.ops)
+        self.explainer = _TellingExplainer(self.ops)
+        self.jobs = _NoJobs()
+        self.verbs = Verbs(self)  # type: ignore[arg-type]
+        self.ready = False
+        self._needs_args = (config.resource_name, config.keys)
+
+    def local(self, verb: str, data: Any) -> Any:
+        """The verb's answer, or NotHere. A malformed body is not here either: the state process words and counts
+        the 400, as it does for every other request."""
+        if not self.ready:
+            raise NotHere
+        try:
+            args = wire.extender_args(data)
+        except wire.BadRequest:
+            raise NotHere from None
+        if args.nodes is not None or args.node_names is None:
+            raise NotHere
+        try:
+            needs = pod_needs(args.pod, *self._needs_args, self.cache.shared_names)
+            if needs.need.resource is not None or job_membership(args.pod, self.config.keys) is not None:
+                raise NotHere
+        except (PodSpecError, MembershipError):
+            raise NotHere from None
+        if self.placement.route(needs.need)[0] != WHOLE:
+            raise NotHere
+        if verb == "filter":
+            return self.verbs.filter_pod(args, needs)
+        return self.verbs.prioritize_pod(args, needs)
+
+
+class Link:
+    """The answering process's end of the channel: states in, passed-on requests out and their replies back."""
+
+    def __init__(self, front: Front, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.front = front
+        self._reader, self._writer = reader, writer
+        self._calls: dict[int, asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]]] = {}
+        self._next = 0
+        self._flush_due = False
+        self.closed: str | None = None
+
+    async def run(self) -> None:
+        """Until the state process goes away (then this process has nothing to answer with, and ends)."""
+        flusher = asyncio.create_task(self._flush_every())
+        try:
+            while True:
+                message = await read_message(self._reader)
+                kind = message[0]
+                if kind == "states":
+                    self.front.cache.apply(*message[1:5])
+                elif kind == "reply":
+                    fut = self._calls.pop(message[1], None)
+                    if fut is not None and not fut.done():
+                        fut.set_result((message[2], message[3], message[4]))
+                elif kind == "ready":
+                    if not self.front.ready:
+                        log.info("extender.front.ready", nodes=len(self.front.cache.states))
+                    self.front.ready = True
+                else:
+                    log.warning("extender.front.unknown_message", kind=kind)
+        except ChannelClosed as e:
+            self.closed = str(e)
+        finally:
+            flusher.cancel()
+            for fut in self._calls.values():
+                if not fut.done():
+                    fut.set_exception(ChannelClosed(self.closed or "channel closed"))
+            self._calls.clear()
+
+    def flush(self) -> None:
+        self._flush_due = False
+        if self.front.ops and self.closed is None:
+            ops = self.front.ops[:]
+            self.front.ops.clear()
+            self._writer.write(frame(("told", ops)))
+
+    def flush_soon(self) -> None:
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    async def _flush_every(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+            self.flush()
+
+    async def call(self, scope: Scope, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        if self.closed is not None:
+            raise ChannelClosed(self.closed)
+        self.flush()  # what earlier local answers told goes first
+        self._next += 1
+        call_id = self._next
+        fut: asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = fut
+        plain = {k: scope[k] for k in SCOPE_FIELDS if k in scope}
+        plain["headers"] = [(bytes(k), bytes(v)) for k, v in scope.get("headers", [])]
+        self._writer.write(frame(("call", call_id, plain, body)))
+        try:
+            await self._writer.drain()
+            return await asyncio.wait_for(fut, CALL_TIMEOUT_S)
+        finally:
+            self._calls.pop(call_id, None)
+
+
+class FrontApp:
+    """The ASGI app of the answering process."""
+
+    def __init__(self, front: Front, link: Link) -> None:
+        self.front = front
+        self.link = link
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        verb = LOCAL_VERBS.get(scope["path"]) if scope["method"] == "POST" else None
+        if verb is not None:
+            kept: list[bytes] = []
+            try:
+                response = await answer(Request(scope, receive), verb, partial(self.front.local, verb), self.front,
+                                        kept)  # type: ignore[arg-type]
+            except NotHere:
+                await self._pass_on(scope, kept[0], send)
+                return
+            if response.status_code == 200:
+                self.front.metrics.answered_apart.labels(verb).inc()
+            await response(scope, receive, send)
+            self.link.flush_soon()
+            return
+        try:
+            body = await read_body(Request(scope, receive), self.front.config.max_body_bytes)
+        except BodyTooLarge as e:
+            await _send(send, 413, orjson.dumps({"Error": str(e)}))
+            return
+        except wire.BadRequest as e:
+            await _send(send, 400, orjson.dumps({"Error": str(e)}))
+            return
+        await self._pass_on(scope, body, send)
+
+    async def _pass_on(self, scope: Scope, body: bytes, send: Send) -> None:
+        try:
+            status, headers, content = await self.link.call(scope, body)
+        except (ChannelClosed, TimeoutError, OSError) as e:
+            log.warning("extender.front.pass_on_failed", path=scope.get("path"), error=f"{type(e).__name__}: {e}")
+            await _send(send, 503, orjson.dumps({"Error": "gpu-extender's state process is not answering"}))
+            return
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
+
+
+async def _send(send: Send, status: int, content: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]})
+    await send({"type": "http.response.body", "body": content})
+
+
+def serve(config: ExtenderConfig, listen: socket.socket, channel: socket.socket) -> None:
+    front = Front(config)
+
+    async def run() -> None:
+        reader, writer = await asyncio.open_unix_connection(sock=channel)
+        link = Link(front, reader, writer)
+        # signals are this process's own (uvicorn's re-raise after its shutdown would end it before its last line)
+        server = companion_server(api_server_config(FrontApp(front, link), config, front.metrics))  # type: ignore[arg-type]
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, setattr, server, "should_exit", True)
+
+        async def follow() -> None:
+            await link.run()
+            if not server.should_exit:
+                log.warning("extender.front.state_process_gone", why=link.closed)
+                server.should_exit = True
+
+        following = asyncio.create_task(follow())
+        gc.collect()
+        gc.freeze()
+        try:
+            await server.serve(sockets=[listen])
+        finally:
+            following.cancel()
+            writer.close()
+
+    sys.setswitchinterval(0.0005)
+    with asyncio.Runner(loop_factory=api_server_config(None, config, front.metrics).get_loop_factory()) as runner:  # type: ignore[arg-type]
+        runner.run(run())
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m extender.front",
+                                     description="gpu-extender's answering process (started by gpu-extender serve)")
+    parser.add_argument("--listen-fd", type=int, required=True, help="the bound API socket, inherited")
+    parser.add_argument("--channel-fd", type=int, required=True, help="the state process's socket pair end")
+    args = parser.parse_args(argv)
+    channel = socket.socket(fileno=args.channel_fd)
+    listen = socket.socket(fileno=args.listen_fd)
+    first = read_first(channel)
+    if first[0] != "config" or not isinstance(first[1], ExtenderConfig):
+        raise SystemExit(f"the first message must be the config, got {first[0]!r}")
+    config: ExtenderConfig = first[1]
+    configure_logging(config.log_level)
+    log.info("extender.front.start", nodes_port=listen.getsockname()[1] if listen.family != socket.AF_UNIX else None)
+    serve(config, listen, channel)
+    log.info("extender.front.stopped")

@@ -1,0 +1,115 @@
+"""The messages between the state process and the answering process, over one unix socket pair.
+
+A frame is a 4-byte big-endian length and a pickle. Both ends are this program: the state process creates the pair
+and starts the other end with it, so nothing outside can write a frame (pickle is safe here, and carries the
+topologies and pod needs as the objects they are). A frame above MAX_FRAME ends the channel rather than be read.
+
+State process to answering process:
+- ("config", ExtenderConfig): first, once;
+- ("states", {node: state key or None}, {fingerprint: Topology}, mig names or None, shared names or None): the node
+  states that changed (None: the node is gone), the topologies they refer to that were not sent before, and the
+  resource-name sets when they changed;
+- ("ready",): the node cache holds a full snapshot: answer from the copy from now on;
+- ("reply", id, status, headers, body): the answer to a passed-on request.
+Answering process to state process:
+- ("call", id, scope, body): a request passed on whole (scope: the ASGI scope's plain fields);
+- ("told", [op, ...]): what the local answers leave for binds and metrics, in order: ("recent", PodNeeds),
+  ("offer", uid, Offer or None), ("metric", attribute, labels, method, value).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from typing import Any
+
+MAX_FRAME = 64 << 20
+_HEADER = 4
+
+
+class ChannelClosed(Exception):
+    """The other process went away (end of file), or sent a frame this end refuses."""
+
+
+def frame(message: tuple[Any, ...]) -> bytes:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) > MAX_FRAME:
+        raise ValueError(f"a {message[0]!r} message of {len(data)} bytes exceeds the channel's {MAX_FRAME}")
+    return len(data).to_bytes(_HEADER, "big") + data
+
+
+async def read_message(reader: asyncio.StreamReader) -> tuple[Any, ...]:
+    try:
+        size = int.from_bytes(await reader.readexactly(_HEADER), "big")
+        if size > MAX_FRAME:
+            raise ChannelClosed(f"frame of {size} bytes announced, above {MAX_FRAME}")
+        message = pickle.loads(await reader.readexactly(size))
+    except (asyncio.IncompleteReadError, ConnectionError) as e:
+        raise ChannelClosed(f"channel closed: {type(e).__name__}") from None
+    if not isinstance(message, tuple) or not message or not isinstance(message[0], str):
+        raise ChannelClosed(f"not a message: {type(message).__name__}")
+    return message
+
+
+def read_first(sock: Any) -> tuple[Any, ...]:
+    """The first message, read blocking before the answering process has an event loop (its config)."""
+    def exactly(n: int) -> bytes:
+        chunks, left = [], n
+        while left:
+            chunk = sock.recv(left)
+            if not chunk:
+                raise ChannelClosed("channel closed before the first message")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    size = int.from_bytes(exactly(_HEADER), "big")
+    if size > MAX_FRAME:
+        raise ChannelClosed(f"frame of {size} bytes announced, above {MAX_FRAME}")
+    message = pickle.loads(exactly(size))
+    if not isinstance(message, tuple) or not message:
+        raise ChannelClosed("the first message is not a message")
+    return message
+
+
+class _Child:
+    __slots__ = ("_attr", "_labels", "_ops")
+
+    def __init__(self, ops: list[tuple[Any, ...]], attr: str, labels: tuple[str, ...]) -> None:
+        self._ops, self._attr, self._labels = ops, attr, labels
+
+    def inc(self, amount: float = 1.0) -> None:
+        self._ops.append(("metric", self._attr, self._labels, "inc", amount))
+
+    def dec(self, amount: float = 1.0) -> None:
+        self._ops.append(("metric", self._attr, self._labels, "dec", amount))
+
+    def observe(self, amount: float) -> None:
+        self._ops.append(("metric", self._attr, self._labels, "observe", amount))
+
+
+class _Family:
+    __slots__ = ("_attr", "_children", "_ops")
+
+    def __init__(self, ops: list[tuple[Any, ...]], attr: str) -> None:
+        self._ops, self._attr = ops, attr
+        self._children: dict[tuple[str, ...], _Child] = {}
+
+    def labels(self, *labels: str) -> _Child:
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = _Child(self._ops, self._attr, labels)
+        return child
+
+
+class RelayedMetrics:
+    """The answering process's metrics: each update is an op on `ops`, which the link sends to the state process,
+    where ExtenderMetrics (the one registry) applies it. Only the families the answering process updates (the
+    verbs' and its listener's) exist here."""
+
+    FAMILIES = ("requests", "latency", "answered_apart", "filter_nodes", "bad_requests", "internal_errors",
+                "http_connections", "http_connections_closed")
+
+    def __init__(self, ops: list[tuple[Any, ...]]) -> None:
+        for attr in self.FAMILIES:
+            setattr(self, attr, _Family(ops, attr))
