@@ -331,11 +331,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_extender(api_url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+def start_extender(api_url: str, port: int, log: Path, flags: list[str]) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "extender.cli", "serve", "--api-server", api_url, "--port", str(port),
-             "--log-level", "warning"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+             "--log-level", "warning", *flags], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -405,7 +405,8 @@ def summary(pairs: list[tuple[float, float]]) -> dict[str, float]:
             "pair50": percentile(both, 50), "pair99": percentile(both, 99)}
 
 
-def run_size(n: int, idle_pods: int, load_pods: int, node_churn: float, out: Any) -> dict[str, Any]:
+def run_size(n: int, idle_pods: int, load_pods: int, node_churn: float, out: Any, flags: list[str]
+             ) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
     pods_q, binds_q = ctx.Queue(BACKLOG), ctx.Queue()
@@ -418,7 +419,7 @@ def run_size(n: int, idle_pods: int, load_pods: int, node_churn: float, out: Any
         api_url = parent.recv()
         port = free_port()
         log = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-scheduling-cycle-{os.getpid()}-{n}.log"
-        ext = start_extender(api_url, port, log)
+        ext = start_extender(api_url, port, log, flags)
         parent.send(port)
         if not parent.poll(600) or parent.recv() != "backlog":
             raise RuntimeError("the cluster process did not create its backlog")
@@ -640,6 +641,8 @@ def main() -> None:
     parser.add_argument("--node-churn", type=float, default=50.0, help="extra node state rewrites per second")
     parser.add_argument("--output", type=Path, default=RESULTS / "scheduling-cycle.md")
     parser.add_argument("--label", default="", help="a heading for this run in the output (e.g. before, after)")
+    parser.add_argument("--extender-flags", default="", help="more `gpu-extender serve` flags, space-separated "
+                        "(e.g. --no-answer-process)")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     results = []
@@ -648,11 +651,13 @@ def main() -> None:
         idle_pods, load_pods = (300, 1500) if small else (150, 500)
         if args.quick:
             idle_pods, load_pods = idle_pods // 3, load_pods // 3
-        results.append(run_size(n, idle_pods, load_pods, args.node_churn, lambda line: print(line, flush=True)))
+        results.append(run_size(n, idle_pods, load_pods, args.node_churn, lambda line: print(line, flush=True),
+                                args.extender_flags.split()))
     cpu_pairs = [pair_cpu(n) for n in ([246] if args.quick else args.nodes)]
     for c in cpu_pairs:
         print(f"{c['nodes']} nodes in-process CPU per pair: p50 {ms(c['c50'])} ms, p99 {ms(c['c99'])} ms", flush=True)
-    command = "python -m bench.scheduling_cycle" + (" --quick" if args.quick else "")
+    command = "python -m bench.scheduling_cycle" + (" --quick" if args.quick else "") + (
+        f" --extender-flags='{args.extender_flags}'" if args.extender_flags else "")
     text = report(results, command, f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after", args.node_churn,
                   cpu_pairs)
     if args.label:

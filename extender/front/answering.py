@@ -20,6 +20,7 @@ import gc
 import signal
 import socket
 import sys
+from collections import OrderedDict
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -40,27 +41,35 @@ from extender.jobs.membership import MembershipError, job_membership
 from extender.logs import configure_logging
 from extender.placement.engine import WHOLE, Placement
 from extender.placement.explain import Offer
-from extender.state.pods import PodNeeds, PodSpecError, pod_needs
+from extender.state.pods import Need, PodNeeds, PodSpecError, pod_needs
 from extender.verbs import Verbs
+from gputopo.core.bitset import mask_of
 
 log = structlog.get_logger(__name__)
 
 LOCAL_VERBS = {"/filter": "filter", "/prioritize": "prioritize"}
 CALL_TIMEOUT_S = 120.0  # a passed-on bind waits for the apiserver: well above its own request timeout
-FLUSH_INTERVAL_S = 0.5  # ops of connections opened or closed between requests
+RECENT_NEEDS = 10_000  # pods answered here whose need a bind may look up
+FLUSH_INTERVAL_S = 0.5  # metrics of local answers and of connections reach the state process at least this often
 SCOPE_FIELDS = ("type", "http_version", "method", "scheme", "path", "raw_path", "query_string", "root_path",
                 "headers", "client", "server")
 
 
 class _TellingRecent:
-    """RecentPods as the verbs see it: what bind will read goes to the state process's own."""
+    """RecentPods as the verbs see it: what bind will read goes to the state process's own; the need stays here
+    too, for the hold a bind of the pod takes on its node (Front.hold_for_bind)."""
 
     def __init__(self, ops: list[tuple[Any, ...]]) -> None:
         self._ops = ops
+        self.needs: OrderedDict[str, Need] = OrderedDict()
 
     def remember(self, needs: PodNeeds) -> None:
         if needs.uid:
             self._ops.append(("recent", needs))
+            self.needs[needs.uid] = needs.need
+            self.needs.move_to_end(needs.uid)
+            while len(self.needs) > RECENT_NEEDS:
+                self.needs.popitem(last=False)
 
 
 class _TellingExplainer:
@@ -118,6 +127,28 @@ class Front:
             return self.verbs.filter_pod(args, needs)
         return self.verbs.prioritize_pod(args, needs)
 
+    def hold_for_bind(self, body: bytes) -> tuple[str, int] | None:
+        """Before a bind goes to the state process: the GPUs it will most likely choose (the same allocator on the
+        same state, as extender.binder does) held on the node here until its answer, so the next pod's filter does
+        not offer them meanwhile. Only for pods answered here; anything unexpected holds nothing (the state
+        process decides, and says so)."""
+        try:
+            req = wire.binding_args(orjson.loads(body))
+        except (orjson.JSONDecodeError, wire.BadRequest):
+            return None
+        need = self.recent.needs.get(req.uid) if req.uid else None
+        st = self.cache.states.get(req.node)
+        if need is None or need.size == 0 or st is None or st.problem is not None or st.free.bit_count() < need.size:
+            return None
+        topo = self.cache.topologies.get(st.fingerprint)
+        if topo is None:
+            return None
+        alloc = self.placement.memo.fit(topo, st.free, need).alloc
+        if alloc is None:
+            return None
+        token = self.cache.hold(req.node, mask_of(alloc.gpus))
+        return (req.node, token) if token is not None else None
+
 
 class Link:
     """The answering process's end of the channel: states in, passed-on requests out and their replies back."""
@@ -127,7 +158,6 @@ class Link:
         self._reader, self._writer = reader, writer
         self._calls: dict[int, asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]]] = {}
         self._next = 0
-        self._flush_due = False
         self.closed: str | None = None
 
     async def run(self) -> None:
@@ -159,16 +189,12 @@ class Link:
             self._calls.clear()
 
     def flush(self) -> None:
-        self._flush_due = False
+        """Send what local answers told. Before each passed-on request, and every FLUSH_INTERVAL_S for the
+        metrics: not after each answer, which would wake the state process twice per pod for nothing urgent."""
         if self.front.ops and self.closed is None:
             ops = self.front.ops[:]
             self.front.ops.clear()
             self._writer.write(frame(("told", ops)))
-
-    def flush_soon(self) -> None:
-        if not self._flush_due:
-            self._flush_due = True
-            asyncio.get_running_loop().call_soon(self.flush)
 
     async def _flush_every(self) -> None:
         while True:
@@ -214,8 +240,7 @@ class FrontApp:
                 return
             if response.status_code == 200:
                 self.front.metrics.answered_apart.labels(verb).inc()
-            await response(scope, receive, send)
-            self.link.flush_soon()
+            await response(scope, receive, send)  # what it told waits for the next passed-on request (a bind)
             return
         try:
             body = await read_body(Request(scope, receive), self.front.config.max_body_bytes)
@@ -225,7 +250,16 @@ class FrontApp:
         except wire.BadRequest as e:
             await _send(send, 400, orjson.dumps({"Error": str(e)}))
             return
-        await self._pass_on(scope, body, send)
+        if scope["path"] == "/readyz" and not self.front.ready:  # ready once this process can answer too
+            await send({"type": "http.response.start", "status": 503, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"answering process has no node states yet"})
+            return
+        held = self.front.hold_for_bind(body) if scope["method"] == "POST" and scope["path"] == "/bind" else None
+        try:
+            await self._pass_on(scope, body, send)
+        finally:
+            if held is not None:
+                self.front.cache.release(*held)
 
     async def _pass_on(self, scope: Scope, body: bytes, send: Send) -> None:
         try:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from extender.config import ExtenderConfig
-from extender.state.cache import PlacementState
+from extender.state.cache import UNUSABLE, PlacementState
 from gputopo.core import Topology
 
 INTERNED_LIMIT = 200_000  # distinct state keys kept interned; past it, only the current ones are kept
@@ -28,6 +28,9 @@ class MirrorCache:
         self.shared_names: frozenset[str] = frozenset()
         self.on_state_change: list[Callable[[str], None]] = []
         self._interned: dict[tuple[Any, ...], PlacementState] = {}
+        self._received: dict[str, tuple[Any, ...]] = {}  # each node's key as the state process last sent it
+        self._held: dict[str, int] = {}  # node -> the bind token whose GPUs are held in its state here
+        self._tokens = 0
 
     def apply(self, states: Mapping[str, tuple[Any, ...] | None], topologies: Mapping[str, Topology],
               mig_names: frozenset[str] | None, shared_names: frozenset[str] | None) -> None:
@@ -40,12 +43,44 @@ class MirrorCache:
         if len(self._interned) > INTERNED_LIMIT:
             self._interned = {st.key: st for st in self.states.values()}
         for name, key in states.items():
+            self._held.pop(name, None)  # the state process's word replaces a hold
             if key is None:
                 self.states.pop(name, None)
+                self._received.pop(name, None)
             else:
-                st = self._interned.get(key)
-                if st is None:
-                    st = self._interned[key] = PlacementState(key)
-                self.states[name] = st
-            for forget in self.on_state_change:
-                forget(name)
+                self._received[name] = key
+                self._set(name, key)
+            self._changed(name)
+
+    def hold(self, name: str, mask: int) -> int | None:
+        """Count GPUs (`mask`, free here) as reserved on the node while a bind passed on to the state process is
+        on its way there: its reservation comes back only after it is made, and a filter answered meanwhile would
+        offer them again. The next state the state process sends for the node ends the hold, and so does release.
+        The token to release it with, or None (nothing to hold)."""
+        key = self._received.get(name)
+        if key is None or key[0] == UNUSABLE or not mask or mask & ~key[1]:
+            return None
+        fingerprint, free, total, used, unhealthy, reserved = key
+        self._set(name, (fingerprint, free & ~mask, total, used, unhealthy, reserved | mask))
+        self._tokens += 1
+        self._held[name] = self._tokens
+        self._changed(name)
+        return self._tokens
+
+    def release(self, name: str, token: int) -> None:
+        """The bind was answered: back to what the state process said, unless it has spoken since."""
+        if self._held.get(name) != token:
+            return
+        del self._held[name]
+        self._set(name, self._received[name])
+        self._changed(name)
+
+    def _set(self, name: str, key: tuple[Any, ...]) -> None:
+        st = self._interned.get(key)
+        if st is None:
+            st = self._interned[key] = PlacementState(key)
+        self.states[name] = st
+
+    def _changed(self, name: str) -> None:
+        for forget in self.on_state_change:
+            forget(name)

@@ -110,7 +110,9 @@ class Placement:
             return self._filter_mig(names, need, resource, extra)
         if kind == SHARED:
             return self._filter_shared(names, need, resource, extra)
-        return self._filter_whole(names, need, extra)
+        if extra:
+            return self._filter_whole(names, need, extra)
+        return self._patched("filter", names, need, self.memo.verdicts(need), self._verdict, self._outcome)
 
     def _answers(self, verb: str, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None,
                  table: dict[Any, Any], compute: Callable[[PlacementState | None, Need], Any]) -> list[Any]:
@@ -143,8 +145,40 @@ class Placement:
                     by_name.pop(name, None)
         return answers
 
+    def _patched(self, verb: str, names: list[str], need: Need, table: dict[Any, Any],
+                 compute: Callable[[PlacementState | None, Need], Any], build: Callable[[list[str], list[Any]], Any]
+                 ) -> Any:
+        """The verb's result over the cache's nodes, from its last one where the request lists the same names
+        (memo.LastAnswer): the answers of nodes changed since are recomputed, and the result rebuilt only if one
+        differs. The result is shared between requests: callers only read it."""
+        last = self.memo.last(verb, need)
+        if last is not None and last.answers is not None and last.names == names and last.busy.acquire(False):
+            try:
+                answers = last.answers
+                changed = last.take_dirty()
+                if changed:
+                    fresh = self._answers(verb, [names[i] for i in changed], need, None, table, compute)
+                    moved = False
+                    for i, a in zip(changed, fresh, strict=True):
+                        if a is not answers[i]:
+                            answers[i] = a
+                            moved = True
+                    if moved:
+                        last.result = build(names, answers)
+                return last.result
+            finally:
+                last.busy.release()
+        last = self.memo.start_last(verb, need, names)
+        answers = self._answers(verb, names, need, None, table, compute)
+        result = build(names, answers)
+        last.result, last.answers = result, answers
+        return result
+
     def _filter_whole(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None) -> FilterOutcome:
-        verdicts = self._answers("filter", names, need, extra, self.memo.verdicts(need), self._verdict)
+        return self._outcome(names, self._answers("filter", names, need, extra, self.memo.verdicts(need),
+                                                  self._verdict))
+
+    def _outcome(self, names: list[str], verdicts: list[Any]) -> FilterOutcome:
         if verdicts.count(True) == len(names):
             return FilterOutcome(names, {}, {})
         # split by the verdict's type with C-level iterators: no Python code per node
@@ -195,8 +229,12 @@ class Placement:
 
     def _score_whole(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None
                      ) -> tuple[list[int], Offer | None]:
+        if not extra:
+            return self._patched("score", names, need, self.memo.scores(need), self._score_fit, self._ranked)
+        return self._ranked(names, self._fits(names, need, extra))
+
+    def _ranked(self, names: list[str], fits: list[Fit]) -> tuple[list[int], Offer | None]:
         config = self.cache.config
-        fits = self._fits(names, need, extra)
         ranking = policy.rank(fits, config.island_penalty, config.island_spare)
         return ranking.scores, offer(names, fits, ranking, config.island_penalty, config.island_spare)
 

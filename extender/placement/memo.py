@@ -19,6 +19,7 @@ start over); the facts grow with the number of distinct topologies only, like th
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from extender.placement.policy import Fit, TopologyFacts, compute_fit
@@ -36,6 +37,39 @@ def need_key(need: Need) -> NeedKey:
     return (need.size, need.require_nvlink, need.min_gbps)
 
 
+class LastAnswer:
+    """A verb's last whole answer for one need over one list of node names (issue 24: kube-scheduler sends the same
+    list, every node, pod after pod), with the names whose state changed since: the next request over an equal list
+    recomputes only those nodes' answers, and the verb's result only if one of them changed. `marks` (the state
+    changes) may come from any thread; `busy` keeps two requests from patching one answer at once."""
+
+    __slots__ = ("_dirty", "_index", "_lock", "answers", "busy", "names", "result")
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.answers: list[Any] | None = None  # None until the answer registered for it is complete
+        self.result: Any = None
+        self._index: dict[str, int] | None = None
+        self._dirty: set[str] = set()
+        self._lock = threading.Lock()
+        self.busy = threading.Lock()
+
+    def mark(self, name: str) -> None:
+        with self._lock:
+            self._dirty.add(name)
+
+    def take_dirty(self) -> list[int]:
+        """Positions in `names` of the nodes changed since the last take."""
+        if not self._dirty:
+            return []
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+        if self._index is None:
+            self._index = dict(zip(self.names, range(len(self.names)), strict=True))
+        index = self._index
+        return [index[n] for n in dirty if n in index]
+
+
 class PlacementMemo:
     def __init__(self, limit: int = MEMO_LIMIT) -> None:
         self.limit = limit
@@ -46,6 +80,7 @@ class PlacementMemo:
         self._shared: dict[Any, Any] = {}
         self._by_name: dict[tuple[str, NeedKey, str | None], dict[str, Any]] = {}
         self._classes: dict[tuple[float, float, tuple[tuple[int, float, float], ...]], Fit] = {}
+        self._last: dict[tuple[str, NeedKey], LastAnswer] = {}
 
     def facts(self, topo: Topology) -> TopologyFacts:
         hit = self._facts.get(topo.fingerprint)
@@ -84,9 +119,23 @@ class PlacementMemo:
         return table
 
     def forget(self, name: str) -> None:
-        """The node's state changed: its answers by name go (the tables' list is copied in C: no lock needed)."""
+        """The node's state changed: its answers by name go, and the last answers mark it (the tables' lists are
+        copied in C: no lock needed)."""
         for table in list(self._by_name.values()):
             table.pop(name, None)
+        for last in list(self._last.values()):
+            last.mark(name)
+
+    def last(self, verb: str, need: Need) -> LastAnswer | None:
+        return self._last.get((verb, need_key(need)))
+
+    def start_last(self, verb: str, need: Need, names: list[str]) -> LastAnswer:
+        """A new last answer over `names`, registered before it is computed: a state change during the computation
+        marks it, so the next request recomputes that node rather than trust an answer computed before it."""
+        if len(self._last) >= BY_NAME_NEEDS:
+            self._last = {}
+        last = self._last[(verb, need_key(need))] = LastAnswer(names)
+        return last
 
     def value_class(self, fit: Fit) -> Fit:
         """One Fit per (GB/s, packing, islands): all prioritize reads of a fit (policy.rank, explain.offer)."""
