@@ -63,6 +63,9 @@ class Verbs:
         self._needs_args = (cfg.resource_name, cfg.keys)
         self._plan_in_thread = plan_in_thread
         self._planners = anyio.CapacityLimiter(1)  # plans are made one at a time anyway: hold no more threads
+        # the last HostPriorityList encoded, with the scores list it encodes: Placement hands out the same list
+        # (memo.LastAnswer) only for the same names, so the same bytes answer again
+        self._encoded: tuple[list[int] | None, bytes] = (None, b"")
 
     def filter(self, data: Any) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """The answer, or for a pod of a job an awaitable of it: planning a job may take tens of milliseconds on a
@@ -124,6 +127,12 @@ class Verbs:
         if scores is None:
             scores, offer = self.ext.placement.score_offer(args.names, needs.need, extra)
             self.ext.explainer.remember(needs.uid, offer)  # what bind's explanation compares the chosen node with
+            encoded = self._encoded
+            if encoded[0] is scores:  # placement's last answer, unchanged: the same names, the same scores
+                return encoded[1]
+            body = host_priority_list(args.names, scores)
+            self._encoded = (scores, body)
+            return body
         return host_priority_list(args.names, scores)
 
     async def bind(self, data: Any) -> dict[str, Any]:

@@ -102,7 +102,7 @@ class Placement:
         return True
 
     def filter(self, names: Iterable[str], need: Need, extra: Mapping[str, NodeEntry] | None = None) -> FilterOutcome:
-        names = list(names)
+        names = names if isinstance(names, list) else list(names)  # kept as is: memo.LastAnswer compares it
         if need.size == 0:
             return FilterOutcome(names, {}, {})
         kind, resource = self.route(need, extra)
@@ -200,7 +200,7 @@ class Placement:
 
     def score(self, names: Iterable[str], need: Need, extra: Mapping[str, NodeEntry] | None = None) -> list[int]:
         """Scores 0-10 aligned with `names`."""
-        names = list(names)
+        names = names if isinstance(names, list) else list(names)  # kept as is: memo.LastAnswer compares it
         if need.size == 0:
             return [0] * len(names)
         route = self.route(need, extra)
@@ -213,7 +213,7 @@ class Placement:
                     ) -> tuple[list[int], Offer | None]:
         """Scores as `score`, and what the best of the nodes offered (extender.placement.explain), for the
         explanation bind writes next to the plan."""
-        names = list(names)
+        names = names if isinstance(names, list) else list(names)  # kept as is: memo.LastAnswer compares it
         if need.size == 0:
             return [0] * len(names), None
         return self._score_offer(names, need, extra, self.route(need, extra))
