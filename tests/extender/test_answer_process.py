@@ -169,3 +169,48 @@ def test_frames_round_trip_and_bad_frames_end_the_channel() -> None:
         read_from(frame(("ready",))[:-1])
     with pytest.raises(ChannelClosed, match="not a message"):
         read_from(len(pickle.dumps(1)).to_bytes(4, "big") + pickle.dumps(1))
+
+
+# -- the copy of the node states ---------------------------------------------------------------------------------
+
+
+def test_the_copy_answers_as_the_cache_and_holds_a_bind_until_told() -> None:
+    """The mirror fed the cache's state keys answers filter as the cache itself; a hold (a bind on its way to the
+    state process) takes GPUs out until released or until the state process says anything about the node."""
+    from extender.config import ExtenderConfig
+    from extender.front.mirror import MirrorCache
+    from extender.placement.engine import Placement
+    from extender.state.cache import NodeCache
+    from extender.state.pods import Need
+    from extender.state.reservations import Reservations
+
+    cache = NodeCache(ExtenderConfig(), Reservations(60.0))
+    cache.update_node(k8s_node("d0", topo(DGX1), [0, 1]))
+    cache.update_node(k8s_node("a0", topo(A100)))
+    mirror = MirrorCache(ExtenderConfig())
+
+    def send() -> None:
+        mirror.apply({n: st.key for n, st in cache.states.items()}, dict(cache.topologies), cache.mig_names,
+                     cache.shared_names)
+
+    send()
+    copy, real = Placement(mirror), Placement(cache)  # type: ignore[arg-type]
+    names = ["d0", "a0", "gone"]
+    for need in (Need(1), Need(4), Need(6), Need(8)):
+        assert copy.filter(names, need) == real.filter(names, need)
+        assert copy.score_offer(names, need) == real.score_offer(names, need)
+    token = mirror.hold("d0", 0b11111100)  # the six free GPUs
+    assert token is not None
+    assert "reserved for pods being bound" in copy.filter(["d0"], Need(1)).failed["d0"]
+    assert mirror.hold("d0", 0b1) is None  # GPU 0 is not free: nothing held
+    mirror.release("d0", token)
+    assert copy.filter(["d0"], Need(6)).passed == ["d0"]
+    token = mirror.hold("d0", 0b11111100)
+    cache.update_node(k8s_node("d0", topo(DGX1), [0, 1, 2]))  # the state process's word ends the hold
+    send()
+    mirror.release("d0", token)  # too late: changes nothing
+    assert copy.filter(names, Need(5)) == real.filter(names, Need(5))
+    assert copy.filter(["d0"], Need(5)).passed == ["d0"]
+    mirror.apply({"d0": None}, {}, None, None)
+    unknown = real.filter(["nowhere"], Need(1)).unresolvable["nowhere"]
+    assert copy.filter(["d0"], Need(1)).unresolvable == {"d0": unknown}  # gone from the copy: unknown, as there

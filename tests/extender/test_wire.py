@@ -234,3 +234,21 @@ def test_compressed_or_binary_bodies_get_a_clear_400(standalone) -> None:
     assert zipped.status_code == 400 and "gzip-compressed" in zipped.json()["Error"]
     assert binary.status_code == 400 and "not UTF-8" in binary.json()["Error"]
     assert "surrogates" not in zipped.text + binary.text
+
+
+def test_node_names_kept_valid_still_check_every_other_list() -> None:
+    """wire keeps the NodeNames lists it found valid (kube-scheduler repeats them): an equal list is the kept object,
+    a list with a repeat or a non-string is judged afresh each time, however like a kept one it is."""
+    from extender import wire
+
+    def names(value: object) -> list[str]:
+        return wire.extender_args({"Pod": {}, "NodeNames": value}).names
+
+    first = names(["a", "b", "c"])
+    assert names(["a", "b", "c"]) is first and first == ["a", "b", "c"]
+    assert names(["a", "b", "a", "c"]) == ["a", "b", "c"]
+    assert names(["a", "b", "a", "c"]) == ["a", "b", "c"]  # not kept: deduplicated again
+    for bad in (["a", "b", 3], ["a", None, "c"], "a,b,c", [["a"], "b", "c"]):
+        with pytest.raises(wire.BadRequest, match="NodeNames"):
+            names(bad)
+    assert names(["a", "b", "c"]) is first
