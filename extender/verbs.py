@@ -106,6 +106,8 @@ class Verbs:
         if args.nodes is not None and args.items is not None:
             keep = set(out.passed)
             nodes = {**args.nodes, "items": [it for it in args.items if it["metadata"]["name"] in keep]}
+        if args.node_names is not None:
+            wire.known_valid(out.passed)  # prioritize's NodeNames, next
         return filter_result(out.passed if args.node_names is not None else None, nodes, out.failed,
                              out.unresolvable, "")
 

@@ -82,8 +82,15 @@ def check_object(obj: Any, where: str, *, required_name: str | None = None) -> d
 # (filter's, then prioritize's), and checking 5,000 names took a sixth of a filter (issue 24). An equal list is
 # answered with the kept object, so the verbs' own comparisons with their last answers (extender.placement.memo)
 # meet the same strings and compare pointers. Replaced whole, never changed: no lock needed.
-LAST_NAME_LISTS = 4
+LAST_NAME_LISTS = 8
 _last_names: list[list[str]] = []
+
+
+def known_valid(names: list[str]) -> None:
+    """A list made from a valid one (filter's passed nodes, which kube-scheduler sends back to prioritize): kept as
+    if it had been checked. The caller never changes it."""
+    global _last_names
+    _last_names = [names, *_last_names[:LAST_NAME_LISTS - 1]]
 
 
 @dataclass
@@ -112,9 +119,12 @@ def extender_args(data: Any) -> ExtenderArgs:
         names = node_names
         if not isinstance(node_names, list):
             raise BadRequest("NodeNames must be an array of strings or null")
-        known = next((seen for seen in _last_names if seen == node_names), None)  # C-level compares
+        kept = _last_names
+        known = next((seen for seen in kept if seen == node_names), None)  # C-level compares
         if known is not None:  # a list that passed before: strings, none twice; the same object each time
             names = known
+            if kept[0] is not known:
+                _last_names = [known, *(seen for seen in kept if seen is not known)]
         else:
             if not set(map(type, node_names)) <= {str}:
                 raise BadRequest("NodeNames must be an array of strings or null")

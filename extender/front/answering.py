@@ -1,12 +1,13 @@
 """The answering process (`python -m extender.front`, started by extender.front.link): serves the API port and
 answers the common filter and prioritize itself, from the node states the state process streams to it.
 
-A request is answered here when it is filter or prioritize, the state process has said the cache is synced, and
-the pod asks whole GPUs of the configured resource, belongs to no job, and the body names nodes only
-(nodeCacheCapable) while no node serves that resource as MIG instances or replicas: then extender.verbs answers it
-over extender.placement.engine, the same code as in the state process, on the mirror (extender.front.mirror).
-Everything else (bind, preempt, job pods, MIG, shared GPUs, NodeList bodies, probes, metrics, the inventory and the
-docs) is passed to the state process whole and its answer relayed.
+A request is answered here when it is filter or prioritize, the state process has said the cache is synced, the
+pod asks whole GPUs of the configured resource and belongs to no job, the body names nodes the cache knows
+(NodeNames, or a NodeList of known nodes), and no node serves that resource as MIG instances or replicas: then
+extender.verbs answers it over extender.placement.engine, the same code as in the state process, on the mirror
+(extender.front.mirror).
+Everything else (bind, preempt, job pods, MIG, shared GPUs, NodeLists with unseen nodes, probes, metrics, the
+inventory and the docs) is passed to the state process whole and its answer relayed.
 
 What a local answer leaves behind for the state process (the pod's needs and offer, which bind reads; its metrics)
 is sent ahead of the next passed-on request on the same ordered channel, so a bind never arrives before them.
@@ -113,8 +114,8 @@ class Front:
             args = wire.extender_args(data)
         except wire.BadRequest:
             raise NotHere from None
-        if args.nodes is not None or args.node_names is None:
-            raise NotHere
+        if args.items is not None and not all(map(self.cache.states.__contains__, args.names)):
+            raise NotHere  # a NodeList naming a node the cache has not seen: the state process reads its object
         try:
             needs = pod_needs(args.pod, *self._needs_args, self.cache.shared_names)
             if needs.need.resource is not None or job_membership(args.pod, self.config.keys) is not None:

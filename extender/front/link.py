@@ -46,6 +46,7 @@ class FrontLink:
         self._dirty: set[str] = set()
         self._scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._sent_fingerprints: set[str] = set()
         self._sent_names: tuple[frozenset[str], frozenset[str]] | None = None
@@ -62,7 +63,10 @@ class FrontLink:
             if self._scheduled or self._loop is None or self._writer is None:
                 return
             self._scheduled = True
-        self._loop.call_soon_threadsafe(self._flush)
+        if threading.get_ident() == self._loop_thread:
+            self._loop.call_soon(self._flush)  # a bind's reservation: no wake-up through the loop's self-pipe
+        else:
+            self._loop.call_soon_threadsafe(self._flush)
 
     def _flush(self) -> None:
         with self._lock:
@@ -171,7 +175,13 @@ class FrontLink:
             content = b'{"Error":"gpu-extender internal error"}'
         finally:
             done.set()
-        writer.write(frame(("reply", call_id, status, headers, content)))
+        try:
+            reply = frame(("reply", call_id, status, headers, content))
+        except ValueError as e:  # an answer above the channel's frame limit
+            log.error("extender.front.reply_too_large", path=plain.get("path"), error=str(e))
+            reply = frame(("reply", call_id, 500, [(b"content-type", b"application/json")],
+                           b'{"Error":"gpu-extender: the answer is too large to pass on"}'))
+        writer.write(reply)
 
     # -- the process -------------------------------------------------------------------------------------------
 
@@ -179,6 +189,7 @@ class FrontLink:
         """Keep an answering process serving until `stopping`; then stop it (it finishes its requests, whose
         passed-on parts are still answered here) and return."""
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         while not stopping.is_set():
             parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             fds = (self.listen.fileno(), child.fileno())
@@ -202,6 +213,8 @@ class FrontLink:
                 self._writer = None
             writer.close()
             code = await asyncio.to_thread(proc.wait)
+            # its connections went with it, without the decrements the gauge counted on
+            self.ext.metrics.http_connections.labels("api").set(0)
             if not stopping.is_set():
                 log.error("extender.front.exited", pid=proc.pid, returncode=code, why=serving.result(),
                           restart_in_s=self.restart_delay_s)

@@ -20,10 +20,10 @@ import pytest
 from extender.front.channel import MAX_FRAME, ChannelClosed, frame, read_message
 from tests.extender.conftest import A100, DGX1, topo
 from tests.fakes.kubeapi import FakeKubeApi
-from tests.helpers.kube import PREFIX, k8s_node, k8s_pod, set_state
+from tests.helpers.kube import PREFIX, k8s_node, k8s_pod, node_annotations, set_state
 from tests.helpers.polling import eventually
 from tests.helpers.processes import ExtenderProcess, alive
-from tests.helpers.scheduler import bind_body, cache_args
+from tests.helpers.scheduler import bind_body, cache_args, list_args, node_item
 
 WAIT = 20.0
 NAMES = ["a0", "a1", "d0", "d1"]
@@ -72,8 +72,17 @@ def test_answers_are_those_of_one_process(cluster: FakeKubeApi, extender: Extend
             assert filter_out(extender.http, pod) == filter_out(single.http, pod), pod["metadata"]["name"]
             assert scores(extender.http, pod) == scores(single.http, pod), pod["metadata"]["name"]
         assert extender.gauge(LOCAL % "filter") == len(pods) == extender.gauge(LOCAL % "prioritize")
+        # NodeLists (not nodeCacheCapable): of known nodes answered from the copy, with an unseen one passed on
+        a, d = topo(A100), topo(DGX1)
+        known = [node_item("a0", node_annotations(a)), node_item("d0", node_annotations(d, [d.gpus[4].id]))]
+        unseen = [*known, node_item("new", node_annotations(a))]
+        for items in (known, unseen):
+            for verb in ("/filter", "/prioritize"):
+                body = list_args(k8s_pod("listed", 2), items)
+                assert extender.http.post(verb, json=body).json() == single.http.post(verb, json=body).json()
+        assert extender.gauge(LOCAL % "filter") == len(pods) + 1
         text = extender.http.get("/metrics").text  # the answering process's counts reach the one registry
-        assert f'gpu_extender_requests_total{{code="200",verb="filter"}} {len(pods)}.0' in text
+        assert f'gpu_extender_requests_total{{code="200",verb="filter"}} {len(pods) + 2}.0' in text
         assert 'gpu_extender_http_connections{listener="api"} 1.0' in text
     finally:
         single.stop(signal.SIGKILL)

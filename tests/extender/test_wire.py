@@ -252,3 +252,16 @@ def test_node_names_kept_valid_still_check_every_other_list() -> None:
         with pytest.raises(wire.BadRequest, match="NodeNames"):
             names(bad)
     assert names(["a", "b", "c"]) is first
+
+
+def test_a_list_made_from_a_valid_one_is_kept_and_the_others_still_checked() -> None:
+    from extender import wire
+
+    passed = ["p", "q"]
+    wire.known_valid(passed)
+    assert wire.extender_args({"Pod": {}, "NodeNames": ["p", "q"]}).names is passed
+    for n in range(wire.LAST_NAME_LISTS + 2):  # many other lists later, a list asked each time stays kept
+        wire.extender_args({"Pod": {}, "NodeNames": [f"x{n}"]})
+        assert wire.extender_args({"Pod": {}, "NodeNames": ["p", "q"]}).names is passed
+    with pytest.raises(wire.BadRequest):
+        wire.extender_args({"Pod": {}, "NodeNames": ["p", 1]})
