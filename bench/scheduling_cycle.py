@@ -5,7 +5,8 @@ before it takes the next pod; binds go out in the background (up to one goroutin
 round trip, not the handlers' own time, bounds how many pods per second the extender path can place (issue 24).
 
 Three processes, as in a cluster:
-- the extender, a real `gpu-extender serve --api-server` process in cluster mode (watches, cache, binder);
+- the extender, a real `gpu-extender serve --api-server` process in cluster mode (watches, cache, binder; its
+  answering process and bind worker with it, as it starts them);
 - the cluster: the in-process fake apiserver of tests/fakes/kubeapi in a child process, with n GPU nodes (the
   fixtures' topologies in turn, 40% empty, the rest with random GPUs in use), a backlog of GPU pods (1-8 GPUs),
   the binder side of kube-scheduler (up to 300 concurrent POST /bind, each on its own keep-alive connection), and
@@ -581,9 +582,9 @@ def report(results: list[dict[str, Any]], command: str, load: str, node_churn: f
         "",
         "## The extender's CPU time",
         "",
-        "User + system CPU of the extender's processes (the server and its bind worker, where it has one) over each "
-        "phase (/proc), per scheduled pod: less sensitive to the "
-        "machine's other load than the round trips. Under load it includes the pod's bind, its watch events and the "
+        "User + system CPU of the extender's processes (the server, its answering process and its bind worker, "
+        "where it has them) over each phase (/proc), per scheduled pod: less sensitive to the machine's other load "
+        "than the round trips. Under load it includes the pod's bind, its watch events and the "
         "churn.",
         "",
         cpu,

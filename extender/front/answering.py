@@ -144,7 +144,8 @@ class Front:
         topo = self.cache.topologies.get(st.fingerprint)
         if topo is None:
             return None
-        alloc = self.placement.memo.fit(topo, st.free, need).alloc
+        fit = self.placement.memo.known_fit(topo, st.free, need)  # prioritize worked it out: never a new search
+        alloc = fit.alloc if fit is not None else None
         if alloc is None:
             return None
         token = self.cache.hold(req.node, mask_of(alloc.gpus))
