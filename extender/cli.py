@@ -66,6 +66,19 @@ def serve(config: ExtenderConfig) -> None:
         from extender.forkserver import start_early
 
         start_early()  # the bind worker's forkserver imports the client beside this process's own imports
+    if not config.answer_process:
+        _serve(config)
+        return
+    from extender.front import spawn
+
+    spawn.start_early()  # the answering process imports beside this one too
+    try:
+        _serve(config)
+    finally:
+        spawn.cancel_early()  # unless the answering process was taken into service: serve failed before
+
+
+def _serve(config: ExtenderConfig) -> None:
     import uvicorn
 
     from extender.http.app import create_app, create_metrics_app

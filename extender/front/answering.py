@@ -35,6 +35,7 @@ from extender import wire
 from extender.config import ExtenderConfig
 from extender.front.channel import ChannelClosed, RelayedMetrics, frame, read_first, read_message
 from extender.front.mirror import MirrorCache
+from extender.front.spawn import receive_listener
 from extender.http.answers import NotHere, answer
 from extender.http.bodies import BodyTooLarge, read_body
 from extender.http.server import api_server_config, companion_server
@@ -315,11 +316,13 @@ def serve(config: ExtenderConfig, listen: socket.socket, channel: socket.socket)
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m extender.front",
                                      description="gpu-extender's answering process (started by gpu-extender serve)")
-    parser.add_argument("--listen-fd", type=int, required=True, help="the bound API socket, inherited")
     parser.add_argument("--channel-fd", type=int, required=True, help="the state process's socket pair end")
     args = parser.parse_args(argv)
     channel = socket.socket(fileno=args.channel_fd)
-    listen = socket.socket(fileno=args.listen_fd)
+    try:
+        listen = receive_listener(channel)
+    except EOFError:
+        return  # started early by a `serve` that then could not serve: nothing to say, its error is said there
     first = read_first(channel)
     if first[0] != "config" or not isinstance(first[1], ExtenderConfig):
         raise SystemExit(f"the first message must be the config, got {first[0]!r}")

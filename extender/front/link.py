@@ -26,11 +26,13 @@ import structlog
 from starlette.types import ASGIApp
 
 from extender.front.channel import ChannelClosed, RelayedMetrics, frame, read_message
+from extender.front.spawn import hand_over, spawn, take_early
 from extender.service import Extender
 
 log = structlog.get_logger(__name__)
 
 STOP_TIMEOUT_S = 30.0
+DEFAULT_COMMAND = [sys.executable, "-m", "extender.front"]
 
 
 class FrontLink:
@@ -40,7 +42,7 @@ class FrontLink:
         self.app = app
         self.listen = listen
         self.restart_delay_s = restart_delay_s
-        self.command = command or [sys.executable, "-m", "extender.front"]
+        self.command = command or DEFAULT_COMMAND
         self.starts = 0
         self._lock = threading.Lock()
         self._dirty: set[str] = set()
@@ -191,13 +193,11 @@ class FrontLink:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         while not stopping.is_set():
-            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            fds = (self.listen.fileno(), child.fileno())
-            self.process = proc = subprocess.Popen(
-                [*self.command, "--listen-fd", str(fds[0]), "--channel-fd", str(fds[1])], pass_fds=fds)
-            child.close()
+            early = take_early() if self.starts == 0 and self.command == DEFAULT_COMMAND else None
+            self.process, parent = proc, parent = early or spawn(self.command)
             self.starts += 1
-            log.info("extender.front.started", pid=proc.pid, starts=self.starts)
+            log.info("extender.front.started", pid=proc.pid, starts=self.starts, early=early is not None)
+            hand_over(parent, self.listen)
             reader, writer = await asyncio.open_unix_connection(sock=parent)
             writer.write(frame(("config", self.ext.config)))
             self._connected(writer)

@@ -133,7 +133,7 @@ class ExtenderProcess:
     def answering_pids(self) -> list[int]:
         """The answering processes it started, in order (extender.front.link logs each)."""
         text = self.log.read_text(errors="replace")
-        return [int(p) for p in re.findall(r'"pid": (\d+), "starts": \d+, "event": "extender.front.started"', text)]
+        return [int(p) for p in re.findall(r'"pid": (\d+), "starts": \d+[^\n]*"event": "extender.front.started"', text)]
 
     def gauge(self, name: str) -> float:
         """A sample's value, `name` with its labels as /metrics writes them (0 when absent)."""
