@@ -131,7 +131,7 @@ def extender_args(data: Any) -> ExtenderArgs:
             if len(set(node_names)) < len(node_names):  # a name sent twice is judged, and answered, once
                 names = list(dict.fromkeys(node_names))
             else:
-                _last_names = [node_names, *_last_names[:LAST_NAME_LISTS - 1]]
+                known_valid(node_names)
     if nodes is not None:
         nodes = _object(nodes, "Nodes")
         _opt(nodes, "apiVersion", str, "Nodes")

@@ -21,13 +21,13 @@ import gc
 import signal
 import socket
 import sys
-from collections import OrderedDict
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
 import orjson
 import structlog
+import uvloop
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
@@ -43,7 +43,7 @@ from extender.jobs.membership import MembershipError, job_membership
 from extender.logs import configure_logging
 from extender.placement.engine import WHOLE, Placement
 from extender.placement.explain import Offer
-from extender.state.pods import Need, PodNeeds, PodSpecError, pod_needs
+from extender.state.pods import PodNeeds, PodSpecError, RecentPods, pod_needs
 from extender.verbs import Verbs
 from gputopo.core.bitset import mask_of
 
@@ -51,27 +51,24 @@ log = structlog.get_logger(__name__)
 
 LOCAL_VERBS = {"/filter": "filter", "/prioritize": "prioritize"}
 CALL_TIMEOUT_S = 120.0  # a passed-on bind waits for the apiserver: well above its own request timeout
-RECENT_NEEDS = 10_000  # pods answered here whose need a bind may look up
+RECENT_NEEDS = 10_000  # pods answered here whose needs a bind may look up
 FLUSH_INTERVAL_S = 0.5  # metrics of local answers and of connections reach the state process at least this often
 SCOPE_FIELDS = ("type", "http_version", "method", "scheme", "path", "raw_path", "query_string", "root_path",
                 "headers", "client", "server")
 
 
-class _TellingRecent:
-    """RecentPods as the verbs see it: what bind will read goes to the state process's own; the need stays here
-    too, for the hold a bind of the pod takes on its node (Front.hold_for_bind)."""
+class _TellingRecent(RecentPods):
+    """RecentPods as the verbs see it: what bind will read goes to the state process's own, and stays here too,
+    for the hold a bind of the pod takes on its node (Front.hold_for_bind)."""
 
     def __init__(self, ops: list[tuple[Any, ...]]) -> None:
+        super().__init__(RECENT_NEEDS)
         self._ops = ops
-        self.needs: OrderedDict[str, Need] = OrderedDict()
 
     def remember(self, needs: PodNeeds) -> None:
         if needs.uid:
             self._ops.append(("recent", needs))
-            self.needs[needs.uid] = needs.need
-            self.needs.move_to_end(needs.uid)
-            while len(self.needs) > RECENT_NEEDS:
-                self.needs.popitem(last=False)
+        super().remember(needs)
 
 
 class _TellingExplainer:
@@ -138,7 +135,8 @@ class Front:
             req = wire.binding_args(orjson.loads(body))
         except (orjson.JSONDecodeError, wire.BadRequest):
             return None
-        need = self.recent.needs.get(req.uid) if req.uid else None
+        known = self.recent.get(req.uid) if req.uid else None
+        need = known.need if known is not None else None
         st = self.cache.states.get(req.node)
         if need is None or need.size == 0 or st is None or st.problem is not None or st.free.bit_count() < need.size:
             return None
@@ -254,8 +252,7 @@ class FrontApp:
             await _send(send, 400, orjson.dumps({"Error": str(e)}))
             return
         if scope["path"] == "/readyz" and not self.front.ready:  # ready once this process can answer too
-            await send({"type": "http.response.start", "status": 503, "headers": [(b"content-type", b"text/plain")]})
-            await send({"type": "http.response.body", "body": b"answering process has no node states yet"})
+            await _send(send, 503, b"answering process has no node states yet", b"text/plain")
             return
         held = self.front.hold_for_bind(body) if scope["method"] == "POST" and scope["path"] == "/bind" else None
         try:
@@ -275,9 +272,9 @@ class FrontApp:
         await send({"type": "http.response.body", "body": content})
 
 
-async def _send(send: Send, status: int, content: bytes) -> None:
+async def _send(send: Send, status: int, content: bytes, content_type: bytes = b"application/json") -> None:
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]})
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(content)).encode())]})
     await send({"type": "http.response.body", "body": content})
 
 
@@ -309,7 +306,7 @@ def serve(config: ExtenderConfig, listen: socket.socket, channel: socket.socket)
             writer.close()
 
     sys.setswitchinterval(0.0005)
-    with asyncio.Runner(loop_factory=api_server_config(None, config, front.metrics).get_loop_factory()) as runner:  # type: ignore[arg-type]
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # the loop server_config names
         runner.run(run())
 
 
@@ -328,6 +325,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"the first message must be the config, got {first[0]!r}")
     config: ExtenderConfig = first[1]
     configure_logging(config.log_level)
-    log.info("extender.front.start", nodes_port=listen.getsockname()[1] if listen.family != socket.AF_UNIX else None)
+    log.info("extender.front.start", port=listen.getsockname()[1] if listen.family != socket.AF_UNIX else None)
     serve(config, listen, channel)
     log.info("extender.front.stopped")

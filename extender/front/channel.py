@@ -38,17 +38,25 @@ def frame(message: tuple[Any, ...]) -> bytes:
     return len(data).to_bytes(_HEADER, "big") + data
 
 
-async def read_message(reader: asyncio.StreamReader) -> tuple[Any, ...]:
-    try:
-        size = int.from_bytes(await reader.readexactly(_HEADER), "big")
-        if size > MAX_FRAME:
-            raise ChannelClosed(f"frame of {size} bytes announced, above {MAX_FRAME}")
-        message = pickle.loads(await reader.readexactly(size))
-    except (asyncio.IncompleteReadError, ConnectionError) as e:
-        raise ChannelClosed(f"channel closed: {type(e).__name__}") from None
+def _size(header: bytes) -> int:
+    size = int.from_bytes(header, "big")
+    if size > MAX_FRAME:
+        raise ChannelClosed(f"frame of {size} bytes announced, above {MAX_FRAME}")
+    return size
+
+
+def _message(data: bytes) -> tuple[Any, ...]:
+    message = pickle.loads(data)
     if not isinstance(message, tuple) or not message or not isinstance(message[0], str):
         raise ChannelClosed(f"not a message: {type(message).__name__}")
     return message
+
+
+async def read_message(reader: asyncio.StreamReader) -> tuple[Any, ...]:
+    try:
+        return _message(await reader.readexactly(_size(await reader.readexactly(_HEADER))))
+    except (asyncio.IncompleteReadError, ConnectionError) as e:
+        raise ChannelClosed(f"channel closed: {type(e).__name__}") from None
 
 
 def read_first(sock: Any) -> tuple[Any, ...]:
@@ -63,13 +71,7 @@ def read_first(sock: Any) -> tuple[Any, ...]:
             left -= len(chunk)
         return b"".join(chunks)
 
-    size = int.from_bytes(exactly(_HEADER), "big")
-    if size > MAX_FRAME:
-        raise ChannelClosed(f"frame of {size} bytes announced, above {MAX_FRAME}")
-    message = pickle.loads(exactly(size))
-    if not isinstance(message, tuple) or not message:
-        raise ChannelClosed("the first message is not a message")
-    return message
+    return _message(exactly(_size(exactly(_HEADER))))
 
 
 class _Child:

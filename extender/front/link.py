@@ -18,7 +18,6 @@ import contextlib
 import signal
 import socket
 import subprocess
-import sys
 import threading
 from typing import Any
 
@@ -26,13 +25,12 @@ import structlog
 from starlette.types import ASGIApp
 
 from extender.front.channel import ChannelClosed, RelayedMetrics, frame, read_message
-from extender.front.spawn import hand_over, spawn, take_early
+from extender.front.spawn import DEFAULT_COMMAND, hand_over, spawn, take_early
 from extender.service import Extender
 
 log = structlog.get_logger(__name__)
 
 STOP_TIMEOUT_S = 30.0
-DEFAULT_COMMAND = [sys.executable, "-m", "extender.front"]
 
 
 class FrontLink:
@@ -53,7 +51,6 @@ class FrontLink:
         self._sent_fingerprints: set[str] = set()
         self._sent_names: tuple[frozenset[str], frozenset[str]] | None = None
         self._calls: set[asyncio.Task[None]] = set()
-        self.process: subprocess.Popen[bytes] | None = None
         ext.cache.on_state_change.append(self._changed)
 
     # -- node states -------------------------------------------------------------------------------------------
@@ -194,7 +191,7 @@ class FrontLink:
         self._loop_thread = threading.get_ident()
         while not stopping.is_set():
             early = take_early() if self.starts == 0 and self.command == DEFAULT_COMMAND else None
-            self.process, parent = proc, parent = early or spawn(self.command)
+            proc, parent = early or spawn(self.command)
             self.starts += 1
             log.info("extender.front.started", pid=proc.pid, starts=self.starts, early=early is not None)
             hand_over(parent, self.listen)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 LISTEN_MARK = b"L"  # the byte the listening socket rides on
+DEFAULT_COMMAND = [sys.executable, "-m", "extender.front"]
 
 _EARLY: tuple[subprocess.Popen[bytes], socket.socket] | None = None
 
@@ -20,8 +21,8 @@ def spawn(command: list[str] | None = None) -> tuple[subprocess.Popen[bytes], so
     """The process and this side's end of its channel."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        proc = subprocess.Popen([*(command or [sys.executable, "-m", "extender.front"]),
-                                 "--channel-fd", str(child.fileno())], pass_fds=(child.fileno(),))
+        proc = subprocess.Popen([*(command or DEFAULT_COMMAND), "--channel-fd", str(child.fileno())],
+                                pass_fds=(child.fileno(),))
     except BaseException:
         parent.close()
         raise
