@@ -41,12 +41,13 @@ class ReservationExpiry(Worker):
         self.interval_s = interval_s
 
     def loop(self) -> None:
-        while not self.pause(self.interval_s):
-            try:
-                self.cache.expire_reservations()
-                self.jobs.sweep()
-            except Exception:
-                log.exception("extender.expiry.pass_failed")
+        self.run_passes(self._expire, retry_s=self.interval_s, first_delay_s=self.interval_s,
+                        failed=lambda: log.exception("extender.expiry.pass_failed"))
+
+    def _expire(self) -> float:
+        self.cache.expire_reservations()
+        self.jobs.sweep()
+        return self.interval_s
 
 
 def bind_posts(api: kubernetes.client.ApiClient, config: ExtenderConfig, metrics: ExtenderMetrics) -> BindPosts:
