@@ -29,7 +29,7 @@ class MirrorCache:
         self.on_state_change: list[Callable[[str], None]] = []
         self._interned: dict[tuple[Any, ...], PlacementState] = {}
         self._received: dict[str, tuple[Any, ...]] = {}  # each node's key as the state process last sent it
-        self._held: dict[str, int] = {}  # node -> the bind token whose GPUs are held in its state here
+        self._held: dict[str, dict[int, int]] = {}  # node -> {bind token: GPUs held in its state here}
         self._tokens = 0
 
     def apply(self, states: Mapping[str, tuple[Any, ...] | None], topologies: Mapping[str, Topology],
@@ -43,39 +43,51 @@ class MirrorCache:
         if len(self._interned) > INTERNED_LIMIT:
             self._interned = {st.key: st for st in self.states.values()}
         for name, key in states.items():
-            self._held.pop(name, None)  # the state process's word replaces a hold
             if key is None:
                 self.states.pop(name, None)
                 self._received.pop(name, None)
+                self._held.pop(name, None)
             else:
                 self._received[name] = key
-                self._set(name, key)
+                self._show(name)
             self._changed(name)
 
     def hold(self, name: str, mask: int) -> int | None:
         """Count GPUs (`mask`, free here) as reserved on the node while a bind passed on to the state process is
-        on its way there: its reservation comes back only after it is made, and a filter answered meanwhile would
-        offer them again. The next state the state process sends for the node ends the hold, and so does release.
-        The token to release it with, or None (nothing to hold)."""
-        key = self._received.get(name)
-        if key is None or key[0] == UNUSABLE or not mask or mask & ~key[1]:
+        on its way there, so a filter answered meanwhile does not offer them again. A hold lasts until release,
+        whatever the state process says of the node meanwhile: a state sent before the bind's reservation was made
+        (another bind's, a watch event's) would otherwise end it too early. Over a state that already has the
+        reservation it changes nothing (those GPUs are not free there). The token to release it with, or None
+        (nothing to hold)."""
+        st = self.states.get(name)
+        if st is None or st.problem is not None or not mask or mask & ~st.free:
             return None
-        fingerprint, free, total, used, unhealthy, reserved = key
-        self._set(name, (fingerprint, free & ~mask, total, used, unhealthy, reserved | mask))
         self._tokens += 1
-        self._held[name] = self._tokens
+        self._held.setdefault(name, {})[self._tokens] = mask
+        self._show(name)
         self._changed(name)
         return self._tokens
 
     def release(self, name: str, token: int) -> None:
-        """The bind was answered: back to what the state process said, unless it has spoken since."""
-        if self._held.get(name) != token:
+        """The bind was answered: its reservation, if made, is in what the state process said by then (its state
+        goes before its reply on the channel)."""
+        holds = self._held.get(name)
+        if holds is None or holds.pop(token, None) is None:
             return
-        del self._held[name]
-        self._set(name, self._received[name])
+        if not holds:
+            del self._held[name]
+        self._show(name)
         self._changed(name)
 
-    def _set(self, name: str, key: tuple[Any, ...]) -> None:
+    def _show(self, name: str) -> None:
+        """The node's state as the state process said it, less the GPUs held for binds on their way."""
+        key = self._received[name]
+        held = 0
+        for mask in self._held.get(name, {}).values():
+            held |= mask
+        if held and key[0] != UNUSABLE:
+            fingerprint, free, total, used, unhealthy, reserved = key
+            key = (fingerprint, free & ~held, total, used, unhealthy, reserved | (free & held))
         st = self._interned.get(key)
         if st is None:
             st = self._interned[key] = PlacementState(key)

@@ -183,9 +183,9 @@ def test_frames_round_trip_and_bad_frames_end_the_channel() -> None:
 # -- the copy of the node states ---------------------------------------------------------------------------------
 
 
-def test_the_copy_answers_as_the_cache_and_holds_a_bind_until_told() -> None:
+def test_the_copy_answers_as_the_cache_and_holds_a_bind_until_released() -> None:
     """The mirror fed the cache's state keys answers filter as the cache itself; a hold (a bind on its way to the
-    state process) takes GPUs out until released or until the state process says anything about the node."""
+    state process) takes GPUs out until released, whatever the state process says of the node meanwhile."""
     from extender.config import ExtenderConfig
     from extender.front.mirror import MirrorCache
     from extender.placement.engine import Placement
@@ -212,14 +212,23 @@ def test_the_copy_answers_as_the_cache_and_holds_a_bind_until_told() -> None:
     assert token is not None
     assert "reserved for pods being bound" in copy.filter(["d0"], Need(1)).failed["d0"]
     assert mirror.hold("d0", 0b1) is None  # GPU 0 is not free: nothing held
+    assert mirror.hold("d0", 0b100) is None  # GPU 2 is held: not free here either
     mirror.release("d0", token)
     assert copy.filter(["d0"], Need(6)).passed == ["d0"]
-    token = mirror.hold("d0", 0b11111100)
-    cache.update_node(k8s_node("d0", topo(DGX1), [0, 1, 2]))  # the state process's word ends the hold
+    first = mirror.hold("d0", 0b1100)  # two binds on their way to the same node
+    second = mirror.hold("d0", 0b110000)
+    assert first is not None and second is not None
+    assert copy.filter(["d0"], Need(3)).passed == []
+    cache.update_node(k8s_node("d0", topo(DGX1), [0, 1, 6]))  # a state sent before either reservation was made
     send()
-    mirror.release("d0", token)  # too late: changes nothing
+    assert copy.filter(["d0"], Need(2)).passed == []  # both holds stand: GPU 7 alone is free here
+    assert copy.filter(["d0"], Need(1)).passed == ["d0"]
+    mirror.release("d0", first)
+    mirror.release("d0", first)  # twice: changes nothing
+    assert copy.filter(["d0"], Need(3)).passed == ["d0"]  # GPUs 2, 3 and 7
+    assert copy.filter(["d0"], Need(4)).passed == []
+    mirror.release("d0", second)
     assert copy.filter(names, Need(5)) == real.filter(names, Need(5))
-    assert copy.filter(["d0"], Need(5)).passed == ["d0"]
     mirror.apply({"d0": None}, {}, None, None)
     unknown = real.filter(["nowhere"], Need(1)).unresolvable["nowhere"]
     assert copy.filter(["d0"], Need(1)).unresolvable == {"d0": unknown}  # gone from the copy: unknown, as there
