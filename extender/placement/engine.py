@@ -8,15 +8,13 @@ extender.placement.reasons words the refusals. This module maps node names to st
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import is_
 from typing import Any
 
 from extender.placement import policy, reasons
 from extender.placement.explain import Offer, offer
-from extender.placement.memo import PlacementMemo
+from extender.placement.memo import LastAnswer, PlacementMemo
 from extender.placement.mig import MigChoiceOnNode, mig_choice, mig_scores
+from extender.placement.outcome import FilterOutcome, OutcomeTally, outcome, patched
 from extender.placement.policy import NO_FIT, Fit, island_values
 from extender.placement.reasons import UNKNOWN_NODE, Failed, Unresolvable
 from extender.placement.shared import SharedChoice, choice_key, shared_choice, shared_scores
@@ -44,13 +42,6 @@ class NoFit(Exception):
         super().__init__(reason)
         self.reason = reason
         self.unresolvable = unresolvable
-
-
-@dataclass
-class FilterOutcome:
-    passed: list[str]
-    failed: dict[str, str]
-    unresolvable: dict[str, str]
 
 
 class Placement:
@@ -112,7 +103,8 @@ class Placement:
             return self._filter_shared(names, need, resource, extra)
         if extra:
             return self._filter_whole(names, need, extra)
-        return self._patched("filter", names, need, self.memo.verdicts(need), self._verdict, self._outcome)
+        return self._patched("filter", names, need, self.memo.verdicts(need), self._verdict, outcome,
+                             self._patch_outcome)
 
     def _answers(self, verb: str, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None,
                  table: dict[Any, Any], compute: Callable[[PlacementState | None, Need], Any]) -> list[Any]:
@@ -146,11 +138,13 @@ class Placement:
         return answers
 
     def _patched(self, verb: str, names: list[str], need: Need, table: dict[Any, Any],
-                 compute: Callable[[PlacementState | None, Need], Any], build: Callable[[list[str], list[Any]], Any]
+                 compute: Callable[[PlacementState | None, Need], Any], build: Callable[[list[str], list[Any]], Any],
+                 patch: Callable[[LastAnswer, list[str], list[Any], list[tuple[int, Any]]], Any] | None = None
                  ) -> Any:
         """The verb's result over the cache's nodes, from its last one where the request lists the same names
-        (memo.LastAnswer): the answers of nodes changed since are recomputed, and the result rebuilt only if one
-        differs. The result is shared between requests: callers only read it."""
+        (memo.LastAnswer): the answers of nodes changed since are recomputed, and the result rebuilt (or, with
+        `patch`, patched by the answers that moved) only if one differs. The result is shared between requests:
+        callers only read it."""
         last = self.memo.last(verb, need)
         if last is not None and last.answers is not None and last.names == names and last.busy.acquire(False):
             try:
@@ -158,12 +152,12 @@ class Placement:
                 changed = last.take_dirty()
                 if changed:
                     fresh = self._answers(verb, [names[i] for i in changed], need, None, table, compute)
-                    moved = False
-                    for i, a in zip(changed, fresh, strict=True):
-                        if a is not answers[i]:
+                    moves = [(i, a) for i, a in zip(changed, fresh, strict=True) if a is not answers[i]]
+                    if moves and patch is not None:
+                        last.result = patch(last, names, answers, moves)
+                    elif moves:
+                        for i, a in moves:
                             answers[i] = a
-                            moved = True
-                    if moved:
                         last.result = build(names, answers)
                 return last.result
             finally:
@@ -174,23 +168,15 @@ class Placement:
         last.result, last.answers = result, answers
         return result
 
-    def _filter_whole(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None) -> FilterOutcome:
-        return self._outcome(names, self._answers("filter", names, need, extra, self.memo.verdicts(need),
-                                                  self._verdict))
+    @staticmethod
+    def _patch_outcome(last: LastAnswer, names: list[str], verdicts: list[Any], moves: list[tuple[int, Any]]
+                       ) -> FilterOutcome:
+        if last.tally is None:  # the first patch of this answer: counted on the verdicts it was built from
+            last.tally = OutcomeTally(verdicts)
+        return patched(last.tally, last.result, names, verdicts, moves)
 
-    def _outcome(self, names: list[str], verdicts: list[Any]) -> FilterOutcome:
-        if verdicts.count(True) == len(names):
-            return FilterOutcome(names, {}, {})
-        # split by the verdict's type with C-level iterators: no Python code per node
-        kinds = list(map(type, verdicts))
-        passed = list(compress(names, map(is_, kinds, repeat(bool))))
-        failed_mask = list(map(is_, kinds, repeat(Failed)))
-        unres_mask = list(map(is_, kinds, repeat(Unresolvable)))
-        # kube-scheduler lists every distinct reason in the pod's event and condition: keep them few
-        words = reasons.coarsened(verdicts)  # type: ignore[arg-type]
-        failed = dict(zip(compress(names, failed_mask), compress(words, failed_mask), strict=True))
-        unresolvable = dict(zip(compress(names, unres_mask), compress(words, unres_mask), strict=True))
-        return FilterOutcome(passed, failed, unresolvable)  # type: ignore[arg-type]
+    def _filter_whole(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None) -> FilterOutcome:
+        return outcome(names, self._answers("filter", names, need, extra, self.memo.verdicts(need), self._verdict))
 
     def _score_fit(self, st: PlacementState | None, need: Need) -> Fit:
         if st is None or st.problem is not None or st.total < need.size or st.free.bit_count() < need.size:

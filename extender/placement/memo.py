@@ -43,12 +43,13 @@ class LastAnswer:
     recomputes only those nodes' answers, and the verb's result only if one of them changed. `marks` (the state
     changes) may come from any thread; `busy` keeps two requests from patching one answer at once."""
 
-    __slots__ = ("_dirty", "_index", "_lock", "answers", "busy", "names", "result")
+    __slots__ = ("_dirty", "_index", "_lock", "answers", "busy", "names", "result", "tally")
 
     def __init__(self, names: list[str]) -> None:
         self.names = names
         self.answers: list[Any] | None = None  # None until the answer registered for it is complete
         self.result: Any = None
+        self.tally: Any = None  # what the verb's patch keeps beside the result (extender.placement.outcome)
         self._index: dict[str, int] | None = None
         self._dirty: set[str] = set()
         self._lock = threading.Lock()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from extender.http import models
 from tests.extender.conftest import A100, PCIE, topo
@@ -265,3 +267,26 @@ def test_a_list_made_from_a_valid_one_is_kept_and_the_others_still_checked() -> 
         assert wire.extender_args({"Pod": {}, "NodeNames": ["p", "q"]}).names is passed
     with pytest.raises(wire.BadRequest):
         wire.extender_args({"Pod": {}, "NodeNames": ["p", 1]})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=12), st.integers(0, 10)), max_size=30, unique_by=lambda t: t[0]),
+       st.integers(1, 40))
+def test_the_host_priority_list_encoder_writes_what_json_would(hosts: list[tuple[str, int]], limit: int) -> None:
+    """Any names (commas, quotes, any unicode), over a kept table of any size, again for the same objects and for
+    equal new ones: the same JSON as the plain encoding, never a body kept for other scores or names."""
+    from extender.verbs import HostPriorityEncoder
+
+    encoder = HostPriorityEncoder(limit)
+    names, scores = [h for h, _ in hosts], [s for _, s in hosts]
+
+    def plain(ns: list[str], ss: list[int]) -> list[dict[str, object]]:
+        return [{"Host": n, "Score": s} for n, s in zip(ns, ss, strict=True)]
+
+    assert json.loads(encoder.encode(names, scores)) == plain(names, scores)
+    assert json.loads(encoder.encode(names, scores)) == plain(names, scores)  # kept body
+    other = [(s + 1) % 11 for s in scores]
+    assert json.loads(encoder.encode(names, other)) == plain(names, other)  # same names, new scores
+    again = [n + "," for n in names]
+    assert json.loads(encoder.encode(again, other)) == plain(again, other)  # new names, the scores object seen
+    assert json.loads(encoder.encode(list(names), scores)) == plain(names, scores)
