@@ -9,7 +9,7 @@ publishes the verbs. The answer shapes are the Go structs of k8s.io/kube-schedul
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -101,6 +101,7 @@ class Verbs:
         self._plan_in_thread = plan_in_thread
         self._planners = anyio.CapacityLimiter(1)  # plans are made one at a time anyway: hold no more threads
         self.host_priority_list = HostPriorityEncoder().encode
+        self._prioritize_next: tuple[list[str], PodNeeds] | None = None  # filter's passed nodes, for prepare_prioritize
 
     def filter(self, data: Any) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """The answer, or for a pod of a job an awaitable of it: planning a job may take tens of milliseconds on a
@@ -121,12 +122,36 @@ class Verbs:
         it may answer it, then answers here."""
         ext = self.ext
         ext.recent.remember(needs)
+        self._prioritize_next = None
         job_pod = ext.jobs.pod_of(args.pod, needs) if needs.need.resource is None else None
         if job_pod is not None:
             if not self._plan_in_thread:
                 return self._filter_answer(args, ext.jobs.filter(job_pod, args.names))
             return self._job_filter(args, job_pod)
-        return self._filter_answer(args, ext.placement.filter(args.names, needs.need, extra))
+        out = ext.placement.filter(args.names, needs.need, extra)
+        if extra is None and args.node_names is not None and len(out.passed) > 1:
+            self._prioritize_next = (out.passed, needs)
+        return self._filter_answer(args, out)
+
+    def follow_up(self, verb: str) -> Callable[[], Awaitable[None]] | None:
+        """What to run once the verb's answer has left (extender.http.answers.answer's `then`)."""
+        return self.prepare_prioritize if verb == "filter" else None
+
+    async def prepare_prioritize(self) -> None:
+        """After a filter's answer has left: its pod's prioritize over the nodes that passed, worked out while
+        kube-scheduler reads the answer and writes the next request (issue 24). It comes with exactly that list
+        (kube-scheduler skips it for a single node), which extender.wire hands over as the same object, so the
+        placement's last answer and the encoder's last body are found, patched only by what changed meanwhile.
+        Nothing is remembered for the pod: that is prioritize's own business, if it comes."""
+        prepared, self._prioritize_next = self._prioritize_next, None
+        if prepared is None:
+            return
+        names, needs = prepared
+        try:
+            scores, _ = self.ext.placement.score_offer(names, needs.need)
+            self.host_priority_list(names, scores)
+        except Exception:  # the answer has left: prioritize, if it comes, works it out and answers the error
+            log.exception("extender.prioritize.prepare_failed")
 
     async def _job_filter(self, args: wire.ExtenderArgs, job_pod: JobPod) -> dict[str, Any]:
         out = await anyio.to_thread.run_sync(self.ext.jobs.filter, job_pod, args.names, limiter=self._planners)

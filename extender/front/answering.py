@@ -235,7 +235,7 @@ class FrontApp:
             kept: list[bytes] = []
             try:
                 response = await answer(Request(scope, receive), verb, partial(self.front.local, verb), self.front,
-                                        kept)  # type: ignore[arg-type]
+                                        kept, self.front.verbs.follow_up(verb))  # type: ignore[arg-type]
             except NotHere:
                 await self._pass_on(scope, kept[0], send)
                 return

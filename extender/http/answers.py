@@ -19,6 +19,7 @@ import orjson
 import structlog
 from fastapi import Request
 from fastapi.responses import Response
+from starlette.background import BackgroundTask
 
 from extender import wire
 from extender.http.bodies import read_body
@@ -75,10 +76,11 @@ def error_answer(verb: str, message: str) -> Any:
 
 
 async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Extender,
-                 keep: list[bytes] | None = None) -> Response:
+                 keep: list[bytes] | None = None, then: Callable[[], Awaitable[None]] | None = None) -> Response:
     """Read, decode, run and encode one verb, mapping every failure to a kube-scheduler-shaped answer, and count
     it. `run` takes the decoded body and returns the answer as data, as ready bytes, or (bind) an awaitable.
-    `keep` receives the body as read, for a `run` that raises NotHere (nothing is counted then)."""
+    `keep` receives the body as read, for a `run` that raises NotHere (nothing is counted then). `then` runs on
+    the event loop once a 200 answer has been sent (Verbs.follow_up)."""
     metrics = ext.metrics
     started = time.perf_counter()
     code = 200
@@ -111,4 +113,5 @@ async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Ex
         content = orjson.dumps(error_answer(verb, f"gpu-extender internal error in {verb}: {type(e).__name__}: {e}"))
     metrics.requests.labels(verb, str(code)).inc()
     metrics.latency.labels(verb).observe(time.perf_counter() - started)
-    return Response(content, status_code=code, media_type=JSON)
+    background = BackgroundTask(then) if then is not None and code == 200 else None
+    return Response(content, status_code=code, media_type=JSON, background=background)

@@ -40,7 +40,8 @@ class ExtenderAPI(FastAPI):
             verb = VERB_PATHS.get(scope["path"])
             verbs: Verbs | None = getattr(self.state, "verbs", None)
             if verb is not None and verbs is not None:
-                response = await answer(Request(scope, receive), verb, getattr(verbs, verb), verbs.ext)
+                response = await answer(Request(scope, receive), verb, getattr(verbs, verb), verbs.ext,
+                                        then=verbs.follow_up(verb))
                 await response(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.extender.conftest import A100, DGX1, H100X4, PCIE
-from tests.helpers.scheduler import cache_args, pod_json
+from tests.helpers.scheduler import bind_body, cache_args, pod_json
 
 NVLINK = "gpu-topology.io/require-nvlink"
 MIN_GBPS = "gpu-topology.io/min-allreduce-gbps"
@@ -151,3 +151,20 @@ def test_multi_container_and_init_container_pods_are_counted_as_the_kubelet_does
                 assert out["NodeNames"] == ["n"], (need, out)
             else:
                 assert out["FailedNodes"]["n"].startswith(f"needs {need} GPUs, 5 free"), (need, out)
+
+
+def test_prioritize_after_a_change_since_its_filter_scores_the_change(standalone) -> None:
+    """filter works out the pod's prioritize once its answer has left (Verbs.prepare_prioritize): a node that
+    changed in between is scored as it is now, and the answer is the one a cold extender gives."""
+    nodes = [{"name": "a", "topology": A100}, {"name": "b", "topology": A100}, {"name": "c", "topology": PCIE}]
+    pod, other = pod_json("p", gpus=4, uid="uid-p"), pod_json("q", gpus=8, uid="uid-q")
+    with standalone(nodes) as (_, client):
+        passed = _filter(client, pod, ["a", "b", "c"])["NodeNames"]
+        assert passed == ["a", "b", "c"]
+        assert _filter(client, other, ["a"])["NodeNames"] == ["a"]
+        assert client.post("/bind", json=bind_body(other, "a")).json() == {"Error": ""}  # a is full now
+        scores = _scores(client, pod, passed)
+    full = [{**nodes[0], "used": [f"GPU{i}" for i in range(8)]}, *nodes[1:]]
+    with standalone(full) as (_, cold):
+        assert scores == _scores(cold, pod, passed)
+    assert scores["a"] == 0 and scores["b"] > 0

@@ -44,7 +44,7 @@ def _body(model: str) -> dict[str, Any]:
              responses={200: {"model": models.ExtenderFilterResult}, **_ERRORS}, response_class=Response)
 async def filter_(request: Request) -> Response:
     verbs: Verbs = request.app.state.verbs
-    return await answer(request, "filter", verbs.filter, verbs.ext)
+    return await answer(request, "filter", verbs.filter, verbs.ext, then=verbs.follow_up("filter"))
 
 
 @router.post("/prioritize", summary="Score nodes 0-10 for a GPU pod", openapi_extra=_body("ExtenderArgs"),
