@@ -95,7 +95,7 @@ class Front:
         self.ops: list[tuple[Any, ...]] = []
         self.cache = MirrorCache(config)
         self.placement = Placement(self.cache)  # type: ignore[arg-type]  # the mirror has what the verbs read
-        self.metrics = RelayedMetrics(self.ops)
+        self.metrics = RelayedMetrics()
         self.recent = _TellingRecent(self.ops)
         self.explainer = _TellingExplainer(self.ops)
         self.jobs = _NoJobs()
@@ -192,7 +192,10 @@ class Link:
     def flush(self) -> None:
         """Send what local answers told. Before each passed-on request, and every FLUSH_INTERVAL_S for the
         metrics: not after each answer, which would wake the state process twice per pod for nothing urgent."""
-        if self.front.ops and self.closed is None:
+        if self.closed is not None:
+            return
+        self.front.metrics.drain(self.front.ops)
+        if self.front.ops:
             ops = self.front.ops[:]
             self.front.ops.clear()
             self._writer.write(frame(("told", ops)))

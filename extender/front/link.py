@@ -138,9 +138,8 @@ class FrontLink:
                     self.ext.recent.remember(op[1])
                 elif op[0] == "offer":
                     self.ext.explainer.remember(op[1], op[2])
-                elif op[0] == "metric" and op[1] in RelayedMetrics.FAMILIES:
-                    _, attr, labels, method, value = op
-                    getattr(getattr(metrics, attr).labels(*labels), method)(value)
+                elif op[0] == "metric":
+                    RelayedMetrics.apply_op(metrics, op)
             except Exception as e:
                 log.warning("extender.front.bad_op", op=str(op[0]), error=f"{type(e).__name__}: {e}")
 

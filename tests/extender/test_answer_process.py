@@ -232,3 +232,38 @@ def test_the_copy_answers_as_the_cache_and_holds_a_bind_until_released() -> None
     mirror.apply({"d0": None}, {}, None, None)
     unknown = real.filter(["nowhere"], Need(1)).unresolvable["nowhere"]
     assert copy.filter(["d0"], Need(1)).unresolvable == {"d0": unknown}  # gone from the copy: unknown, as there
+
+
+def test_relayed_metrics_add_up_to_the_updates_made_here() -> None:
+    """Updates in the answering process, drained per series and applied in the state process, leave the one
+    registry as the same updates made there directly; an op naming anything else is refused."""
+    from prometheus_client import generate_latest
+
+    from extender.front.channel import RelayedMetrics
+    from extender.metrics import ExtenderMetrics
+
+    relayed, direct, applied = RelayedMetrics(), ExtenderMetrics(), ExtenderMetrics()
+    for target in (relayed, direct):
+        for k in range(5):
+            target.requests.labels("filter", "200").inc()
+            target.latency.labels("filter").observe(0.0003 * (k + 1))
+            target.filter_nodes.labels("passed").inc(246)
+            target.http_connections.labels("api").inc()
+        target.http_connections.labels("api").dec(2)
+        target.latency.labels("prioritize").observe(2.5)
+    ops: list[tuple[Any, ...]] = []
+    relayed.drain(ops)
+    assert len(ops) == 6  # one per series and method
+    for op in ops:
+        RelayedMetrics.apply_op(applied, op)
+    def series(m: ExtenderMetrics) -> list[bytes]:  # less the _created timestamps, which differ
+        return [line for line in generate_latest(m.registry).splitlines() if b"_created" not in line]
+
+    assert series(applied) == series(direct)
+    again: list[tuple[Any, ...]] = []
+    relayed.drain(again)
+    assert again == []  # drained: nothing twice
+    with pytest.raises(ValueError, match="no relayed metric"):
+        RelayedMetrics.apply_op(applied, ("metric", "registry", (), "inc", 1.0))
+    with pytest.raises(ValueError, match="no relayed metric"):
+        RelayedMetrics.apply_op(applied, ("metric", "requests", ("filter", "200"), "__init__", 1.0))
