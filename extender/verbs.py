@@ -46,7 +46,8 @@ class HostPriorityEncoder:
     once and kept, the scores' tails are constants, and the pieces are interleaved by slice assignment. The heads
     of the last list of names are kept too (prioritize sees the same list object pod after pod: extender.wire), and
     the last body with the scores list it encodes (Placement hands out the same list only for the same names and
-    the same answers). At 5,000 nodes: 1.2 ms per answer by chained iterators, 0.25 ms so.
+    the same answers). At 5,000 nodes: 1.2 ms per answer by chained iterators; so, 0.25 ms for the last list of
+    names and 0.35-0.65 ms for a new one.
 
     Shared by the verbs' callers, which may be threads: each field is replaced whole."""
 
