@@ -8,6 +8,7 @@ extender.placement.reasons words the refusals. This module maps node names to st
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import Any
 
 from extender.placement import policy, reasons
@@ -216,13 +217,24 @@ class Placement:
     def _score_whole(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None
                      ) -> tuple[list[int], Offer | None]:
         if not extra:
-            return self._patched("score", names, need, self.memo.scores(need), self._score_fit, self._ranked)
-        return self._ranked(names, self._fits(names, need, extra))
+            return self._patched("score", names, need, self.memo.scores(need), self._score_fit,
+                                 partial(self._ranked, need))
+        return self._ranked(None, names, self._fits(names, need, extra))
 
-    def _ranked(self, names: list[str], fits: list[Fit]) -> tuple[list[int], Offer | None]:
+    def _ranked(self, need: Need | None, names: list[str], fits: list[Fit]) -> tuple[list[int], Offer | None]:
+        """With `need`, by the need's kept Ranker (the cache's nodes, request after request) when no other
+        request is using it; else from scratch."""
         config = self.cache.config
-        ranking = policy.rank(fits, config.island_penalty, config.island_spare)
-        return ranking.scores, offer(names, fits, ranking, config.island_penalty, config.island_spare)
+        penalty, spare = config.island_penalty, config.island_spare
+        ranker = self.memo.ranker(need, penalty, spare) if need is not None else None
+        if ranker is not None and ranker.lock.acquire(False):
+            try:
+                ranking = ranker.rank(fits)
+            finally:
+                ranker.lock.release()
+        else:
+            ranking = policy.rank(fits, penalty, spare)
+        return ranking.scores, offer(names, fits, ranking, penalty, spare)
 
     def _fits(self, names: list[str], need: Need, extra: Mapping[str, NodeEntry] | None) -> list[Fit]:
         return self._answers("score", names, need, extra, self.memo.scores(need), self._score_fit)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from extender.placement.policy import Fit, TopologyFacts, compute_fit
+from extender.placement.policy import Fit, Ranker, TopologyFacts, compute_fit
 from extender.state.pods import Need
 from gputopo.core import Topology
 
@@ -82,6 +82,7 @@ class PlacementMemo:
         self._by_name: dict[tuple[str, NeedKey, str | None], dict[str, Any]] = {}
         self._classes: dict[tuple[float, float, tuple[tuple[int, float, float], ...]], Fit] = {}
         self._last: dict[tuple[str, NeedKey], LastAnswer] = {}
+        self._rankers: dict[NeedKey, Ranker] = {}
 
     def facts(self, topo: Topology) -> TopologyFacts:
         hit = self._facts.get(topo.fingerprint)
@@ -141,6 +142,16 @@ class PlacementMemo:
             self._last = {}
         last = self._last[(verb, need_key(need))] = LastAnswer(names)
         return last
+
+    def ranker(self, need: Need, penalty: float, spare: int) -> Ranker:
+        """Prioritize's ranking for this need, kept from one request to the next (policy.Ranker)."""
+        nk = need_key(need)
+        hit = self._rankers.get(nk)
+        if hit is None:
+            if len(self._rankers) >= BY_NAME_NEEDS:
+                self._rankers = {}
+            hit = self._rankers.setdefault(nk, Ranker(penalty, spare))
+        return hit
 
     def value_class(self, fit: Fit) -> Fit:
         """One Fit per (GB/s, packing, islands): all prioritize reads of a fit (policy.rank, explain.offer)."""

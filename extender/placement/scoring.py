@@ -22,7 +22,7 @@ Nodes that cannot take the pod (prioritize may see a node that stopped fitting s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 MIN_SCORE, MAX_SCORE = 0, 10
 # (lowest q, first level, number of levels), best band first
@@ -33,21 +33,27 @@ def priority_scores(values: Sequence[tuple[float, float] | None]) -> list[int]:
     """values[i] = (value, packing in [0, 1]) for node i, or None when the pod does not fit there.
     Packing values are compared as given (round them first: equal packings must be equal floats)."""
     best = max((v[0] for v in values if v is not None), default=0.0)
-    top, mid = BANDS[0][0] * best, BANDS[1][0] * best
     bands: list[int] = []
     distinct: list[set[float]] = [set(), set(), set()]
     for v in values:
         if v is None:
             bands.append(-1)
             continue
-        g = v[0]
-        b = 0 if best <= 0 or g >= top else 1 if g >= mid else 2
+        b = band_of(v[0], best)
         bands.append(b)
         distinct[b].add(v[1])
-    levels_of = []
-    for b, d in enumerate(distinct):
-        _, first, levels = BANDS[b]
-        n = len(d)
-        levels_of.append({p: first + levels - 1 - (r if n <= levels else r * levels // n)
-                          for r, p in enumerate(sorted(d, reverse=True))})
+    levels_of = [band_levels(b, d) for b, d in enumerate(distinct)]
     return [MIN_SCORE if b < 0 else levels_of[b][v[1]] for v, b in zip(values, bands, strict=True)]  # type: ignore[index]
+
+
+def band_of(value: float, best: float) -> int:
+    """The band (0 best) of a value among values whose best is `best`."""
+    return 0 if best <= 0 or value >= BANDS[0][0] * best else 1 if value >= BANDS[1][0] * best else 2
+
+
+def band_levels(band: int, packings: Collection[float]) -> dict[float, int]:
+    """The level of each distinct packing value in the band."""
+    _, first, levels = BANDS[band]
+    n = len(packings)
+    return {p: first + levels - 1 - (r if n <= levels else r * levels // n)
+            for r, p in enumerate(sorted(packings, reverse=True))}

@@ -1,0 +1,74 @@
+"""policy.Ranker, which ranks request after request from what changed since its last call, must give exactly what
+policy.rank gives from scratch, whatever the sequence of fit lists: states coming and going, counts moving across
+the spare cut of a larger size, the best value and each band's packings changing (issue 24)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extender.placement import policy
+from extender.placement.policy import NO_FIT, Fit, Ranker
+
+GBPS = (0.0, 10.0, 20.0, 40.0, 80.0, 160.0)  # few values, so equal befores and ties are common
+PACKINGS = (0.1, 0.5, 0.5001, 0.9, 1.0)
+
+
+@st.composite
+def fits(draw: st.DrawFn) -> Fit:
+    gbps = draw(st.sampled_from(GBPS))
+    islands = tuple((s, before, draw(st.sampled_from([a for a in GBPS if a <= before])))
+                    for s in draw(st.lists(st.sampled_from((2, 4, 8)), unique=True, max_size=3))
+                    for before in [draw(st.sampled_from(GBPS))])
+    return Fit(None, gbps, draw(st.sampled_from(PACKINGS)), islands=islands)
+
+
+def same(a: policy.Ranking, b: policy.Ranking) -> None:
+    assert a.scores == b.scores
+    assert a.by_fit == b.by_fit
+    assert a.counts == b.counts
+    assert list(a.counts) == list(b.counts)  # explain.offer walks them in order
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(fits(), min_size=1, max_size=12), st.integers(0, 5), st.sampled_from((0.0, 0.5, 1.0, 3.0)),
+       st.lists(st.lists(st.integers(0, 12), max_size=30), min_size=1, max_size=12))
+def test_a_ranker_ranks_every_list_as_rank_does(pool: list[Fit], spare: int, penalty: float,
+                                               lists: list[list[int]]) -> None:
+    ranker = Ranker(penalty, spare)
+    choices = [*pool, NO_FIT]
+    for picks in lists:
+        asked = [choices[i % len(choices)] for i in picks]
+        same(ranker.rank(asked), policy.rank(asked, penalty, spare))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(fits(), min_size=2, max_size=8), st.integers(0, 3), st.sampled_from((0.5, 1.0)),
+       st.lists(st.integers(0, 8), min_size=1, max_size=20),
+       st.lists(st.tuples(st.booleans(), st.integers(0, 40), st.integers(0, 8)), min_size=1, max_size=30))
+def test_a_ranker_ranks_a_list_changing_a_node_at_a_time_as_rank_does(
+        pool: list[Fit], spare: int, penalty: float, start: list[int], steps: list[tuple[bool, int, int]]) -> None:
+    """As kube-scheduler's passed lists go, one pod after another: a node joins, leaves or changes its state."""
+    ranker = Ranker(penalty, spare)
+    choices = [*pool, NO_FIT]
+    asked = [choices[i % len(choices)] for i in start]
+    for grow, at, pick in steps:
+        if grow or not asked:
+            asked.insert(at % (len(asked) + 1), choices[pick % len(choices)])
+        else:
+            asked[at % len(asked)] = choices[pick % len(choices)]
+        same(ranker.rank(asked), policy.rank(asked, penalty, spare))
+
+
+def test_a_ranker_that_failed_starts_over() -> None:
+    good = Fit(None, 40.0, 0.5, islands=((4, 80.0, 40.0),))
+    ranker = Ranker(1.0, 1)
+    ranker.rank([good, good])
+    bad = Fit(None, 40.0, 0.5, islands=((4, "fast", 40.0),))  # type: ignore[arg-type]
+    try:
+        ranker.rank([good, bad])
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("a malformed fit must fail")
+    same(ranker.rank([good]), policy.rank([good], 1.0, 1))
