@@ -11,8 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from extender.binder import BindRequest
-from extender.http.bodies import BadRequest, BodyTooLarge, decode
+from extender.http import bodies
+from extender.http.bodies import BadRequest, BodyTooLarge
 from extender.preempt import NodeVictims, Victim
 from gputopo.contract import PlanFormatError, parse_plan
 
@@ -85,12 +88,71 @@ def check_object(obj: Any, where: str, *, required_name: str | None = None) -> d
 LAST_NAME_LISTS = 8
 _last_names: list[list[str]] = []
 
+# The JSON text of those lists too, as it ends a body: kube-scheduler (Go's encoding/json) writes its ExtenderArgs
+# fields in order, so NodeNames comes last, `"NodeNames":[...]}`, and a body whose array is byte for byte a kept
+# list's text is decoded without it (decode), then handed the kept list: at 5,000 nodes, parsing the names and
+# comparing them with the kept lists was a fifth of the pair (issue 24). Prioritize's array is filter's answer, so
+# filter's passed list is kept with the text it was written as. Replaced whole, never changed.
+_NAMES_KEY = b'"NodeNames":['
+_last_texts: dict[bytes, list[str]] = {}
+_read: tuple[bytes, Any] | None = None  # the last body's NodeNames text and the list decoded from it
 
-def known_valid(names: list[str]) -> None:
+
+def _names_text(body: bytes) -> tuple[int, bytes] | None:
+    """(where the NodeNames value starts, its text) when the body ends with a NodeNames array; else None."""
+    end = len(body)
+    while end and body[end - 1] in b" \t\r\n":
+        end -= 1
+    if end < 2 or body[end - 2:end] != b"]}":
+        return None
+    at = body.rfind(_NAMES_KEY, 0, end)
+    if at < 0:
+        return None
+    start = at + len(_NAMES_KEY) - 1
+    return start, body[start:end - 1]
+
+
+def decode(body: bytes) -> Any:
+    """The body's JSON value, as bodies.decode; a trailing NodeNames array that is a kept list's text is not parsed:
+    the rest is, with null in its place (the same document otherwise, so the same errors), then the kept list is
+    put there. The spliced document ends `"NodeNames":null}`, so that null is the root object's last member."""
+    global _read
+    found = _names_text(body)
+    if found is not None:
+        start, text = found
+        kept = _last_texts.get(text)
+        if kept is not None:
+            data = bodies.decode(body[:start] + b"null}")
+            if isinstance(data, dict) and "NodeNames" in data and data["NodeNames"] is None:
+                data["NodeNames"] = kept
+                return data
+    data = bodies.decode(body)
+    _read = (found[1], data.get("NodeNames")) if found is not None and isinstance(data, dict) else None
+    return data
+
+
+def known_valid(names: list[str], *, written: bool = False) -> None:
     """A list made from a valid one (filter's passed nodes, which kube-scheduler sends back to prioritize): kept as
-    if it had been checked. The caller never changes it."""
-    global _last_names
+    if it had been checked; `written`: it goes out in an answer, so its JSON text is kept too. The caller never
+    changes it."""
+    global _last_names, _last_texts
     _last_names = [names, *_last_names[:LAST_NAME_LISTS - 1]]
+    text = None
+    if written:
+        if not any(n is names for n in _last_texts.values()):
+            text = orjson.dumps(names)
+    else:
+        read = _read
+        text = read[0] if read is not None and read[1] is names else None
+    if text is not None:
+        kept = {t: n for t, n in _last_texts.items() if any(n is m for m in _last_names)}
+        kept[text] = names
+        _last_texts = kept
+
+
+def text_of(names: list[str]) -> bytes | None:
+    """The JSON text a kept list was read or written as (a JSON array of strings), if it is kept with one."""
+    return next((t for t, n in _last_texts.items() if n is names), None)
 
 
 @dataclass

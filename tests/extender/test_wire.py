@@ -290,3 +290,64 @@ def test_the_host_priority_list_encoder_writes_what_json_would(hosts: list[tuple
     again = [n + "," for n in names]
     assert json.loads(encoder.encode(again, other)) == plain(again, other)  # new names, the scores object seen
     assert json.loads(encoder.encode(list(names), scores)) == plain(names, scores)
+    from extender import wire
+
+    written = list(names)  # kept with its JSON text (filter's passed list): split, unless a name has a comma
+    wire.known_valid(written, written=True)
+    assert json.loads(encoder.encode(written, scores)) == plain(names, scores)
+    assert json.loads(encoder.encode(written, other)) == plain(names, other)
+
+
+KEPT = ["n-1", "n-2", "n-3"]
+KEPT_TEXT = json.dumps(KEPT, separators=(",", ":"))
+# bodies that end as kube-scheduler's do (NodeNames last), some with the kept array's text in other places
+TRAPS = [t.replace("@", KEPT_TEXT).replace("#", KEPT_TEXT.replace('"', '\\"')) for t in (
+    '{"Pod":{"metadata":{"name":"p"}},"Nodes":null,"NodeNames":@}',
+    '{"Pod":{},"NodeNames":["x"],"NodeNames":@}',  # a key twice: the last one counts
+    '{"NodeNames":null,"Pod":{"spec":{"NodeNames":@}}}',  # nested, not the root's
+    '{"NodeNames":null,"z":[{"NodeNames":@}]}',
+    '{"NodeNames":null,"Pod":{"a":"\\"NodeNames\\":#"}}',  # inside a string
+    '{"Pod":{},"NodeNames":@}  \n',
+    '["NodeNames",{"NodeNames":@}]',  # not an object at the root
+    '{"Pod":{},"NodeNames":@',  # cut short
+    '{"Pod":{"x":1,},"NodeNames":@}',  # invalid before the array
+    '{"Pod":{},"NodeNames":@}'.replace("@", KEPT_TEXT.replace("n-3", "n-4")),
+)]
+
+
+@pytest.mark.parametrize("body", TRAPS)
+def test_bodies_whose_names_are_a_kept_lists_text_decode_as_json_does(body: str) -> None:
+    """wire.decode does not parse a trailing NodeNames array written as a kept list: it must still be what a full
+    parse gives, the kept list object only where the root's NodeNames is that array, the same errors otherwise."""
+    from extender import wire
+
+    first = wire.decode(b'{"Pod":{},"Nodes":null,"NodeNames":' + KEPT_TEXT.encode() + b"}")
+    kept = wire.extender_args(first).names
+    try:
+        expected = json.loads(body)
+    except ValueError:
+        expected = None
+    if expected is None:
+        with pytest.raises(wire.BadRequest, match="not valid JSON") as fast:
+            wire.decode(body.encode())
+        with pytest.raises(wire.BadRequest) as full:
+            wire.bodies.decode(body.encode())
+        assert str(fast.value) == str(full.value)
+        return
+    got = wire.decode(body.encode())
+    assert got == expected
+    if isinstance(expected, dict) and expected.get("NodeNames") == KEPT:
+        assert got["NodeNames"] is kept  # found by the text, not parsed
+        assert wire.extender_args(got).names is kept
+
+
+def test_prioritize_finds_filters_passed_list_by_its_text() -> None:
+    """The list a filter answer writes is what kube-scheduler sends back: its text decodes to that very list."""
+    from extender import wire
+
+    passed = ["p-1", "p-2"]
+    wire.known_valid(passed, written=True)
+    body = b'{"Pod":{},"Nodes":null,"NodeNames":["p-1","p-2"]}'
+    assert wire.decode(body)["NodeNames"] is passed
+    assert wire.extender_args(wire.decode(body)).names is passed
+    assert wire.decode(b'{"Pod":{},"Nodes":null,"NodeNames":["p-1","p-2","p-3"]}')["NodeNames"] is not passed
