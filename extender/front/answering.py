@@ -36,7 +36,7 @@ from extender.config import ExtenderConfig
 from extender.front.channel import ChannelClosed, RelayedMetrics, frame, read_first, read_message
 from extender.front.mirror import MirrorCache
 from extender.front.spawn import receive_listener
-from extender.http.answers import NotHere, answer
+from extender.http.answers import VERB_PATHS, NotHere, answer
 from extender.http.bodies import BodyTooLarge, read_body
 from extender.http.server import api_server_config, companion_server
 from extender.jobs.membership import MembershipError, job_membership
@@ -49,7 +49,7 @@ from gputopo.core.bitset import mask_of
 
 log = structlog.get_logger(__name__)
 
-LOCAL_VERBS = {"/filter": "filter", "/prioritize": "prioritize"}
+LOCAL_VERBS = {path: verb for path, verb in VERB_PATHS.items() if verb in ("filter", "prioritize")}
 CALL_TIMEOUT_S = 120.0  # a passed-on bind waits for the apiserver: well above its own request timeout
 RECENT_NEEDS = 10_000  # pods answered here whose needs a bind may look up
 FLUSH_INTERVAL_S = 0.5  # metrics of local answers and of connections reach the state process at least this often

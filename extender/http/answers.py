@@ -29,6 +29,8 @@ from extender.verbs import filter_result
 log = structlog.get_logger(__name__)
 
 JSON = "application/json"
+# each verb's path, as the chart's KubeSchedulerConfiguration names them (urlPrefix + verb)
+VERB_PATHS = {"/filter": "filter", "/prioritize": "prioritize", "/bind": "bind", "/preempt": "preempt"}
 # the kube-scheduler type each verb's body must be, for the 400 answer
 REQUEST_TYPES = {"filter": "ExtenderArgs", "prioritize": "ExtenderArgs", "bind": "ExtenderBindingArgs",
                  "preempt": "ExtenderPreemptionArgs"}

@@ -16,13 +16,10 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from extender.http import models
-from extender.http.answers import answer
+from extender.http.answers import VERB_PATHS, answer
 from extender.http.routers import health, inventory, scheduler
 from extender.service import Extender
 from extender.verbs import Verbs
-
-# POST paths answered before FastAPI's middleware and router (ExtenderAPI.__call__), and the verb each one is
-VERB_PATHS = {"/filter": "filter", "/prioritize": "prioritize", "/bind": "bind", "/preempt": "preempt"}
 
 
 class ExtenderAPI(FastAPI):

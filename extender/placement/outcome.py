@@ -23,7 +23,7 @@ from typing import Any
 from extender.placement import reasons
 from extender.placement.reasons import Failed, Unresolvable
 
-GRAINS = ("text", "summary", "category")
+GRAINS = reasons.GRAINS
 
 
 @dataclass
@@ -67,9 +67,8 @@ class OutcomeTally:
         self.passed_at = list(compress(range(len(verdicts)), map(is_, verdicts, repeat(True))))
 
     def grain(self) -> int:
-        """0, 1 or 2 (GRAINS): the finest whose distinct reasons fit, else the categories."""
-        limit = reasons.MAX_REASONS_CHARS
-        return 0 if self.sums[0] <= limit else 1 if self.sums[1] <= limit else 2
+        """reasons.finest_grain over the distinct reasons counted."""
+        return reasons.finest_grain(self.sums.__getitem__)
 
     def count(self, verdict: Any, by: int) -> None:
         if verdict is True:
