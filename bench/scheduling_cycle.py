@@ -22,9 +22,10 @@ Three processes, as in a cluster:
 Measured as the client sees it (request sent to answer read, bodies encoded outside the clock): the pair's round
 trip p50/p99 and the ceiling it implies (pods/s = 1 / pair), idle (nothing else going on: no binds, no events) and
 under the load, twice: as fast as the pair allows (a closed loop, whose load grows as the pair gets faster), then
-paced at `--rate` pods/s (kube-scheduler's own plugins take the rest of each period), the load of that rate. The memo is warm (every pod size filtered twice before the clock starts). Since round trips on a
-shared machine carry everyone's scheduling delays, the extender's CPU per pod (/proc: the server process and its
-bind worker process) and the pair's CPU in-process (process time through the ASGI app, no HTTP) are reported too.
+paced at `--rate` pods/s (kube-scheduler's own plugins take the rest of each period), the load of that rate.
+The memo is warm (every pod size filtered twice before the clock starts). Since round trips on a shared machine
+carry everyone's scheduling delays, the extender's CPU per pod (/proc: the server process and its bind worker
+process) and the pair's CPU in-process (process time through the ASGI app, no HTTP) are reported too.
 """
 
 from __future__ import annotations
