@@ -26,11 +26,9 @@ called from any thread.
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 
 from extender.placement import reasons
 from extender.placement.scoring import band_levels, band_of, priority_scores
@@ -149,52 +147,50 @@ def _packing(facts: TopologyFacts, left_count: int, rings: list[tuple[int, float
     return round(0.85 * (1.0 - min(max(loss, 0.0), MAX_LOSS) / MAX_LOSS) + 0.15 * tight, PACKING_DIGITS)
 
 
-def _supply(counts: Mapping[Fit, int]) -> dict[int, tuple[list[float], list[int]]]:
-    """Per larger size: the islands' GB/s ascending and how many candidate nodes offer at least each (bisectable)."""
-    raw: dict[int, list[tuple[float, int]]] = {}
+def island_supply(counts: Mapping[Fit, int]) -> dict[int, dict[float, int]]:
+    """Per larger size: how many candidate nodes offer a free ring of each GB/s (counts: nodes per state)."""
+    supply: dict[int, dict[float, int]] = {}
     for f, n in counts.items():
         for s, before, _after in f.islands:
-            raw.setdefault(s, []).append((before, n))
-    supply: dict[int, tuple[list[float], list[int]]] = {}
-    for s, pairs in raw.items():
-        pairs.sort()
-        at_least = list(accumulate(reversed([n for _, n in pairs])))[::-1]
-        supply[s] = ([b for b, _ in pairs], at_least)
+            at = supply.setdefault(s, {})
+            at[before] = at.get(before, 0) + n
     return supply
 
 
-def _scarce(supply: dict[int, tuple[list[float], list[int]]], f: Fit, spare: int) -> list[tuple[int, float, float]]:
-    """The islands `f` breaks that fewer than `spare` other candidates offer as fast (nodes in its state count)."""
-    out = []
+def scarcity_cut(offered: Mapping[float, int], spare: int) -> float:
+    """The first GB/s, from the fastest down, at which more than `spare` candidate nodes offer an island of one
+    size (`offered`: nodes per GB/s); -inf when no GB/s is offered that often. An island is scarce exactly when its
+    GB/s less eps lies above the cut: fewer than `spare` other candidates (nodes in its state count) offer one at
+    least as fast."""
+    total = 0
+    for before in sorted(offered, reverse=True):
+        total += offered[before]
+        if total > spare:
+            return before
+    return float("-inf")
+
+
+def island_value(f: Fit, cuts: Mapping[int, float], penalty: float) -> float:
+    """Its GB/s, less `penalty` x the GB/s of every larger island it breaks that is scarce (scarcity_cut)."""
+    loss = 0.0
     for s, before, after in f.islands:
-        befores, at_least = supply[s]
-        if at_least[bisect_left(befores, before - _EPS)] - 1 < spare:
-            out.append((s, before, after))
-    return out
+        if cuts[s] < before - _EPS and before > after:
+            loss += before - after
+    return max(f.gbps - penalty * loss, VALUE_FLOOR * f.gbps)
 
 
 def island_values(counts: Mapping[Fit, int], penalty: float, spare: int) -> list[float]:
-    """Each distinct fit's value: its GB/s, less `penalty` x the GB/s of every larger island it breaks that is
-    scarce, i.e. fewer than `spare` other candidate nodes still offer a free ring of that size at least as fast.
-    Breaking one of many equal islands costs nothing (a lightly loaded cluster stays greedy); breaking one of the
-    last few is paid for."""
-    supply = _supply(counts)
-    values = []
-    # the test of _scarce inlined: this loop runs for every distinct state of a prioritize call (~750 at 5,000
-    # nodes), where a call per state cost a third of the verb
-    for f in counts:
-        loss = 0.0
-        for s, before, after in f.islands:
-            befores, at_least = supply[s]
-            if at_least[bisect_left(befores, before - _EPS)] - 1 < spare and before > after:
-                loss += before - after
-        values.append(max(f.gbps - penalty * loss, VALUE_FLOOR * f.gbps))
-    return values
+    """Each distinct fit's island_value. Breaking one of many equal islands costs nothing (a lightly loaded cluster
+    stays greedy); breaking one of the last few is paid for."""
+    cuts = {s: scarcity_cut(at, spare) for s, at in island_supply(counts).items()}
+    return [island_value(f, cuts, penalty) for f in counts]
 
 
 def scarce_islands(counts: Mapping[Fit, int], fit: Fit, spare: int) -> list[tuple[int, float, float]]:
-    """(size, GB/s before, after) of the scarce islands `fit` would break: what island_values charges it for."""
-    return _scarce(_supply(counts), fit, spare)
+    """(size, GB/s before, after) of the scarce islands `fit` would break, whole or not (island_value charges
+    those it breaks)."""
+    cuts = {s: scarcity_cut(at, spare) for s, at in island_supply(counts).items()}
+    return [(s, before, after) for s, before, after in fit.islands if cuts[s] < before - _EPS]
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,10 +221,9 @@ class Ranker:
     sends prioritize after each filter, the passed list a few nodes apart from the last one, and valuing each of
     ~750 distinct states from scratch was most of a prepared prioritize at 5,000 nodes). Equal to rank() always.
 
-    A state's island value depends on the others only through one cut per larger size: an island of `before` GB/s
-    is scarce exactly when `before` - eps lies above the first GB/s (from the fastest down) at which more than
-    `spare` candidate nodes offer that size. Those cuts are kept from per-size node counts updated by the states
-    that came or went; while none moves, only new states are valued. Likewise the scores: while the best value and
+    A state's island value depends on the others only through one cut per larger size (scarcity_cut). The cuts
+    are kept from per-size node counts (island_supply's) updated by the states that came or went; while none moves,
+    only new states are valued. Likewise the scores: while the best value and
     each band's set of packings stay, only new states get a score. `lock` keeps one caller at a time (others call
     rank())."""
 
@@ -277,7 +272,7 @@ class Ranker:
                 touched.add(s)
         cuts_moved = False
         for s in touched:
-            cut = self._cut_of(supply[s])
+            cut = scarcity_cut(supply[s], self.spare)
             if not supply[s]:
                 del supply[s]
             if self._cut.get(s) != cut:
@@ -286,32 +281,16 @@ class Ranker:
         self._counts = counts
         values = self._values
         if cuts_moved:
-            values = self._values = {f: self._value(f) for f in counts}
+            values = self._values = {f: island_value(f, self._cut, self.penalty) for f in counts}
         else:
             for f in changed:
                 if f not in counts:
                     values.pop(f, None)
                 elif f not in values:
-                    values[f] = self._value(f)
+                    values[f] = island_value(f, self._cut, self.penalty)
         best = max(values.values(), default=0.0)
         if cuts_moved or best != self._best or not self._patch_scores(changed, counts):
             self._score_all(best)
-
-    def _cut_of(self, at: dict[float, int]) -> float:
-        total = 0
-        for before in sorted(at, reverse=True):
-            total += at[before]
-            if total > self.spare:
-                return before
-        return float("-inf")
-
-    def _value(self, f: Fit) -> float:
-        loss = 0.0
-        cut = self._cut
-        for s, before, after in f.islands:
-            if cut[s] < before - _EPS and before > after:
-                loss += before - after
-        return max(f.gbps - self.penalty * loss, VALUE_FLOOR * f.gbps)
 
     def _patch_scores(self, changed: set[Fit], counts: Counter[Fit]) -> bool:
         """Scores for the states that came, drop those that went; False when a band's packings changed (then

@@ -1,9 +1,11 @@
 """policy.Ranker, which ranks request after request from what changed since its last call, must give exactly what
 policy.rank gives from scratch, whatever the sequence of fit lists: states coming and going, counts moving across
-the spare cut of a larger size, the best value and each band's packings changing (issue 24)."""
+the spare cut of a larger size, the best value and each band's packings changing (issue 24). And the cut both use
+(policy.scarcity_cut) must say what scarce means, checked by counting the other candidates island by island."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,6 +60,26 @@ def test_a_ranker_ranks_a_list_changing_a_node_at_a_time_as_rank_does(
         else:
             asked[at % len(asked)] = choices[pick % len(choices)]
         same(ranker.rank(asked), policy.rank(asked, penalty, spare))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(fits(), st.integers(1, 4)), min_size=1, max_size=10), st.integers(0, 5),
+       st.sampled_from((0.5, 1.0, 3.0)))
+def test_island_values_charge_exactly_the_scarce_islands(states: list[tuple[Fit, int]], spare: int,
+                                                          penalty: float) -> None:
+    """Scarce: fewer than `spare` other candidate nodes (nodes in the same state count) offer a free ring of that
+    size at least as fast (within eps). Counted here for each island, node by node."""
+    counts = dict(states)  # one count per distinct state (the last one drawn)
+
+    def scarce(s: int, before: float) -> bool:
+        offering = sum(n for f, n in counts.items() for s2, b2, _ in f.islands if s2 == s and b2 >= before - 1e-9)
+        return offering - 1 < spare
+
+    expected = [max(f.gbps - penalty * sum(b - a for s, b, a in f.islands if scarce(s, b) and b > a),
+                    0.01 * f.gbps) for f in counts]
+    assert policy.island_values(counts, penalty, spare) == pytest.approx(expected, abs=1e-9)
+    for f in counts:
+        assert policy.scarce_islands(counts, f, spare) == [i for i in f.islands if scarce(i[0], i[1])]
 
 
 def test_a_ranker_that_failed_starts_over() -> None:
