@@ -78,22 +78,19 @@ def coarsened(verdicts: list[bool | str]) -> list[bool | str]:
     per node cost 0.7 ms of a 5,000-node filter."""
     distinct = set(verdicts)
     distinct.discard(True)
-    words: dict[bool | str, bool | str] = {}
+
+    def words(grain: int) -> dict[bool | str, bool | str]:
+        return {r: getattr(r, GRAINS[grain], r) for r in distinct}
 
     def total(grain: int) -> int:
-        nonlocal words
-        if grain == 0:
-            return sum(map(len, distinct))  # type: ignore[arg-type]
-        words = {r: r if grain == 0 else getattr(r, GRAINS[grain], r) for r in distinct}
-        return sum(map(len, set(words.values())))  # type: ignore[arg-type]
+        return sum(map(len, distinct if grain == 0 else set(words(grain).values())))  # type: ignore[arg-type]
 
     grain = finest_grain(total)
     if grain == 0:
         return verdicts
-    if grain == len(GRAINS) - 1:
-        total(grain)
-    words[True] = True
-    return list(map(words.__getitem__, verdicts))
+    chosen = words(grain)
+    chosen[True] = True
+    return list(map(chosen.__getitem__, verdicts))
 
 
 def gpu_list(mask: int) -> str:
