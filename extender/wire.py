@@ -150,11 +150,6 @@ def known_valid(names: list[str], *, written: bool = False) -> None:
         _last_texts = kept
 
 
-def text_of(names: list[str]) -> bytes | None:
-    """The JSON text a kept list was read or written as (a JSON array of strings), if it is kept with one."""
-    return next((t for t, n in _last_texts.items() if n is names), None)
-
-
 @dataclass
 class ExtenderArgs:
     pod: dict[str, Any]
