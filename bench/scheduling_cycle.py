@@ -474,7 +474,7 @@ def run_size(n: int, idle_pods: int, load_pods: int, node_churn: float, rate: fl
             _, _, node = cycle.schedule(*p)
             if node is not None:
                 binds_q.put((p[0], p[1], node))
-        res: dict[str, Any] = {"nodes": n, "idle": summary(idle), "idle_cpu": idle_cpu, "rate_limit": rate}
+        res: dict[str, Any] = {"nodes": n, "idle": {"pair": summary(idle), "cpu": idle_cpu}, "rate_limit": rate}
         for phase, limit in (("load", 0.0), ("paced", rate)) if rate > 0 else (("load", 0.0),):
             res[phase] = load_phase(cycle, ext.pid, pods_q, binds_q, load_pods, limit)
             parent.send("stats")
@@ -569,7 +569,7 @@ def report(results: list[dict[str, Any]], command: str, load: str, node_churn: f
     rows = []
     for r in results:
         for phase, meanwhile in phases(r):
-            s = r[phase] if phase == "idle" else r[phase]["pair"]
+            s = r[phase]["pair"]
             rows.append([r["nodes"], meanwhile, s["pairs"],
                          ms(s["f50"]), ms(s["f99"]), ms(s["p50"]), ms(s["p99"]), ms(s["pair50"]), ms(s["pair99"]),
                          f"{1 / s['pair50']:.0f}", f"{1 / s['pair99']:.0f}"])
@@ -579,7 +579,7 @@ def report(results: list[dict[str, Any]], command: str, load: str, node_churn: f
     cpu = markdown_table(
         ["nodes", "phase", "CPU ms per pod", "cores busy"],
         [[r["nodes"], meanwhile, f"{c[0] * 1000:.2f}", f"{c[1]:.2f}"] for r in results
-         for phase, meanwhile in phases(r) for c in [r["idle_cpu"] if phase == "idle" else r[phase]["cpu"]]])
+         for phase, meanwhile in phases(r) for c in [r[phase]["cpu"]]])
     loads = markdown_table(
         ["nodes", "phase", "scheduled pods/s", "binds", "bind errors", "max binds in flight", "bind p50 ms",
          "bind p99 ms", "node watch events", "pod watch events", "unschedulable"],
@@ -656,7 +656,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     labels, p50, p99 = [], [], []
     for r in results:
         for phase, _ in phases(r):
-            s = r[phase] if phase == "idle" else r[phase]["pair"]
+            s = r[phase]["pair"]
             labels.append(f"{r['nodes']} {phase}")
             p50.append(s["pair50"] * 1000)
             p99.append(s["pair99"] * 1000)
