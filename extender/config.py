@@ -6,6 +6,7 @@ The verbs read the names on the cluster and their own limits from it; `serve` th
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -177,11 +178,17 @@ class ExtenderConfig(ListenerSettings):
 
     @property
     def keys(self) -> Keys:
-        return Keys(self.annotation_prefix)
+        return _keys(self.annotation_prefix)
 
     def network_locality(self) -> Locality:
         """The --locality levels (validated when loaded), or the defaults."""
         return Locality() if self.locality is None else parse_locality(self.locality)
+
+
+@lru_cache(maxsize=16)
+def _keys(prefix: str) -> Keys:
+    """Keys validates its prefix when made, and the caches and binder ask for them per watch event (issue 24)."""
+    return Keys(prefix)
 
 
 SETTINGS = SettingsLoader(ExtenderConfig, "GPU_EXTENDER")

@@ -21,6 +21,7 @@ import gc
 import signal
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -36,7 +37,7 @@ from extender.config import ExtenderConfig
 from extender.front.channel import ChannelClosed, RelayedMetrics, frame, read_first, read_message
 from extender.front.mirror import MirrorCache
 from extender.front.spawn import receive_listener
-from extender.http.answers import VERB_PATHS, NotHere, answer
+from extender.http.answers import VERB_PATHS, NotHere, answer, counted, failure, settle
 from extender.http.bodies import BodyTooLarge, read_body
 from extender.http.server import api_server_config, companion_server
 from extender.jobs.membership import MembershipError, job_membership
@@ -53,6 +54,7 @@ LOCAL_VERBS = {path: verb for path, verb in VERB_PATHS.items() if verb in ("filt
 CALL_TIMEOUT_S = 120.0  # a passed-on bind waits for the apiserver: well above its own request timeout
 RECENT_NEEDS = 10_000  # pods answered here whose needs a bind may look up
 FLUSH_INTERVAL_S = 0.5  # metrics of local answers and of connections reach the state process at least this often
+PASS_ON = "gpu_extender.pass_on"  # set in a request's scope by FrontLane: not answered here, FrontApp passes it on
 SCOPE_FIELDS = ("type", "http_version", "method", "scheme", "path", "raw_path", "query_string", "root_path",
                 "headers", "client", "server")
 
@@ -126,6 +128,16 @@ class Front:
             return self.verbs.filter_pod(args, needs)
         return self.verbs.prioritize_pod(args, needs)
 
+    def local_repeated(self, body: bytes) -> bytes | None:
+        """prioritize's answer for a body that repeats the filter answered here (Verbs.repeated), under the gates
+        of `local` that may have moved since: readiness, and how the nodes serve the resource."""
+        found = self.verbs.repeated(body)
+        if found is None:
+            return None
+        if not self.ready or self.placement.route(found[1].need)[0] != WHOLE:
+            raise NotHere
+        return self.verbs.prioritize_pod(*found)
+
     def hold_for_bind(self, body: bytes) -> tuple[str, int] | None:
         """Before a bind goes to the state process: the GPUs it will most likely choose (the same allocator on the
         same state, as extender.binder does) held on the node here until its answer, so the next pod's filter does
@@ -149,6 +161,39 @@ class Front:
             return None
         token = self.cache.hold(req.node, mask_of(alloc.gpus))
         return (req.node, token) if token is not None else None
+
+
+class FrontLane:
+    """filter and prioritize answered in the HTTP protocol itself (extender.http.server's lane): the same answer
+    FrontApp gives through extender.http.answers, without uvicorn's request cycle and the ASGI messages. A request
+    not answered here is marked PASS_ON for FrontApp, which passes it on without asking `local` again."""
+
+    def __init__(self, front: Front) -> None:
+        self.front = front
+
+    def claims(self, scope: dict[str, Any]) -> bool:
+        return scope["method"] == "POST" and scope["path"] in LOCAL_VERBS
+
+    def __call__(self, scope: dict[str, Any], body: bytes) -> tuple[int, bytes, Any] | None:
+        front = self.front
+        verb = LOCAL_VERBS[scope["path"]]
+        started = time.perf_counter()
+        try:
+            settled = settle(verb, body, partial(front.local, verb),
+                             front.local_repeated if verb == "prioritize" else None)
+            if not isinstance(settled, bytes):  # `local` answers at once or not at all
+                raise TypeError(f"{verb} answered here returned {type(settled).__name__}, not its answer")
+            code, content = 200, settled
+        except NotHere:
+            scope[PASS_ON] = True
+            return None
+        except Exception as e:
+            code, content = failure(verb, e, front)  # type: ignore[arg-type]
+        counted(verb, code, started, front)  # type: ignore[arg-type]
+        if code != 200:
+            return code, content, None
+        front.metrics.answered_apart.labels(verb).inc()
+        return code, content, front.verbs.prepare_prioritize_now if verb == "filter" else None
 
 
 class Link:
@@ -233,12 +278,15 @@ class FrontApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        verb = LOCAL_VERBS.get(scope["path"]) if scope["method"] == "POST" else None
+        # a verb FrontLane found is not for here is passed on as any other request (requests the lane did not
+        # take, such as one that waits for a 100 Continue, are answered here the same way as in the lane)
+        verb = LOCAL_VERBS.get(scope["path"]) if scope["method"] == "POST" and PASS_ON not in scope else None
         if verb is not None:
             kept: list[bytes] = []
             try:
                 response = await answer(Request(scope, receive), verb, partial(self.front.local, verb), self.front,
-                                        kept, self.front.verbs.follow_up(verb))  # type: ignore[arg-type]
+                                        kept, self.front.verbs.follow_up(verb),  # type: ignore[arg-type]
+                                        self.front.local_repeated if verb == "prioritize" else None)
             except NotHere:
                 await self._pass_on(scope, kept[0], send)
                 return
@@ -288,7 +336,8 @@ def serve(config: ExtenderConfig, listen: socket.socket, channel: socket.socket)
         reader, writer = await asyncio.open_unix_connection(sock=channel)
         link = Link(front, reader, writer)
         # signals are this process's own (uvicorn's re-raise after its shutdown would end it before its last line)
-        server = companion_server(api_server_config(FrontApp(front, link), config, front.metrics))  # type: ignore[arg-type]
+        server = companion_server(api_server_config(FrontApp(front, link), config, front.metrics,  # type: ignore[arg-type]
+                                                    lane=FrontLane(front)))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, setattr, server, "should_exit", True)

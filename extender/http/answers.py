@@ -77,43 +77,65 @@ def error_answer(verb: str, message: str) -> Any:
     return {"Error": message}
 
 
+def settle(verb: str, body: bytes, run: Callable[[Any], Any], shortcut: Callable[[bytes], bytes | None] | None
+           ) -> bytes | Awaitable[Any]:
+    """The synchronous part of a verb: `shortcut` on the body as read, else decode and `run`; the answer's bytes,
+    or what `run` returned to be awaited (bind, a job pod's filter). Raises what they raise (BadRequest, NotHere,
+    anything unexpected), for `failure` to map."""
+    with _no_cyclic_gc():  # the decoded body and the answer are freed by refcount before the collector is back
+        result = shortcut(body) if shortcut is not None else None
+        if result is None:
+            result = run(wire.decode(body))
+        del body
+        if isinstance(result, Awaitable):
+            return result
+        return result if isinstance(result, bytes) else encode_answer(result)
+
+
+def failure(verb: str, error: Exception, ext: Extender) -> tuple[int, bytes]:
+    """The status and body of a verb that failed, counted: 400 malformed, 413 too large, else 200 with the error
+    (logged with its traceback: called where it was caught)."""
+    metrics = ext.metrics
+    if isinstance(error, wire.BadRequest):
+        metrics.bad_requests.labels(verb).inc()
+        return 400, orjson.dumps({"Error": f"malformed {REQUEST_TYPES[verb]}: {error}"})
+    if isinstance(error, wire.BodyTooLarge):
+        metrics.bad_requests.labels(verb).inc()
+        return 413, orjson.dumps({"Error": str(error)})
+    log.exception("extender.verb.internal_error", verb=verb)
+    metrics.internal_errors.labels(verb).inc()
+    return 200, orjson.dumps(error_answer(verb, f"gpu-extender internal error in {verb}: {type(error).__name__}: "
+                                                f"{error}"))
+
+
+def counted(verb: str, code: int, started: float, ext: Extender) -> None:
+    metrics = ext.metrics
+    metrics.requests.labels(verb, str(code)).inc()
+    metrics.latency.labels(verb).observe(time.perf_counter() - started)
+
+
 async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Extender,
-                 keep: list[bytes] | None = None, then: Callable[[], Awaitable[None]] | None = None) -> Response:
+                 keep: list[bytes] | None = None, then: Callable[[], Awaitable[None]] | None = None,
+                 shortcut: Callable[[bytes], bytes | None] | None = None) -> Response:
     """Read, decode, run and encode one verb, mapping every failure to a kube-scheduler-shaped answer, and count
     it. `run` takes the decoded body and returns the answer as data, as ready bytes, or (bind) an awaitable.
     `keep` receives the body as read, for a `run` that raises NotHere (nothing is counted then). `then` runs on
-    the event loop once a 200 answer has been sent (Verbs.follow_up)."""
-    metrics = ext.metrics
+    the event loop once a 200 answer has been sent (Verbs.follow_up). `shortcut` is tried on the body as read
+    first: the answer's bytes for a body it recognises (Verbs.prioritize_repeated), else None."""
     started = time.perf_counter()
     code = 200
     try:
         body = await read_body(request, ext.config.max_body_bytes)
         if keep is not None:
             keep.append(body)
-        with _no_cyclic_gc():
-            result = run(wire.decode(body))
-            del body
-            pending = result if isinstance(result, Awaitable) else None
-            if pending is None:
-                content = result if isinstance(result, bytes) else encode_answer(result)
-            del result  # the decoded body and the answer are freed by refcount before the collector is back
-        if pending is not None:  # bind (the apiserver), a job pod's filter (its plan): awaited, collector running
-            content = encode_answer(await pending)
+        settled = settle(verb, body, run, shortcut)
+        del body
+        # bind (the apiserver), a job pod's filter (its plan): awaited, collector running
+        content = settled if isinstance(settled, bytes) else encode_answer(await settled)
     except NotHere:
         raise
-    except wire.BadRequest as e:
-        code = 400
-        metrics.bad_requests.labels(verb).inc()
-        content = orjson.dumps({"Error": f"malformed {REQUEST_TYPES[verb]}: {e}"})
-    except wire.BodyTooLarge as e:
-        code = 413
-        metrics.bad_requests.labels(verb).inc()
-        content = orjson.dumps({"Error": str(e)})
     except Exception as e:
-        log.exception("extender.verb.internal_error", verb=verb)
-        metrics.internal_errors.labels(verb).inc()
-        content = orjson.dumps(error_answer(verb, f"gpu-extender internal error in {verb}: {type(e).__name__}: {e}"))
-    metrics.requests.labels(verb, str(code)).inc()
-    metrics.latency.labels(verb).observe(time.perf_counter() - started)
+        code, content = failure(verb, e, ext)
+    counted(verb, code, started, ext)
     background = BackgroundTask(then) if then is not None and code == 200 else None
     return Response(content, status_code=code, media_type=JSON, background=background)

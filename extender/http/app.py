@@ -38,7 +38,7 @@ class ExtenderAPI(FastAPI):
             verbs: Verbs | None = getattr(self.state, "verbs", None)
             if verb is not None and verbs is not None:
                 response = await answer(Request(scope, receive), verb, getattr(verbs, verb), verbs.ext,
-                                        then=verbs.follow_up(verb))
+                                        then=verbs.follow_up(verb), shortcut=verbs.shortcut(verb))
                 await response(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)

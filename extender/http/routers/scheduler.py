@@ -51,7 +51,7 @@ async def filter_(request: Request) -> Response:
              responses={200: {"model": models.HostPriorityList}, **_ERRORS}, response_class=Response)
 async def prioritize(request: Request) -> Response:
     verbs: Verbs = request.app.state.verbs
-    return await answer(request, "prioritize", verbs.prioritize, verbs.ext)
+    return await answer(request, "prioritize", verbs.prioritize, verbs.ext, shortcut=verbs.shortcut("prioritize"))
 
 
 @router.post("/bind", summary="Bind a pod with its GPU plan", openapi_extra=_body("ExtenderBindingArgs"),
