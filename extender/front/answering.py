@@ -22,7 +22,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from functools import partial
 from typing import Any
 
@@ -51,6 +51,8 @@ from gputopo.core.bitset import mask_of
 log = structlog.get_logger(__name__)
 
 LOCAL_VERBS = {path: verb for path, verb in VERB_PATHS.items() if verb in ("filter", "prioritize")}
+BIND_PATH = next(path for path, verb in VERB_PATHS.items() if verb == "bind")
+UNANSWERED = orjson.dumps({"Error": "gpu-extender's state process is not answering"})
 CALL_TIMEOUT_S = 120.0  # a passed-on bind waits for the apiserver: well above its own request timeout
 RECENT_NEEDS = 10_000  # pods answered here whose needs a bind may look up
 FLUSH_INTERVAL_S = 0.5  # metrics of local answers and of connections reach the state process at least this often
@@ -166,16 +168,20 @@ class Front:
 class FrontLane:
     """filter and prioritize answered in the HTTP protocol itself (extender.http.server's lane): the same answer
     FrontApp gives through extender.http.answers, without uvicorn's request cycle and the ASGI messages. A request
-    not answered here is marked PASS_ON for FrontApp, which passes it on without asking `local` again."""
+    not answered here is marked PASS_ON for FrontApp, which passes it on without asking `local` again. Binds are
+    passed on from here too (Link.relay_bind), without the request cycle either."""
 
-    def __init__(self, front: Front) -> None:
+    def __init__(self, front: Front, link: Link) -> None:
         self.front = front
+        self.link = link
 
     def claims(self, scope: dict[str, Any]) -> bool:
-        return scope["method"] == "POST" and scope["path"] in LOCAL_VERBS
+        return scope["method"] == "POST" and (scope["path"] in LOCAL_VERBS or scope["path"] == BIND_PATH)
 
-    def __call__(self, scope: dict[str, Any], body: bytes) -> tuple[int, bytes, Any] | None:
+    def __call__(self, scope: dict[str, Any], body: bytes) -> tuple[int, bytes, Any] | Awaitable[Any] | None:
         front = self.front
+        if scope["path"] == BIND_PATH:
+            return self.link.relay_bind(scope, body)
         verb = LOCAL_VERBS[scope["path"]]
         started = time.perf_counter()
         try:
@@ -234,38 +240,59 @@ class Link:
                     fut.set_exception(ChannelClosed(self.closed or "channel closed"))
             self._calls.clear()
 
-    def flush(self) -> None:
-        """Send what local answers told. Before each passed-on request, and every FLUSH_INTERVAL_S for the
-        metrics: not after each answer, which would wake the state process twice per pod for nothing urgent."""
+    def flush(self, then: bytes = b"") -> None:
+        """Send what local answers told, with `then` (a frame) behind it in the same write. Before each passed-on
+        request, and every FLUSH_INTERVAL_S for the metrics: not after each answer, which would wake the state
+        process twice per pod for nothing urgent."""
         if self.closed is not None:
             return
         self.front.metrics.drain(self.front.ops)
         if self.front.ops:
             ops = self.front.ops[:]
             self.front.ops.clear()
-            self._writer.write(frame(("told", ops)))
+            then = frame(("told", ops)) + then
+        if then:
+            self._writer.write(then)
 
     async def _flush_every(self) -> None:
         while True:
             await asyncio.sleep(FLUSH_INTERVAL_S)
             self.flush()
 
+    def relay_bind(self, scope: dict[str, Any], body: bytes) -> Awaitable[tuple[int, bytes, None]]:
+        """A bind passed on to the state process (which reserves and binds), the GPUs it will most likely take held
+        here meanwhile (Front.hold_for_bind); its answer is JSON, whatever it says."""
+        return _relay_bind(self, scope, body)
+
     async def call(self, scope: Scope, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         if self.closed is not None:
             raise ChannelClosed(self.closed)
-        self.flush()  # what earlier local answers told goes first
         self._next += 1
         call_id = self._next
         fut: asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = fut
         plain = {k: scope[k] for k in SCOPE_FIELDS if k in scope}
         plain["headers"] = [(bytes(k), bytes(v)) for k, v in scope.get("headers", [])]
-        self._writer.write(frame(("call", call_id, plain, body)))
+        self.flush(frame(("call", call_id, plain, body)))  # what earlier local answers told goes first
         try:
             await self._writer.drain()
             return await asyncio.wait_for(fut, CALL_TIMEOUT_S)
         finally:
             self._calls.pop(call_id, None)
+
+
+async def _relay_bind(link: Link, scope: dict[str, Any], body: bytes) -> tuple[int, bytes, None]:
+    front = link.front
+    held = front.hold_for_bind(body)
+    try:
+        status, _, content = await link.call(scope, body)
+    except (ChannelClosed, TimeoutError, OSError) as e:
+        log.warning("extender.front.pass_on_failed", path=scope.get("path"), error=f"{type(e).__name__}: {e}")
+        return 503, UNANSWERED, None
+    finally:
+        if held is not None:
+            front.cache.release(*held)
+    return status, content, None
 
 
 class FrontApp:
@@ -305,19 +332,18 @@ class FrontApp:
         if scope["path"] == "/readyz" and not self.front.ready:  # ready once this process can answer too
             await _send(send, 503, b"answering process has no node states yet", b"text/plain")
             return
-        held = self.front.hold_for_bind(body) if scope["method"] == "POST" and scope["path"] == "/bind" else None
-        try:
-            await self._pass_on(scope, body, send)
-        finally:
-            if held is not None:
-                self.front.cache.release(*held)
+        if scope["method"] == "POST" and scope["path"] == BIND_PATH:  # one the lane did not take (100-continue)
+            status, content, _ = await self.link.relay_bind(scope, body)
+            await _send(send, status, content)
+            return
+        await self._pass_on(scope, body, send)
 
     async def _pass_on(self, scope: Scope, body: bytes, send: Send) -> None:
         try:
             status, headers, content = await self.link.call(scope, body)
         except (ChannelClosed, TimeoutError, OSError) as e:
             log.warning("extender.front.pass_on_failed", path=scope.get("path"), error=f"{type(e).__name__}: {e}")
-            await _send(send, 503, orjson.dumps({"Error": "gpu-extender's state process is not answering"}))
+            await _send(send, 503, UNANSWERED)
             return
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
@@ -337,7 +363,7 @@ def serve(config: ExtenderConfig, listen: socket.socket, channel: socket.socket)
         link = Link(front, reader, writer)
         # signals are this process's own (uvicorn's re-raise after its shutdown would end it before its last line)
         server = companion_server(api_server_config(FrontApp(front, link), config, front.metrics,  # type: ignore[arg-type]
-                                                    lane=FrontLane(front)))
+                                                    lane=FrontLane(front, link)))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, setattr, server, "should_exit", True)

@@ -44,7 +44,7 @@ import socket
 import ssl
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, NoReturn, Protocol
 
@@ -94,9 +94,13 @@ class Lane(Protocol):
     def claims(self, scope: dict[str, Any]) -> bool:
         """At the end of a request's head: answer this one here once its body is in?"""
 
-    def __call__(self, scope: dict[str, Any], body: bytes) -> tuple[int, bytes, Callable[[], None] | None] | None:
-        """The status and JSON body to answer, and what to run once it has been written; None to leave the request
-        to the app (the lane may note in `scope` why). Must not raise."""
+    def __call__(self, scope: dict[str, Any], body: bytes) -> LaneAnswer | Awaitable[LaneAnswer] | None:
+        """The status and JSON body to answer, and what to run once it has been written, or an awaitable of them
+        (the request is answered when it is done); None to leave the request to the app (the lane may note in
+        `scope` why). Neither may raise."""
+
+
+LaneAnswer = tuple[int, bytes, "Callable[[], None] | None"]
 
 
 class ListenError(Exception):
@@ -358,8 +362,26 @@ class GuardedProtocol(HttpToolsProtocol):
         if answered is None:
             super()._start_asgi_task(cycle, app)
             return
-        status, content, then = answered
         cycle.body = bytearray()
+        if isinstance(answered, tuple):
+            self._respond(cycle, answered)
+            return
+        task = self.loop.create_task(self._respond_later(cycle, answered))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)  # uvicorn's shutdown waits for these
+
+    async def _respond_later(self, cycle: RequestResponseCycle, answered: Awaitable[LaneAnswer]) -> None:
+        try:
+            result = await answered
+        except Exception:
+            log.exception("extender.server.lane_failed", path=cycle.scope.get("path"))
+            result = (500, b'{"Error":"gpu-extender internal error"}', None)
+        if self.transport.is_closing() or self.cycle is None:
+            return  # the client went away meanwhile
+        self._respond(cycle, result)
+
+    def _respond(self, cycle: RequestResponseCycle, answered: LaneAnswer) -> None:
+        status, content, then = answered
         cycle.response_started = cycle.response_complete = True
         head = [STATUS_LINE[status]]
         for name, value in cycle.default_headers:

@@ -4,6 +4,7 @@ sockets, so pipelining, split and large bodies, 100-continue, keep-alive and dea
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -51,9 +52,18 @@ class EchoLane:
             return None
         if body.startswith(b"raise"):
             raise RuntimeError("lane broke")
+        if body.startswith(b"later"):
+            return self._later(body)
         self.answered.append(len(body))
         n = len(self.answered)
         return 200, orjson.dumps({"lane": len(body)}), lambda: self.follow_ups.append(n)
+
+    async def _later(self, body: bytes) -> tuple[int, bytes, Any]:
+        await asyncio.sleep(0.2)
+        if body == b"later, broken":
+            raise RuntimeError("the awaited answer broke")
+        self.answered.append(len(body))
+        return 202, orjson.dumps({"later": len(body)}), None
 
 
 async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -235,3 +245,23 @@ def test_a_claimed_body_that_never_comes_meets_the_body_deadline(port: int, lane
         assert reader.closed()
         assert time.monotonic() - started < BODY_TIMEOUT_S + 4
     assert lane.answered == []
+
+
+def test_an_answer_the_lane_awaits_comes_in_turn_and_a_client_may_leave_before_it(port: int, lane: EchoLane) -> None:
+    sock, reader = connect(port)
+    with sock:
+        sock.sendall(request("/lane", b"later") + request("/lane", b"now") + request("/other", b"x"))
+        assert [reader.response()[:3:2] for _ in range(3)] == [(202, {"later": 5}), (200, {"lane": 3}),
+                                                               (200, {"app": 1, "declined": False})]
+        sock.sendall(request("/lane", b"later, broken"))
+        status, _, body = reader.response()
+        assert status == 500 and "internal error" in body["Error"]
+    gone, _ = connect(port)
+    gone.sendall(request("/lane", b"later!"))
+    gone.close()  # before its answer
+    time.sleep(0.4)
+    sock, reader = connect(port)
+    with sock:
+        sock.sendall(request("/lane", b"ok"))
+        assert reader.response()[2] == {"lane": 2}
+    assert lane.answered == [5, 3, 6, 2]
