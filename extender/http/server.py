@@ -340,15 +340,18 @@ class GuardedProtocol(HttpToolsProtocol):
         super()._start_asgi_task(cycle, app)
 
     def on_body(self, body: bytes) -> None:
-        super().on_body(body)
         held = self._held
-        if held is not None and held[0] is self.cycle:
-            limit = self.guard.limits.max_body_bytes
-            if limit is not None and len(held[0].body) > limit:
-                self._held = None
-                super()._start_asgi_task(*held)  # the app reads it, and answers 413
-            else:
-                self.flow.resume_reading()  # uvicorn pauses past 64 kB for the app to read; nobody else reads it
+        if held is None or held[0] is not self.cycle:
+            super().on_body(body)
+            return
+        # uvicorn's own would pause reading past 64 kB for the app to read it: nobody else reads a held body
+        cycle = held[0]
+        cycle.body += body
+        limit = self.guard.limits.max_body_bytes
+        if limit is not None and len(cycle.body) > limit:
+            self._held = None
+            cycle.message_event.set()
+            super()._start_asgi_task(*held)  # the app reads it, and answers 413
 
     def _answer_held(self) -> None:
         assert self._held is not None and self.lane is not None
