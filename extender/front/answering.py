@@ -22,7 +22,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -130,6 +130,10 @@ class Front:
             return self.verbs.filter_pod(args, needs)
         return self.verbs.prioritize_pod(args, needs)
 
+    def shortcut(self, verb: str) -> Callable[[bytes], bytes | None] | None:
+        """What the verb tries on its body before decoding it (answers' `shortcut`), as Verbs.shortcut."""
+        return self.local_repeated if verb == "prioritize" else None
+
     def local_repeated(self, body: bytes) -> bytes | None:
         """prioritize's answer for a body that repeats the filter answered here (Verbs.repeated), under the gates
         of `local` that may have moved since: readiness, and how the nodes serve the resource."""
@@ -185,8 +189,7 @@ class FrontLane:
         verb = LOCAL_VERBS[scope["path"]]
         started = time.perf_counter()
         try:
-            settled = settle(verb, body, partial(front.local, verb),
-                             front.local_repeated if verb == "prioritize" else None)
+            settled = settle(verb, body, partial(front.local, verb), front.shortcut(verb))
             if not isinstance(settled, bytes):  # `local` answers at once or not at all
                 raise TypeError(f"{verb} answered here returned {type(settled).__name__}, not its answer")
             code, content = 200, settled
@@ -259,10 +262,20 @@ class Link:
             await asyncio.sleep(FLUSH_INTERVAL_S)
             self.flush()
 
-    def relay_bind(self, scope: dict[str, Any], body: bytes) -> Awaitable[tuple[int, bytes, None]]:
+    async def relay_bind(self, scope: dict[str, Any], body: bytes) -> tuple[int, bytes, None]:
         """A bind passed on to the state process (which reserves and binds), the GPUs it will most likely take held
         here meanwhile (Front.hold_for_bind); its answer is JSON, whatever it says."""
-        return _relay_bind(self, scope, body)
+        front = self.front
+        held = front.hold_for_bind(body)
+        try:
+            status, _, content = await self.call(scope, body)
+        except (ChannelClosed, TimeoutError, OSError) as e:
+            log.warning("extender.front.pass_on_failed", path=scope.get("path"), error=f"{type(e).__name__}: {e}")
+            return 503, UNANSWERED, None
+        finally:
+            if held is not None:
+                front.cache.release(*held)
+        return status, content, None
 
     async def call(self, scope: Scope, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         if self.closed is not None:
@@ -279,20 +292,6 @@ class Link:
             return await asyncio.wait_for(fut, CALL_TIMEOUT_S)
         finally:
             self._calls.pop(call_id, None)
-
-
-async def _relay_bind(link: Link, scope: dict[str, Any], body: bytes) -> tuple[int, bytes, None]:
-    front = link.front
-    held = front.hold_for_bind(body)
-    try:
-        status, _, content = await link.call(scope, body)
-    except (ChannelClosed, TimeoutError, OSError) as e:
-        log.warning("extender.front.pass_on_failed", path=scope.get("path"), error=f"{type(e).__name__}: {e}")
-        return 503, UNANSWERED, None
-    finally:
-        if held is not None:
-            front.cache.release(*held)
-    return status, content, None
 
 
 class FrontApp:
@@ -313,7 +312,7 @@ class FrontApp:
             try:
                 response = await answer(Request(scope, receive), verb, partial(self.front.local, verb), self.front,
                                         kept, self.front.verbs.follow_up(verb),  # type: ignore[arg-type]
-                                        self.front.local_repeated if verb == "prioritize" else None)
+                                        self.front.shortcut(verb))
             except NotHere:
                 await self._pass_on(scope, kept[0], send)
                 return

@@ -88,6 +88,9 @@ class HttpMetrics(Protocol):
     http_connections_closed: Counter
 
 
+LaneAnswer = tuple[int, bytes, Callable[[], None] | None]  # status, JSON body, what to run once it is written
+
+
 class Lane(Protocol):
     """Requests a listener answers in its protocol, past the app (see the module docstring)."""
 
@@ -98,9 +101,6 @@ class Lane(Protocol):
         """The status and JSON body to answer, and what to run once it has been written, or an awaitable of them
         (the request is answered when it is done); None to leave the request to the app (the lane may note in
         `scope` why). Neither may raise."""
-
-
-LaneAnswer = tuple[int, bytes, "Callable[[], None] | None"]
 
 
 class ListenError(Exception):
@@ -379,7 +379,7 @@ class GuardedProtocol(HttpToolsProtocol):
         except Exception:
             log.exception("extender.server.lane_failed", path=cycle.scope.get("path"))
             result = (500, b'{"Error":"gpu-extender internal error"}', None)
-        if self.transport.is_closing() or self.cycle is None:
+        if self.transport.is_closing():
             return  # the client went away meanwhile
         self._respond(cycle, result)
 
