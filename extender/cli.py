@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import ipaddress
+import os
+import signal
 import sys
 
 import click
@@ -78,6 +80,13 @@ def serve(config: ExtenderConfig) -> None:
         spawn.cancel_early()  # unless the answering process was taken into service: serve failed before
 
 
+def _stop_on_lost_lease() -> None:
+    """A leader that could not renew its Lease has already stopped answering; it exits as on SIGTERM and comes
+    back as a standby (the Deployment restarts it). The replica that takes the Lease holds every bound pod's plan
+    from its own watches."""
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _serve(config: ExtenderConfig) -> None:
     import uvicorn
 
@@ -96,6 +105,7 @@ def _serve(config: ExtenderConfig) -> None:
     from extender.service import Extender
     from extender.state.inventory import InventoryError
     from gputopo.kube import KubeConfigError, make_api_client
+    from gputopo.kube.election import ElectionError
     from gputopo.metrics import process_registry
 
     configure_logging(config.log_level)
@@ -108,8 +118,8 @@ def _serve(config: ExtenderConfig) -> None:
         else:
             kubeconfig = str(config.kubeconfig) if config.kubeconfig else None
             api = make_api_client(kubeconfig=kubeconfig, host=config.api_server)
-            ext = Extender.cluster(api, config, metrics=metrics)
-    except (InventoryError, KubeConfigError) as e:
+            ext = Extender.cluster(api, config, metrics=metrics, on_lost_lease=_stop_on_lost_lease)
+    except (InventoryError, KubeConfigError, ElectionError) as e:
         raise click.ClickException(str(e)) from None
     # Long-lived state (topologies, inventory, imported modules) never becomes garbage: freezing it keeps the cyclic
     # collector from walking it on every full collection, which otherwise shows as latency spikes.

@@ -14,7 +14,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from extender.jobs.owners import OWNER_KINDS
 from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
 from gputopo.core.locality import Locality, LocalityError, parse_locality
-from gputopo.settings import AnnotationPrefix, Cli, ExtendedResourceName, LogLevel, Port, ReadableFile, SettingsLoader
+from gputopo.settings import (
+    AnnotationPrefix,
+    Cli,
+    ExtendedResourceName,
+    LogLevel,
+    Port,
+    ReadableFile,
+    SettingsLoader,
+    lease_timing_problem,
+)
 
 DEFAULT_BODY_LIMIT = 10 * 1024 * 1024
 DEFAULT_RESERVATION_TIMEOUT_S = 300.0
@@ -115,6 +124,23 @@ class ExtenderConfig(ListenerSettings):
         True, description="Answer filter and prioritize in a second process serving the API port, from node states "
                           "this one streams to it (extender.front); --no-answer-process: one process does all.")
 
+    leader_elect: bool = Field(
+        False, description="Run for a Lease (coordination.k8s.io) so that several replicas can run: only the holder "
+                           "answers and binds, the others keep their watches warm and answer 503 until they win it.")
+    leader_elect_lease_name: str = Field("gpu-extender", description="Name of the Lease of --leader-elect.")
+    leader_elect_namespace: str | None = Field(
+        None, description="Namespace of the Lease and of this replica's Pod; unset: POD_NAMESPACE, else the service "
+                          "account's namespace.")
+    leader_elect_identity: str | None = Field(
+        None, description="This replica's name in the Lease; unset: POD_NAME (else the host name) and a random "
+                          "suffix.")
+    leader_elect_lease_duration_s: Annotated[int, Cli(flag="leader-elect-lease-duration")] = Field(
+        15, description="Seconds a standby waits after the last renewal before taking the Lease.")
+    leader_elect_renew_deadline_s: Annotated[int, Cli(flag="leader-elect-renew-deadline")] = Field(
+        10, description="Seconds the leader keeps trying to renew before it stops answering and exits.")
+    leader_elect_retry_period_s: Annotated[int, Cli(flag="leader-elect-retry-period")] = Field(
+        2, description="Seconds between attempts to take or renew the Lease.")
+
     @field_validator("reservation_timeout_s")
     @classmethod
     def _reservation_timeout(cls, v: float) -> float:
@@ -165,6 +191,16 @@ class ExtenderConfig(ListenerSettings):
             except LocalityError as e:
                 raise ValueError(str(e)) from None
         return v
+
+    @model_validator(mode="after")
+    def _election(self) -> ExtenderConfig:
+        problem = lease_timing_problem(self.leader_elect_lease_duration_s, self.leader_elect_renew_deadline_s,
+                                 self.leader_elect_retry_period_s)
+        if problem:
+            raise ValueError(problem)
+        if self.leader_elect and self.inventory is not None:
+            raise ValueError("--leader-elect needs a cluster: a standalone --inventory has no Lease to run for")
+        return self
 
     @model_validator(mode="after")
     def _listeners(self) -> ExtenderConfig:

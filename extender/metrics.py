@@ -67,6 +67,9 @@ class ExtenderMetrics:
                                  "unplaceable (fits nowhere now), bad_job.", ["outcome"], registry=r)
         self.job_plan_seconds = Histogram(f"{PREFIX}_job_plan_seconds", "Time to plan a job (extender.jobs.planner).",
                                           buckets=_LATENCY_BUCKETS, registry=r)
+        self.leader = Gauge(f"{PREFIX}_leader", "1 while this replica answers the verbs: it holds the leader "
+                            "election Lease, or runs without election; 0 on a standby.", registry=r)
+        self.leader.set(1)
         self.job_slots = Gauge(f"{PREFIX}_job_slots", "Reserved slots of job plans no pod has taken yet.", registry=r)
         self.watch = WatchMetrics(r, PREFIX)
 

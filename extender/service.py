@@ -15,6 +15,7 @@ from extender.binder import Binder
 from extender.bindposts import BindPosts
 from extender.config import ExtenderConfig
 from extender.jobs.plans import JobPlans
+from extender.leadership import Leadership
 from extender.metrics import ExtenderMetrics
 from extender.placement.engine import Placement
 from extender.placement.explain import Explainer
@@ -75,6 +76,7 @@ class Extender:
         expiry_interval_s: float | None = None,
         cache: NodeCache | None = None,
         metrics: ExtenderMetrics | None = None,
+        on_lost_lease: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else ExtenderMetrics()
@@ -94,6 +96,10 @@ class Extender:
         self.binder = Binder(config, self.cache, self.placement, self.metrics, self.recent, api=api,
                              posts=self.posts, inventory=inventory, explainer=self.explainer, jobs=self.jobs)
         self.mode = "standalone" if inventory is not None else "cluster"
+        self.leadership = None
+        if api is not None and config.leader_elect:
+            self.leadership = Leadership(api, config, self.metrics, ready=self.ready,
+                                         on_lost=on_lost_lease or (lambda: None))
         self.expiry_interval_s = expiry_interval_s or max(0.05, min(5.0, config.reservation_timeout_s / 4))
         self._expiry = ReservationExpiry(self.cache, self.jobs, self.expiry_interval_s)
         self.metrics.bind_gauges(
@@ -125,11 +131,15 @@ class Extender:
                             hint="binds wait for the bind worker process; readiness says when it is up")
         if self.sync is not None:
             self.sync.start()
+        if self.leadership is not None:
+            self.leadership.start()  # campaigns once ready: a replica that cannot answer yet never takes the Lease
         self._expiry.start()
         log.info("extender.service.started", mode=self.mode, nodes=len(self.cache.nodes))
         return self
 
     def stop(self) -> None:
+        if self.leadership is not None:
+            self.leadership.stop()  # first: a standby takes over while this one winds down
         if self.sync is not None:
             self.sync.stop()
         if self.posts is not None:
@@ -138,7 +148,13 @@ class Extender:
         log.info("extender.service.stopped", mode=self.mode)
 
     def ready(self) -> bool:
+        """Able to answer: every replica under election is ready once synced, so that a disruption budget counts
+        the standby too; whether it may answer is `leading`."""
         return (self.sync is None or self.sync.synced) and (self.posts is None or self.posts.ready)
+
+    def leading(self) -> bool:
+        """May answer the verbs and bind: always without election, else only while holding the Lease."""
+        return self.leadership is None or self.leadership.leading
 
     def plan_of(self, uid: str) -> Plan | None:
         rec = self.cache.pods.get(uid)

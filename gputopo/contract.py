@@ -146,6 +146,12 @@ class Keys:
     def webhook(self) -> str:
         return self._key("webhook")
 
+    # Label of an extender replica's own Pod under leader election: "leader" or "standby". The Service that
+    # kube-scheduler calls selects "leader", so only the Lease holder gets its requests.
+    @property
+    def extender_role(self) -> str:
+        return self._key("extender-role")
+
 
 DEFAULT_KEYS = Keys()
 

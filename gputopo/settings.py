@@ -41,6 +41,20 @@ M = TypeVar("M", bound=BaseModel)
 MAX_CONFIG_BYTES = 1024 * 1024
 
 
+def lease_timing_problem(lease_duration_s: int, renew_deadline_s: int, retry_period_s: int) -> str | None:
+    """What client-go (and the official Python client, which exits the process instead) requires of a leader
+    election's three durations; here so that a settings model can check them without importing a client."""
+    if min(lease_duration_s, renew_deadline_s, retry_period_s) < 1:
+        return "leader election durations must be at least 1 s"
+    if lease_duration_s <= renew_deadline_s:
+        return (f"the lease duration ({lease_duration_s} s) must be longer than the renew deadline "
+                f"({renew_deadline_s} s)")
+    if renew_deadline_s <= 1.2 * retry_period_s:
+        return (f"the renew deadline ({renew_deadline_s} s) must be longer than 1.2 x the retry period "
+                f"({retry_period_s} s)")
+    return None
+
+
 @dataclass(frozen=True)
 class Cli:
     """`Annotated` metadata of a setting whose flag differs from its field name, which also reads other environment

@@ -105,6 +105,7 @@ class Front:
         self.jobs = _NoJobs()
         self.verbs = Verbs(self)  # type: ignore[arg-type]
         self.ready = False
+        self.leadership = None  # the state process answers for the Lease; this one is "ready" only for its holder
         self._needs_args = (config.resource_name, config.keys)
 
     def local(self, verb: str, data: Any) -> Any:

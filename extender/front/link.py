@@ -108,7 +108,9 @@ class FrontLink:
 
     async def _ready_when_synced(self, writer: asyncio.StreamWriter) -> None:
         sync = self.ext.sync
-        while sync is not None and not sync.synced:
+        # under election the answering process answers only for the Lease holder (a standby's requests are all
+        # passed on here and answered 503)
+        while (sync is not None and not sync.synced) or not self.ext.leading():
             await asyncio.sleep(0.05)
         self._flush()  # every state the synced cache held goes before "ready"
         writer.write(frame(("ready",)))
@@ -256,9 +258,18 @@ def serve_state_process(ext: Extender, app: ASGIApp, listen: socket.socket, metr
                     stopping.set()
 
             companion = asyncio.create_task(run_companion())
+
+        async def step_down() -> None:  # hand the Lease over at once, not after the answering process has ended
+            await stopping.wait()
+            if ext.leadership is not None:
+                await asyncio.to_thread(ext.leadership.stop)
+
+        stepping_down = asyncio.create_task(step_down())
         try:
             await link.run(stopping)
+            await stepping_down
         finally:
+            stepping_down.cancel()
             if companion is not None:
                 metrics_server.should_exit = True
                 await companion

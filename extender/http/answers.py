@@ -9,6 +9,7 @@ answer 500).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -114,6 +115,16 @@ def counted(verb: str, code: int, started: float, ext: Extender) -> None:
     metrics.latency.labels(verb).observe(time.perf_counter() - started)
 
 
+async def standby_answer(request: Request, verb: str, ext: Extender, started: float) -> Response:
+    """503 from a replica that does not hold the Lease: its reservations are not the cluster's, so it must neither
+    plan nor bind. The body is read first (bounded), so the connection stays usable for the next request."""
+    assert ext.leadership is not None
+    with contextlib.suppress(Exception):  # too large or cut off: the answer is the same
+        await read_body(request, ext.config.max_body_bytes)
+    counted(verb, 503, started, ext)
+    return Response(orjson.dumps({"Error": ext.leadership.standby_reason()}), status_code=503, media_type=JSON)
+
+
 async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Extender,
                  keep: list[bytes] | None = None, then: Callable[[], Awaitable[None]] | None = None,
                  shortcut: Callable[[bytes], bytes | None] | None = None) -> Response:
@@ -124,6 +135,8 @@ async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Ex
     first: the answer's bytes for a body it recognises (Verbs.prioritize_repeated), else None."""
     started = time.perf_counter()
     code = 200
+    if ext.leadership is not None and not ext.leadership.leading:
+        return await standby_answer(request, verb, ext, started)
     try:
         body = await read_body(request, ext.config.max_body_bytes)
         if keep is not None:

@@ -11,13 +11,15 @@ One layer a module, each built on the one before:
 - listwatch: list paging and watch streams over the store, and the faults injected into watches;
 - core: the core/v1 resources (nodes, pods, bindings);
 - server: FakeKubeApi, served over transport (HTTP/1.1 plumbing), with its request log, auth and request faults;
-- dra: FakeDraKubeApi, FakeKubeApi plus resource.k8s.io/v1; groups: FakeGroupsKubeApi, plus the gang schedulers'
+- dra: FakeDraKubeApi, FakeKubeApi plus resource.k8s.io/v1; leases: FakeLeasesKubeApi, plus coordination.k8s.io/v1
+  Leases; groups: FakeGroupsKubeApi, plus the gang schedulers'
   PodGroups and Workloads. Another API group is served the same way: a subclass that routes its paths in `_route`
   and hands others to `super()._route`.
 """
 
 from tests.fakes.kubeapi.dra import FakeDraKubeApi
 from tests.fakes.kubeapi.groups import FakeGroupsKubeApi
+from tests.fakes.kubeapi.leases import FakeLeasesKubeApi
 from tests.fakes.kubeapi.objects import Obj, clone, now
 from tests.fakes.kubeapi.selectors import Selector, parse_label_selector
 from tests.fakes.kubeapi.server import FakeKubeApi, RecordedRequest
@@ -28,6 +30,7 @@ __all__ = [
     "FakeDraKubeApi",
     "FakeGroupsKubeApi",
     "FakeKubeApi",
+    "FakeLeasesKubeApi",
     "Obj",
     "RecordedRequest",
     "Selector",
