@@ -105,13 +105,14 @@ class Front:
         self.jobs = _NoJobs()
         self.verbs = Verbs(self)  # type: ignore[arg-type]
         self.ready = False
-        self.leadership = None  # the state process answers for the Lease; this one is "ready" only for its holder
+        self.leading = False  # as the state process says: under leader election a standby answers nothing here
+        self.leadership = None  # the Lease is the state process's (extender.http.answers reads this)
         self._needs_args = (config.resource_name, config.keys)
 
     def local(self, verb: str, data: Any) -> Any:
         """The verb's answer, or NotHere. A malformed body is not here either: the state process words and counts
         the 400, as it does for every other request."""
-        if not self.ready:
+        if not (self.ready and self.leading):
             raise NotHere
         try:
             args = wire.extender_args(data)
@@ -141,7 +142,7 @@ class Front:
         found = self.verbs.repeated(body)
         if found is None:
             return None
-        if not self.ready or self.placement.route(found[1].need)[0] != WHOLE:
+        if not (self.ready and self.leading) or self.placement.route(found[1].need)[0] != WHOLE:
             raise NotHere
         return self.verbs.prioritize_pod(*found)
 
@@ -229,6 +230,10 @@ class Link:
                     fut = self._calls.pop(message[1], None)
                     if fut is not None and not fut.done():
                         fut.set_result((message[2], message[3], message[4]))
+                elif kind == "leading":
+                    if self.front.leading != bool(message[1]):
+                        log.info("extender.front.leading", leading=bool(message[1]))
+                    self.front.leading = bool(message[1])
                 elif kind == "ready":
                     if not self.front.ready:
                         log.info("extender.front.ready", nodes=len(self.front.cache.states))

@@ -10,6 +10,8 @@ State process to answering process:
   states that changed (None: the node is gone), the topologies they refer to that were not sent before, and the
   resource-name sets when they changed;
 - ("ready",): the node cache holds a full snapshot: answer from the copy from now on;
+- ("leading", bool): whether this replica may answer at all (leader election: only the Lease holder does; always
+  true without election): first, and again on every change; while false every verb is passed on;
 - ("reply", id, status, headers, body): the answer to a passed-on request.
 Answering process to state process:
 - ("call", id, scope, body): a request passed on whole (scope: the ASGI scope's plain fields);

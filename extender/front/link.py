@@ -31,6 +31,7 @@ from extender.service import Extender
 log = structlog.get_logger(__name__)
 
 STOP_TIMEOUT_S = 30.0
+LEADING_POLL_S = 0.05  # how soon the answering process follows a change of leadership
 
 
 class FrontLink:
@@ -108,12 +109,23 @@ class FrontLink:
 
     async def _ready_when_synced(self, writer: asyncio.StreamWriter) -> None:
         sync = self.ext.sync
-        # under election the answering process answers only for the Lease holder (a standby's requests are all
-        # passed on here and answered 503)
-        while (sync is not None and not sync.synced) or not self.ext.leading():
+        while sync is not None and not sync.synced:
             await asyncio.sleep(0.05)
         self._flush()  # every state the synced cache held goes before "ready"
         writer.write(frame(("ready",)))
+
+    async def _follow_leading(self, writer: asyncio.StreamWriter) -> None:
+        """Whether the answering process may answer: under leader election only while this replica holds the Lease
+        (a standby's requests are all passed on here and answered 503); without election, once."""
+        sent: bool | None = None
+        while True:
+            leading = self.ext.leading()
+            if leading != sent:
+                writer.write(frame(("leading", leading)))
+                sent = leading
+            if self.ext.leadership is None:
+                return
+            await asyncio.sleep(LEADING_POLL_S)
 
     # -- what the answering process sends ----------------------------------------------------------------------
 
@@ -199,6 +211,7 @@ class FrontLink:
             reader, writer = await asyncio.open_unix_connection(sock=parent)
             writer.write(frame(("config", self.ext.config)))
             self._connected(writer)
+            leading = asyncio.create_task(self._follow_leading(writer))
             ready = asyncio.create_task(self._ready_when_synced(writer))
             serving = asyncio.create_task(self._serve(reader, writer))
             stop_wait = asyncio.create_task(stopping.wait())
@@ -206,6 +219,7 @@ class FrontLink:
             if stopping.is_set():
                 await self._stop(proc, serving)
             ready.cancel()
+            leading.cancel()
             stop_wait.cancel()
             with self._lock:
                 self._writer = None
