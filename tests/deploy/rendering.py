@@ -179,6 +179,18 @@ def render_chart_files(variant: ChartVariant, kube_version: str | None = None) -
     return dict(json.loads(rendered))
 
 
+def install_dry_run(variant: ChartVariant, kube_version: str) -> str:
+    """The manifest `helm install --dry-run=client --kube-version <v>` prints: unlike a plain render, an install checks
+    Chart.yaml's kubeVersion against the cluster's (HelmReleaseError "chart requires kubeVersion: ..."). Through the
+    native call, as helm-python-sdk 0.2.2's Config.install does not pass kube_version on."""
+    config = helm_python.Config(namespace=variant.namespace)
+    handle, ref = config._chart_args(_chart())
+    options = {"namespace": variant.namespace, "dry_run": "client", "kube_version": kube_version}
+    release = helm_native.call_string("helm_install", config._raw(), config._context_arg(None), handle, ref,
+                                      variant.release, json.dumps(variant.values), json.dumps(options))
+    return str(json.loads(release)["manifest"])
+
+
 def render_chart(variant: ChartVariant, kube_version: str | None = None) -> list[Obj]:
     objects: list[Obj] = []
     for path, text in sorted(render_chart_files(variant, kube_version).items()):

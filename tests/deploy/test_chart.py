@@ -82,12 +82,13 @@ def test_custom_values_reach_their_objects() -> None:
         assert policy["spec"]["ingress"][0]["from"] == values["networkPolicy"]["metricsFrom"]
 
 
-def test_default_scheduler_mode_runs_no_scheduler_and_one_https_extender() -> None:
+def test_default_scheduler_mode_runs_no_scheduler_and_leader_elected_https_extenders() -> None:
     objects = render_chart(CHART_VARIANTS["default-scheduler"])
     (deployment,) = find(objects, "Deployment")
     assert [c["name"] for _, c in containers(deployment)] == ["extender"]
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
-    assert find(objects, "ConfigMap") == [] and find(objects, "PodDisruptionBudget") == []
+    assert deployment["spec"]["replicas"] == 2 and deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert find(objects, "ConfigMap") == []
+    assert [p["metadata"]["name"] for p in find(objects, "PodDisruptionBudget")] == ["gpu-topology-extender"]
     volumes = deployment["spec"]["template"]["spec"]["volumes"]
     assert {"name": "tls", "secret": {"secretName": "gpu-extender-tls", "defaultMode": 0o440}} in volumes
 
@@ -287,7 +288,19 @@ def test_service_monitors_select_the_metrics_services_and_ports() -> None:
             assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
             assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("15s", "5s")
     assert find(render_chart(CHART_VARIANTS["defaults"]), "ServiceMonitor") == []
-    # default-scheduler mode: the standalone extender serves only mutual TLS, so only the plugin is scraped.
-    only_plugin = render_chart(ChartVariant("r", "ns", {"scheduler": {"mode": "default-scheduler"},
-                                                        "serviceMonitor": {"enabled": True}}))
-    assert [m["metadata"]["name"] for m in find(only_plugin, "ServiceMonitor")] == ["r-gpu-topology-plugin"]
+    # default-scheduler mode: the plugin and every standalone extender replica's metrics listener (plain HTTP).
+    standalone = render_chart(ChartVariant("r", "ns", {"scheduler": {"mode": "default-scheduler"},
+                                                       "serviceMonitor": {"enabled": True}}))
+    monitors = find(standalone, "ServiceMonitor")
+    assert [m["metadata"]["name"] for m in monitors] == ["r-gpu-topology-plugin", "r-gpu-topology-extender"]
+    services = find(standalone, "Service")
+    for monitor in monitors:
+        selected = [s for s in services
+                    if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()]
+        assert len(selected) == 1, [s["metadata"]["name"] for s in selected]
+        assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in selected[0]["spec"]["ports"]}
+    (extender_monitor,) = [m for m in monitors if m["metadata"]["name"] == "r-gpu-topology-extender"]
+    (metrics,) = [s for s in services if extender_monitor["spec"]["selector"]["matchLabels"].items()
+                  <= s["metadata"]["labels"].items()]
+    assert metrics["metadata"]["name"] == "r-gpu-topology-extender-metrics"
+    assert not any(k.endswith("/extender-role") for k in metrics["spec"]["selector"]), "every replica, not the leader"

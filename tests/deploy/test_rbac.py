@@ -30,7 +30,7 @@ CALLS_FILE = DEPLOY / "rbac-calls.yaml"
 ACCOUNT_COMPONENTS = {
     "device-plugin": ("plugin",),
     "dra-driver": ("dra",),
-    "extender": ("extender",),
+    "extender": ("extender", "extender-leader-election"),
     "scheduler": ("kube-scheduler", "extender"),
     "webhook": (),  # answers admission reviews only: no API access at all
     "mps-control": (),  # keeps MPS daemons from a file on the host: no API access at all
@@ -102,6 +102,12 @@ def unwatched_owner_calls(objects: list[Obj]) -> set[Grant]:
     return {(r.group, r.plural, verb) for r in OWNER_RESOURCES if r.kind not in kinds for verb in ("list", "watch")}
 
 
+def extender_leader_election_on(objects: list[Obj]) -> bool:
+    """Whether the standalone extender of a rendering runs `gpu-extender serve --leader-elect`."""
+    return any("--leader-elect" in (c.get("args") or []) for w in find(objects, "Deployment")
+               for c in w["spec"]["template"]["spec"]["containers"] if c["name"] == "extender")
+
+
 def leader_election_on(objects: list[Obj]) -> bool:
     for configmap in find(objects, "ConfigMap"):
         text = configmap.get("data", {}).get("scheduler-config.yaml")
@@ -121,6 +127,8 @@ def test_each_account_gets_exactly_its_components_calls(rendering: str) -> None:
         wanted: set[Grant] = set().union(*(calls[c] for c in ACCOUNT_COMPONENTS[label]))
         if label == "scheduler" and not leader_election_on(objects):
             wanted -= calls["kube-scheduler"]
+        if label == "extender" and not extender_leader_election_on(objects):
+            wanted -= calls["extender-leader-election"]
         if "extender" in ACCOUNT_COMPONENTS[label]:
             wanted -= unwatched_owner_calls(objects)
         grants, builtins = account_view(objects, account)

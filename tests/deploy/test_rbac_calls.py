@@ -10,6 +10,7 @@ static test, which checks them against the KubeSchedulerConfiguration's leader e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -258,3 +259,41 @@ def test_extender_calls_exactly_its_declared_api(extender_cluster: dict[str, Any
         raise AssertionError(f"{e}\n{extender_cluster['log'].read_text()[-4000:]}") from None
     stop_process(extender_cluster["process"])
     assert_equals_table("extender", list(fake.requests))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the standalone extender's leader election (gpu-extender serve --leader-elect)
+
+
+def test_leader_election_client_calls_are_exactly_the_declared_ones() -> None:
+    """The kubernetes client methods leader election calls (CoordinationV1Api read/create/replace_namespaced_lease,
+    CoreV1Api.patch_namespaced_pod for the pod's own role label), sent to the fake API server: what they request is
+    exactly the table's extender-leader-election entry. The fake serves no Leases; the requests are recorded all the
+    same. Until `gpu-extender serve --leader-elect` runs here against a fake that serves Leases, this pins the table
+    to the client's own requests, not to the extender's code paths."""
+    import kubernetes.client
+    from kubernetes.client.rest import ApiException
+
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": "gpu-topology-extender", "namespace": "gpu-topology"},
+             "spec": {"holderIdentity": "gpu-topology-extender-0", "leaseDurationSeconds": 15}}
+    with FakeKubeApi() as fake:
+        configuration = kubernetes.client.Configuration()
+        configuration.host = fake.url
+        with kubernetes.client.ApiClient(configuration) as client:
+            leases, core = kubernetes.client.CoordinationV1Api(client), kubernetes.client.CoreV1Api(client)
+            calls: list[Callable[[], object]] = [
+                lambda: leases.read_namespaced_lease("gpu-topology-extender", "gpu-topology"),
+                lambda: leases.create_namespaced_lease("gpu-topology", lease),
+                lambda: leases.replace_namespaced_lease("gpu-topology-extender", "gpu-topology", lease),
+                lambda: core.patch_namespaced_pod("gpu-topology-extender-0", "gpu-topology",
+                                                  {"metadata": {"labels": {f"{PREFIX}/extender-role": "leader"}}}),
+            ]
+            for call in calls:
+                with contextlib.suppress(ApiException):  # 404: no such object in the fake; the request counts
+                    call()
+        requests = list(fake.requests)
+    assert len(requests) == len(calls)
+    assert_equals_table("extender-leader-election", requests)
+    with pytest.raises(AssertionError, match="never made"):
+        assert_equals_table("extender-leader-election", requests[1:])

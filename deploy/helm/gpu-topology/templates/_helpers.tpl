@@ -1,9 +1,22 @@
-{{/* Release-scoped base name: "gpu-topology" for a release of that name, "<release>-gpu-topology" otherwise. */}}
+{{/* The chart's name: nameOverride, else "gpu-topology". */}}
+{{- define "gpu-topology.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Release-scoped base name of every object: fullnameOverride, else "<release>" when the release name contains the
+     chart's name (a release called gpu-topology gives "gpu-topology"), else "<release>-<name>". Cut at 40 characters,
+     not Helm's usual 63: objects append up to 23 (-scheduler-metrics, -extender-metrics, -mps-control), and a
+     Service name or label value may not exceed 63. */}}
 {{- define "gpu-topology.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "gpu-topology.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 40 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -150,5 +163,122 @@ only the groups of those kinds: deploy/rbac-calls.yaml lists them all. */}}
     resources: {{ toJson $resources }}
     verbs: ["list", "watch"]
 {{- end }}
+{{- end }}
+{{- end -}}
+
+
+{{/* A securityContext: the chart's hardened defaults (YAML text) with the user's override merged over them, maps one
+     level deep (capabilities: {add: [...]} keeps drop: [ALL]), anything else replaced; a key set to null is left
+     out. (dict "defaults" "<yaml>" "override" map) */}}
+{{- define "gpu-topology.securityContext" -}}
+{{- $out := fromYaml .defaults -}}
+{{- range $key, $value := .override -}}
+{{- $current := get $out $key -}}
+{{- if and (kindIs "map" $value) (kindIs "map" $current) -}}
+{{- $merged := deepCopy $current -}}
+{{- range $k, $v := $value -}}
+{{- $_ := set $merged $k $v -}}
+{{- end -}}
+{{- $_ := set $out $key $merged -}}
+{{- else if kindIs "invalid" $value -}}
+{{- $_ := unset $out $key -}}
+{{- else -}}
+{{- $_ := set $out $key $value -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* The node affinity of the plugin's DaemonSets (device plugin, MPS control). The chart's own conditions:
+     - plugin.optIn (default): only nodes labelled <annotationPrefix>/device-plugin=enabled; else every GPU node
+       (nvidia.com/gpu.present=true or feature.node.kubernetes.io/pci-10de.present=true) not labelled
+       <annotationPrefix>/device-plugin=nvidia;
+     - in both: never a node where the GPU Operator deploys its own device plugin
+       (nvidia.com/gpu.deploy.device-plugin=true; NotIn also matches nodes without the label);
+     - with dra.enabled: not the DRA nodes (<annotationPrefix>/gpu-mode=<dra.nodeLabelValue>).
+     plugin.affinity is kept, and these conditions are added to each of its required nodeSelectorTerms; with none,
+     they are the terms. */}}
+{{- define "gpu-topology.pluginAffinity" -}}
+{{- $v := .Values -}}
+{{- $label := printf "%s/device-plugin" $v.annotationPrefix -}}
+{{- $own := list -}}
+{{- if $v.plugin.optIn -}}
+{{- $own = append $own (dict "key" $label "operator" "In" "values" (list "enabled")) -}}
+{{- else -}}
+{{- $own = append $own (dict "key" $label "operator" "NotIn" "values" (list "nvidia")) -}}
+{{- end -}}
+{{- $own = append $own (dict "key" "nvidia.com/gpu.deploy.device-plugin" "operator" "NotIn" "values" (list "true")) -}}
+{{- if $v.dra.enabled -}}
+{{- $own = append $own (dict "key" (printf "%s/gpu-mode" $v.annotationPrefix) "operator" "NotIn" "values" (list $v.dra.nodeLabelValue)) -}}
+{{- end -}}
+{{- $affinity := deepCopy (default (dict) $v.plugin.affinity) -}}
+{{- $node := default (dict) $affinity.nodeAffinity -}}
+{{- $required := default (dict) (get $node "requiredDuringSchedulingIgnoredDuringExecution") -}}
+{{- $terms := list -}}
+{{- range (default (list) $required.nodeSelectorTerms) -}}
+{{- $terms = append $terms (set (deepCopy .) "matchExpressions" (concat (default (list) .matchExpressions) $own)) -}}
+{{- end -}}
+{{- if not $terms -}}
+{{- if $v.plugin.optIn -}}
+{{- $terms = list (dict "matchExpressions" $own) -}}
+{{- else -}}
+{{- range list "nvidia.com/gpu.present" "feature.node.kubernetes.io/pci-10de.present" -}}
+{{- $terms = append $terms (dict "matchExpressions" (prepend $own (dict "key" . "operator" "In" "values" (list "true")))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $required "nodeSelectorTerms" $terms -}}
+{{- $_ := set $node "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
+{{- $_ := set $affinity "nodeAffinity" $node -}}
+{{- toYaml $affinity -}}
+{{- end -}}
+
+{{/* The standalone extender's leader-election Lease (default-scheduler mode). */}}
+{{- define "gpu-topology.extenderLeaseName" -}}
+{{- default (printf "%s-extender" (include "gpu-topology.fullname" .)) .Values.standaloneExtender.leaderElection.leaseName -}}
+{{- end -}}
+
+{{/* The node agents' container securityContext defaults (plugin, MPS control, DRA driver): uid 0 with every
+     capability dropped, no privilege, a read-only root. */}}
+{{- define "gpu-topology.rootNodeAgentSecurityContext" -}}
+runAsUser: 0
+runAsGroup: 0
+runAsNonRoot: false
+privileged: false
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
+
+{{/* The other containers' securityContext defaults (extender, webhook, kube-scheduler). */}}
+{{- define "gpu-topology.nonRootContainerSecurityContext" -}}
+runAsNonRoot: true
+privileged: false
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
+
+{{/* The pod securityContext defaults of the extender's image (standalone extender, webhook): fsGroup, so the
+     non-root process can read its TLS Secret's files (mode 0440). */}}
+{{- define "gpu-topology.extenderPodSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+
+{{/* A DaemonSet's updateStrategy from its value: rollingUpdate only with type RollingUpdate (Helm merges the chart's
+     default rollingUpdate into a user's {type: OnDelete}, which the API server would reject). */}}
+{{- define "gpu-topology.updateStrategy" -}}
+type: {{ .type }}
+{{- if and (eq .type "RollingUpdate") .rollingUpdate }}
+rollingUpdate:
+  {{- toYaml .rollingUpdate | nindent 2 }}
 {{- end }}
 {{- end -}}
