@@ -1,5 +1,7 @@
 """deploy/README.md names only paths, objects and settings that exist; the top README's offline examples run as
-written, from the repository alone (their files are under fixtures/, never beside the clone)."""
+written, from the repository alone (their files are under fixtures/, never beside the clone); the top README stays
+short; every relative link of README.md and docs/*.md resolves; the user-facing text names no issue of this
+project."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from tests.deploy.rendering import DEPLOY, MANIFESTS, ROOT, SCHEDULER_DIR, find,
 
 README = (DEPLOY / "README.md").read_text()
 TOP_README = (ROOT / "README.md").read_text()
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+# The top README is what a newcomer reads first: at most this many bytes, the rest lives in docs/.
+TOP_README_MAX_BYTES = 12_500
 
 
 def offline_examples() -> list[list[str]]:
@@ -77,3 +82,44 @@ def test_names_match_the_manifests() -> None:
     assert "schedulerName: gpu-topology-scheduler" in README
     for key in ("plan", "allreduce-gbps", "topology"):
         assert f"gpu-topology.io/{key}" in README or f"gpu-topology\\.io/{key}" in README
+
+
+def test_the_top_readme_is_short() -> None:
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= TOP_README_MAX_BYTES, f"README.md is {size} bytes; move detail to docs/"
+
+
+def relative_links(text: str) -> list[str]:
+    """The targets of the markdown links and images of a text that point inside the repository: no scheme, no
+    bare #anchor; code spans and fenced blocks left out (they hold shell, not links)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    targets = re.findall(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", text)
+    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t) and not t.startswith("#")]
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *DOCS], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page) -> None:
+    links = relative_links(page.read_text())
+    if page.name == "README.md":
+        assert links, "the README links into docs/"
+    for target in links:
+        path = (page.parent / target.split("#", 1)[0]).resolve()
+        assert path.is_relative_to(ROOT) and path.exists(), f"{page.relative_to(ROOT)} links to {target}: no such file"
+
+
+# "issue 24", "issues 22-24", "(#24)": this project's own tracker. owner/repo#123 (another project's) is allowed.
+ISSUE_NUMBER = re.compile(r"\bissues?\s+#?\d+|(?<![\w/.-])#\d+\b", re.I)
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", ROOT / "CHANGELOG.md", *DOCS],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_user_facing_text_names_no_issue_number(page) -> None:
+    found = ISSUE_NUMBER.findall(page.read_text())
+    assert not found, f"{page.relative_to(ROOT)} names issue numbers: {found}"
+
+
+def test_the_issue_pattern_tells_ours_from_others() -> None:
+    assert ISSUE_NUMBER.search("fixed in issue 24") and ISSUE_NUMBER.search("see #24.")
+    assert ISSUE_NUMBER.search("issues 22-24")
+    assert not ISSUE_NUMBER.search("NVIDIA/NVSentinel#1485") and not ISSUE_NUMBER.search("page.md#section-2")
