@@ -10,7 +10,6 @@ static test, which checks them against the KubeSchedulerConfiguration's leader e
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
@@ -265,35 +264,38 @@ def test_extender_calls_exactly_its_declared_api(extender_cluster: dict[str, Any
 # the standalone extender's leader election (gpu-extender serve --leader-elect)
 
 
-def test_leader_election_client_calls_are_exactly_the_declared_ones() -> None:
-    """The kubernetes client methods leader election calls (CoordinationV1Api read/create/replace_namespaced_lease,
-    CoreV1Api.patch_namespaced_pod for the pod's own role label), sent to the fake API server: what they request is
-    exactly the table's extender-leader-election entry. The fake serves no Leases; the requests are recorded all the
-    same. Until `gpu-extender serve --leader-elect` runs here against a fake that serves Leases, this pins the table
-    to the client's own requests, not to the extender's code paths."""
-    import kubernetes.client
-    from kubernetes.client.rest import ApiException
+def test_leader_election_calls_are_exactly_the_declared_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica of `gpu-extender serve --leader-elect` on the fake API server with Leases: it creates the Lease,
+    labels its own pod, renews, then stops and releases. Its requests beyond the extender's own (Leases, and PATCH
+    of its pod) are exactly the table's extender-leader-election entry."""
+    from extender.config import ExtenderConfig
+    from extender.service import Extender
+    from gputopo.kube import make_api_client
+    from tests.fakes.kubeapi import FakeLeasesKubeApi
 
-    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-             "metadata": {"name": "gpu-topology-extender", "namespace": "gpu-topology"},
-             "spec": {"holderIdentity": "gpu-topology-extender-0", "leaseDurationSeconds": 15}}
-    with FakeKubeApi() as fake:
-        configuration = kubernetes.client.Configuration()
-        configuration.host = fake.url
-        with kubernetes.client.ApiClient(configuration) as client:
-            leases, core = kubernetes.client.CoordinationV1Api(client), kubernetes.client.CoreV1Api(client)
-            calls: list[Callable[[], object]] = [
-                lambda: leases.read_namespaced_lease("gpu-topology-extender", "gpu-topology"),
-                lambda: leases.create_namespaced_lease("gpu-topology", lease),
-                lambda: leases.replace_namespaced_lease("gpu-topology-extender", "gpu-topology", lease),
-                lambda: core.patch_namespaced_pod("gpu-topology-extender-0", "gpu-topology",
-                                                  {"metadata": {"labels": {f"{PREFIX}/extender-role": "leader"}}}),
-            ]
-            for call in calls:
-                with contextlib.suppress(ApiException):  # 404: no such object in the fake; the request counts
-                    call()
-        requests = list(fake.requests)
-    assert len(requests) == len(calls)
+    namespace, pod = "gpu-topology", "gpu-topology-extender-0"
+    with FakeLeasesKubeApi() as fake:
+        fake.add_pod({"metadata": {"name": pod, "namespace": namespace},
+                      "spec": {"containers": [{"name": "extender", "image": "registry.invalid/x:0"}]}})
+        monkeypatch.setenv("POD_NAME", pod)
+        api = make_api_client(host=fake.url, timeout_s=5.0)
+        ext = Extender.cluster(api, ExtenderConfig(
+            leader_elect=True, leader_elect_namespace=namespace, leader_elect_lease_duration_s=3,
+            leader_elect_renew_deadline_s=2, leader_elect_retry_period_s=1),
+            sync_options={"watch_timeout_s": 60, "backoff_initial_s": 0.02, "backoff_max_s": 0.1})
+        try:
+            ext.start()
+            assert eventually(ext.leading, WAIT)
+            def lease_rv() -> str:
+                return (fake.lease(namespace, "gpu-extender") or {}).get("metadata", {}).get("resourceVersion", "")
+
+            acquired = lease_rv()
+            assert eventually(lambda: lease_rv() != acquired and ext.leading(), WAIT)  # a renewal
+        finally:
+            ext.stop()
+            api.close()
+        assert fake.holder(namespace, "gpu-extender") is None  # released
+        requests = [r for r in fake.requests if "/leases" in r.path or (r.method == "PATCH" and "/pods/" in r.path)]
     assert_equals_table("extender-leader-election", requests)
     with pytest.raises(AssertionError, match="never made"):
-        assert_equals_table("extender-leader-election", requests[1:])
+        assert_equals_table("extender-leader-election", [r for r in requests if r.method != "POST"])
