@@ -21,6 +21,7 @@ import structlog
 from extender.config import SETTINGS, ExtenderConfig
 from extender.logs import configure_logging
 from extender.webhook.command import command as webhook_command
+from gputopo.extras import require as require_extra
 
 log = structlog.get_logger(__name__)
 
@@ -56,8 +57,11 @@ def check_plain_http(host: str, tls: bool, allow_insecure_remote: bool) -> None:
 
 @click.group()
 @click.version_option(package_name="gpu-topology-scheduling")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Topology-aware kube-scheduler HTTP extender for GPUs."""
+    if ctx.invoked_subcommand in ("serve", "webhook"):  # before their own options: `serve --help` says it too
+        require_extra(f"gpu-extender {ctx.invoked_subcommand}", "extender")
 
 
 @main.command(epilog=SETTINGS.epilog)

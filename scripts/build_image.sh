@@ -19,7 +19,10 @@
 # (--index-url, passed as a secret since it may hold credentials).
 #
 # Usage: scripts/build_image.sh [--repository PREFIX] [--only plugin|extender] [--ca-bundle FILE] [--index-url URL]
-#                               [--no-stand-in] [--keep-image] [--layers]
+#                               [--source-url URL] [--no-stand-in] [--keep-image] [--layers]
+# --source-url: the OCI source label of a fork's images (default: pyproject.toml's [project.urls] Source).
+# After both images built and passed, the fingerprint of the build's inputs taken before building is recorded in
+# deploy/image/built-from.sha256 (deploy/image/fingerprint.py; a fast test fails when the inputs move away from it).
 # The images are PREFIX-plugin:dev and PREFIX-extender:dev (default PREFIX: localhost/gpu-topology).
 # --layers keeps each step as a cached layer for the next run; with vfs storage every layer is a full copy of the
 # file system, so a build without it (the default) is the faster one: about 75 s per image here, downloads included.
@@ -31,6 +34,7 @@ REPOSITORY=localhost/gpu-topology
 COMPONENTS=(plugin extender)
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 INDEX_URL=""
+SOURCE_URL=""
 STAND_IN=1
 KEEP_IMAGE=0
 CACHE=(--layers=false)
@@ -42,6 +46,7 @@ while [ $# -gt 0 ]; do
       shift 2 ;;
     --ca-bundle) CA_BUNDLE=$2; shift 2 ;;
     --index-url) INDEX_URL=$2; shift 2 ;;
+    --source-url) SOURCE_URL=$2; shift 2 ;;
     --no-stand-in) STAND_IN=0; shift ;;
     --keep-image) KEEP_IMAGE=1; shift ;;
     --layers) CACHE=(--layers); shift ;;
@@ -49,6 +54,10 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+
+# What is built: the fingerprint of the inputs now, recorded only if they are still the same once both images passed.
+INPUTS=$(python3 deploy/image/fingerprint.py)
+if [ -n "$SOURCE_URL" ]; then python3 deploy/image/source_url.py --check "$SOURCE_URL" >/dev/null; fi
 
 STATE=${GPU_TOPOLOGY_IMAGE_STATE:-/var/tmp/gpu-topology-image}
 mkdir -p "$STATE"
@@ -138,10 +147,11 @@ else
   exit 1
 fi
 
-args=(--build-arg "SOURCE_URL=$(python3 deploy/image/source_url.py)"
-      --build-arg "REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+# SOURCE_URL only when given: the Dockerfiles' default (pyproject's URL) is what a plain `docker build` gets.
+args=(--build-arg "REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)"
       --build-arg "CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
       --build-arg "VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')")
+if [ -n "$SOURCE_URL" ]; then args+=(--build-arg "SOURCE_URL=$SOURCE_URL"); fi
 secrets_dir=$(mktemp -d)
 trap 'rm -rf "$secrets_dir"' EXIT
 if [ -n "$CA_BUNDLE" ] && [ -s "$CA_BUNDLE" ]; then
@@ -223,3 +233,7 @@ for component in "${COMPONENTS[@]}"; do
     "$((size / 1000000))" "$size" "$(((size - base_size) / 1000000))" "$((base_size / 1000000))" "$build_s"
   printf 'org.opencontainers.image.source=%s\n' "$label"
 done
+
+if [ "${#COMPONENTS[@]}" = 2 ]; then
+  python3 deploy/image/fingerprint.py --write --built-from "$INPUTS"
+fi

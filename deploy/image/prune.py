@@ -8,8 +8,10 @@ console scripts and entry points, since the image does not install their librari
 FastAPI, the extender image no NVML or gRPC); test suites shipped inside wheels; the kubernetes client's asyncio
 flavour (`kubernetes.aio`, the largest part of the image; the product uses the synchronous client) and the
 distributions only that flavour needs. The check afterwards imports every module left of the product and the
-kubernetes client parts it uses with the environment's own interpreter, and proves the other half's libraries are
-absent, so a prune that removed something needed fails the build, not a pod.
+kubernetes client parts it uses with the environment's own interpreter (each in silence: a module that exits, raises
+or prints when imported fails it), and proves the other half's libraries are absent, so a prune that removed
+something needed fails the build, not a pod. tests/deploy/test_image_install.py runs prune() and the import part of
+the check on a replay of the build; only the real build can prove the absence.
 """
 
 from __future__ import annotations
@@ -37,20 +39,25 @@ COMPONENTS = {
     "plugin": Component(("gputopo", "gpuplugin"), "gpuplugin", ("fastapi", "uvicorn", "starlette")),
     "extender": Component(("gputopo", "extender"), "gpu-extender", ("pynvml", "grpc", "google.protobuf", "watchdog")),
 }
+# Modules are listed from the files (pkgutil.walk_packages skips directories without __init__.py, such as
+# gpuplugin/sharing); each one must import without exiting, raising or printing.
 IMPORT_CHECK = (
-    "import importlib, importlib.util, pkgutil, sys\n"
+    "import importlib, importlib.util, pathlib, sys\n"
     "import kubernetes.client, kubernetes.config, kubernetes.watch\n"
-    "packages, absent = sys.argv[1].split(','), sys.argv[2].split(',')\n"
+    "packages, absent = sys.argv[1].split(','), [a for a in sys.argv[2].split(',') if a]\n"
     "names = []\n"
     "for package in packages:\n"
-    "    module = importlib.import_module(package)\n"
-    "    names += [m.name for m in pkgutil.walk_packages(module.__path__, package + '.')]\n"
+    "    for root in map(pathlib.Path, importlib.import_module(package).__path__):\n"
+    "        assert root.is_relative_to(sys.prefix), f'{package} loads from {root}, not the environment'\n"
+    "        names += sorted('.'.join((package, *f.relative_to(root).with_suffix('').parts))\n"
+    "                        .removesuffix('.__init__') for f in root.rglob('*.py') if '__pycache__' not in f.parts)\n"
     "for name in names:\n"
     "    importlib.import_module(name)\n"
     "present = [name for name in absent if all(importlib.util.find_spec('.'.join(name.split('.')[:i + 1]))\n"
     "                                          for i in range(name.count('.') + 1))]\n"
     "assert not present, f'the image holds the other half\\'s libraries: {present}'\n"
-    "print(f'imports: {len(names)} modules of the product load after pruning; absent: {\", \".join(absent)}')\n"
+    "print(f'imports: {len(names)} modules of the product load after pruning'\n"
+    "      + (f'; absent: {\", \".join(absent)}' if absent else ''))\n"
 )
 
 
@@ -63,8 +70,12 @@ def prune(venv: Path, component: Component) -> int:
     """Delete the pruned files; returns the bytes freed."""
     site = site_packages(venv)
     before = _size(venv)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "uninstall", "--yes",
-                    "--quiet", *AIO_ONLY_DISTRIBUTIONS], check=True)
+    # Only what this environment itself holds: never a distribution it merely sees (a .pth onto another one).
+    installed = [name for name in AIO_ONLY_DISTRIBUTIONS
+                 if any(site.glob(f"{name.replace('-', '_')}-*.dist-info"))]
+    if installed:
+        subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "uninstall", "--yes",
+                        "--quiet", *installed], check=True)
     shutil.rmtree(site / "kubernetes" / "aio", ignore_errors=True)
     for tests in sorted(site.glob("*/**/tests"), reverse=True):
         if tests.is_dir() and tests.parent.name not in PRODUCT_PACKAGES:
@@ -98,9 +109,22 @@ def _size(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def check_imports(venv: Path, component: Component) -> None:
-    subprocess.run([str(venv / "bin" / "python"), "-c", IMPORT_CHECK, ",".join(component.packages),
-                    ",".join(component.absent)], check=True)
+class CheckFailed(Exception):
+    pass
+
+
+def check_imports(venv: Path, component: Component, *, absent: bool = True) -> str:
+    """Every module left of the product imports in silence with the environment's own interpreter; with `absent`,
+    the other half's libraries cannot be found. `absent=False` is for an environment that sees another one's
+    libraries (the tests' replay of the build). Returns the summary line."""
+    # -I: the build runs this from /src, which holds the sources; the check is of the environment, not of them.
+    result = subprocess.run([str(venv / "bin" / "python"), "-I", "-c", IMPORT_CHECK, ",".join(component.packages),
+                             ",".join(component.absent) if absent else ""], cwd=venv, capture_output=True,
+                            text=True)
+    lines = result.stdout.splitlines()
+    if result.returncode != 0 or result.stderr or len(lines) != 1 or not lines[0].startswith("imports: "):
+        raise CheckFailed(f"import check failed (exit {result.returncode}):\n{result.stdout}{result.stderr}")
+    return lines[0]
 
 
 def main(argv: list[str]) -> int:
@@ -109,7 +133,11 @@ def main(argv: list[str]) -> int:
         return 2
     venv, component = Path(argv[0]), COMPONENTS[argv[1]]
     freed = prune(venv, component)
-    check_imports(venv, component)
+    try:
+        print(check_imports(venv, component))
+    except CheckFailed as e:
+        print(e, file=sys.stderr)
+        return 1
     print(f"pruned {freed / 2**20:.1f} MiB; environment now {_size(venv) / 2**20:.1f} MiB")
     return 0
 

@@ -190,18 +190,41 @@ def test_pip_wrapper_exports_the_secrets(tmp_path: Path) -> None:
                      "args=install x")
 
 
-def test_source_label_comes_from_the_one_url_in_pyproject() -> None:
+def test_source_label_defaults_to_the_url_in_pyproject() -> None:
+    """Unset or empty SOURCE_URL labels the image with pyproject.toml's URL (the Dockerfiles' default, kept equal to
+    it here, since a Dockerfile cannot read a file for a label); the build-stage check runs on the same argument."""
     url = source_url.source_url()
     assert url.startswith("https://") and "example" not in url and "invalid" not in url
     for text in TEXTS.values():
-        assert 'org.opencontainers.image.source="${SOURCE_URL}"' in text
+        assert f'org.opencontainers.image.source="${{SOURCE_URL:-{url}}}"' in text
         assert 'source_url.py --check "${SOURCE_URL}"' in text
-    assert source_url.main(["--check", url]) == 0
-    assert source_url.main(["--check", ""]) == 1
-    assert source_url.main(["--check", "https://example.invalid/x"]) == 1
     # Nowhere else in the repository spells it (the build script and docs ask source_url.py).
     spelled = subprocess.run(["git", "grep", "--untracked", "-lF", url], cwd=ROOT, capture_output=True, text=True)
-    assert spelled.stdout.split() == ["pyproject.toml"]
+    assert sorted(spelled.stdout.split()) == ["Dockerfile.extender", "Dockerfile.plugin", "pyproject.toml"]
+
+
+def _check(url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "deploy" / "image" / "source_url.py"), "--check", url],
+                          capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("url", ["", "https://github.com/someone/gpu-topology-scheduling",
+                                 "https://gitlab.example.org:8443/group/sub/fork.git"])
+def test_source_url_check_accepts_the_default_and_any_forks_https_url(url: str) -> None:
+    result = _check(url)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout == f"OCI source label: {url or source_url.source_url()}" + (
+        " (pyproject.toml [project.urls] Source)\n" if not url else "\n")
+
+
+@pytest.mark.parametrize("url", ["not a url", "github.com/someone/fork", "http://github.com/someone/fork",
+                                 "https://", "https://user:token@github.com/someone/fork", "https://github.com:0/x",
+                                 "https://github.com/x?y=1", "https://bad_host/x", "javascript:alert(1)"])
+def test_source_url_check_refuses_garbage_with_one_line(url: str) -> None:
+    result = _check(url)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("SOURCE_URL must be an https URL"), \
+        result.stderr
 
 
 def test_prune_list_is_exactly_what_only_kubernetes_aio_needs() -> None:

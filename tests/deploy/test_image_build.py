@@ -4,27 +4,76 @@ base where the official one cannot be pulled), then inside the plugin image `gpu
 kube-scheduler's filter call; each image proven to lack the other half's libraries and command.
 
 It takes minutes (ten or more on a loaded 2-core machine), so it runs only when asked: GPU_TOPOLOGY_IMAGE_TEST=1.
-As root on Debian the script installs buildah (and debootstrap for the stand-in) from Debian's packages.
+As root on Debian the script installs buildah (and debootstrap for the stand-in) from Debian's packages. What makes
+it due is checked on every run, fast: the script records the fingerprint of the build's inputs after a build that
+passed (deploy/image/fingerprint.py), and a change to those inputs fails the suite until the images are built again.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
+from deploy.image import fingerprint
 from deploy.image.source_url import source_url
 from tests.deploy.rendering import ROOT
 
-pytestmark = [
-    pytest.mark.skipif(os.environ.get("GPU_TOPOLOGY_IMAGE_TEST") != "1",
-                       reason="builds the image with buildah (minutes): set GPU_TOPOLOGY_IMAGE_TEST=1 to run it"),
-    pytest.mark.timeout(3600),
-]
+
+def test_images_were_built_from_the_current_inputs() -> None:
+    """Fails, with the one line telling what to run, when an input of the image build changed since the last build
+    that passed."""
+    message = fingerprint.stale_message()
+    assert message is None, message
 
 
+def _inputs_copy(root: Path) -> Path:
+    for name in (*fingerprint.FILES, "pyproject.toml"):
+        shutil.copyfile(ROOT / name, root / name)
+    shutil.copytree(ROOT / "deploy" / "image", root / "deploy" / "image",
+                    ignore=shutil.ignore_patterns("__pycache__", fingerprint.RECORD.name))
+    for lock in (ROOT / "deploy").glob("requirements-*.txt"):
+        shutil.copyfile(lock, root / "deploy" / lock.name)
+    for package in fingerprint.PACKAGES:
+        shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def test_fingerprint_follows_the_build_inputs_and_only_them(tmp_path: Path) -> None:
+    """A new module, a dependency, a Dockerfile line or a build helper changes it; a module's contents or a tool's
+    settings in pyproject.toml do not (the fast tests cover those); the recorded one is read back."""
+    root = _inputs_copy(tmp_path)
+    base = fingerprint.fingerprint(root)
+    assert fingerprint.main(["--root", str(root), "--check"]) == 1  # nothing recorded in the copy yet
+    assert fingerprint.write(root) == base and fingerprint.recorded(root) == base
+    assert fingerprint.main(["--root", str(root), "--check"]) == 0
+    pyproject = root / "pyproject.toml"
+    (root / "gputopo" / "core" / "allocator.py").write_text("# changed\n", encoding="utf-8")
+    pyproject.write_text(pyproject.read_text() + "\n[tool.example]\nsetting = 1\n")
+    assert fingerprint.fingerprint(root) == base
+    changes = [
+        lambda: (root / "extender" / "new_module.py").write_text(""),
+        lambda: (root / "Dockerfile.plugin").write_text((root / "Dockerfile.plugin").read_text() + "LABEL x=y\n"),
+        lambda: pyproject.write_text(pyproject.read_text().replace('"click>=8.5,<9",', '"click>=8.5,<9", "rich",')),
+        lambda: (root / "deploy" / "image" / "prune.py").write_text("# changed\n"),
+        lambda: (root / "deploy" / "requirements-extender.txt").write_text("fastapi==1.0\n"),
+        lambda: (root / "gpuplugin" / "sharing" / "config.py").rename(root / "gpuplugin" / "sharing" / "conf.py"),
+    ]
+    seen = {base}
+    for change in changes:
+        change()
+        seen.add(fingerprint.fingerprint(root))
+    assert len(seen) == len(changes) + 1
+    assert "run `bash scripts/build_image.sh`" in (fingerprint.stale_message(root) or "")
+
+
+@pytest.mark.skipif(os.environ.get("GPU_TOPOLOGY_IMAGE_TEST") != "1",
+                    reason="builds the image with buildah (minutes): set GPU_TOPOLOGY_IMAGE_TEST=1 to run it")
+@pytest.mark.timeout(3600)
 def test_both_images_build_and_each_runs_its_binary() -> None:
     result = subprocess.run(["bash", str(ROOT / "scripts" / "build_image.sh")], cwd=ROOT, capture_output=True,
                             text=True, timeout=3500)
@@ -41,3 +90,4 @@ def test_both_images_build_and_each_runs_its_binary() -> None:
     for component in ("plugin", "extender"):
         assert re.search(rf"image \S+-{component}:dev: \d+ MB \(\d+ bytes; \d+ MB on top of the \d+ MB base\), "
                          r"built in \d+ s", out), component
+    assert fingerprint.stale_message() is None, "the script records the inputs of the build that passed"
