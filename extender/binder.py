@@ -14,8 +14,9 @@ Standalone mode (no apiserver) commits the plan into the inventory under the sam
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -115,16 +116,32 @@ class Binder:
         self.jobs = jobs  # a job's pod takes its slot of the job's plan (extender.jobs.plans)
         self._api_limiter = anyio.CapacityLimiter(api_concurrency)
         self.explainer = explainer
+        # Leader election (extender.leadership): a bind is written only while this replica may act, and a replica
+        # that steps down waits for the binds it started before it lets another lead.
+        self.may_bind: Callable[[], bool] = lambda: True
+        self._in_flight = 0
+        self._idle = threading.Condition()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """True once no bind is in flight (any thread), False after `timeout` seconds with some still out."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
 
     async def bind(self, req: BindRequest) -> str:
         """Bind the pod; returns "" on success or the Error text for kube-scheduler."""
         started = time.perf_counter()
+        with self._idle:
+            self._in_flight += 1
         try:
             outcome = await self._bind(req)
         except BindFailed as e:
             self.metrics.binds.labels(e.outcome).inc()
             log.info("extender.bind.failed", pod=req.key, node=req.node, outcome=e.outcome, error=e.message)
             return e.message
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
         self.metrics.binds.labels(outcome).inc()
         log.debug("extender.bind.done", pod=req.key, node=req.node, outcome=outcome,
                   ms=round((time.perf_counter() - started) * 1000, 2))
@@ -139,6 +156,10 @@ class Binder:
         plan, res = self._reserve(req, needs)
         if self.inventory is not None:
             return BOUND
+        if not self.may_bind():  # stepped down since the request came in: another replica may lead by now
+            self._release(req, res)
+            raise BindFailed("standby", f"pod {req.key} not bound: this gpu-extender replica no longer holds the "
+                                        "leader election Lease")
         outcome = await self._post_binding(req, plan, res)
         if res is not None:  # bound: from now on the reservation ends by state or by the pod going away
             self.cache.reservations.mark_bound(req.holder, req.node, res)

@@ -258,6 +258,16 @@ class BindPosts(Worker):
             if self.pause(self.backoff.failed(), wakeable=False):
                 return
 
+    def abandon(self) -> None:
+        """Kill the worker now, POSTs it holds unsent or not: after a lost leader election Lease another replica
+        may already lead, and what this one queued must never be written later. Those POSTs answer BindWorkerDied
+        (applied unknown), as after any death of the worker."""
+        channel = self._channel
+        if channel is not None and channel.proc.pid is not None:
+            with contextlib.suppress(OSError, ValueError):
+                channel.proc.kill()
+            log.warning("extender.bind_posts.abandoned", pid=channel.proc.pid, posts_held=len(channel.pending))
+
     def interrupt(self) -> None:
         channel = self._channel
         if channel is not None:
@@ -387,6 +397,15 @@ def worker_main(requests: socket.socket, results: socket.socket) -> None:
             jobs.put(job)  # bounded: the parent never has more than max_in_flight out
     except (BindPostError, OSError, ValueError) as e:
         log.error("extender.bind_posts.stream_broken", error=str(e))
+    # The parent is gone or stopping: what is queued and not posted yet is dropped, never written later. A parent
+    # that died may have lost its leader election Lease, and another replica may be planning on those GPUs now.
+    dropped = 0
+    with contextlib.suppress(queue.Empty):
+        while True:
+            jobs.get_nowait()
+            dropped += 1
+    if dropped:
+        log.warning("extender.bind_posts.dropped", posts=dropped)
     for _ in threads:
         jobs.put(None)
     for t in threads:

@@ -29,7 +29,10 @@ STANDBY = "standby"
 
 class Leadership:
     def __init__(self, api: kubernetes.client.ApiClient, config: ExtenderConfig, metrics: ExtenderMetrics, *,
-                 ready: Callable[[], bool], on_lost: Callable[[], None]) -> None:
+                 ready: Callable[[], bool], on_lost: Callable[[], None], drain: Callable[[float], bool],
+                 abandon: Callable[[], None]) -> None:
+        """`drain(timeout)`: True once the binds started while leading have ended; `abandon()`: drop the ones not
+        written yet."""
         self.api = api
         self.settings = ElectionSettings(
             lease_name=config.leader_elect_lease_name,
@@ -43,6 +46,8 @@ class Leadership:
         self.pod = os.environ.get("POD_NAME") or None  # without it no label is written (a process outside a Pod)
         self.metrics = metrics
         self.on_lost = on_lost
+        self.drain = drain
+        self.abandon = abandon
         self.elector = LeaderElector(api, self.settings, on_started=self._started, on_lost=self._lost,
                                      wait_for=ready)
         metrics.leader.set(0)
@@ -61,10 +66,19 @@ class Leadership:
         self.elector.start()
 
     def stop(self) -> None:
-        """Ends the campaign, releasing a held Lease so that a standby takes over within its retry period."""
+        """Steps down: answers nothing more, lets the binds already started end while the Lease is still held and
+        renewed, then releases it, so that a standby takes over within its retry period and never plans on a
+        cluster that lacks a bind of this one. Binds that do not end within the renew deadline are abandoned and
+        the Lease is left to expire instead."""
         was_leading = self.elector.leading
-        self.elector.stop()
+        self.elector.step_aside()
         self.metrics.leader.set(0)
+        if was_leading and not self.drain(float(self.settings.renew_deadline_s)):
+            log.warning("extender.leadership.drain_timeout", waited_s=self.settings.renew_deadline_s,
+                        hint="binds still out are dropped; the Lease is left to expire")
+            self.abandon()
+            self.elector.release_on_stop = False
+        self.elector.stop()
         if was_leading:
             self._set_role(STANDBY)
 
@@ -74,6 +88,7 @@ class Leadership:
 
     def _lost(self) -> None:
         self.metrics.leader.set(0)
+        self.abandon()  # another replica may lead once the Lease expires: nothing queued here may be written then
         self.on_lost()
 
     def _set_role(self, role: str) -> None:

@@ -96,10 +96,12 @@ class Extender:
         self.binder = Binder(config, self.cache, self.placement, self.metrics, self.recent, api=api,
                              posts=self.posts, inventory=inventory, explainer=self.explainer, jobs=self.jobs)
         self.mode = "standalone" if inventory is not None else "cluster"
-        self.leadership = None
+        self.leadership: Leadership | None = None
         if api is not None and config.leader_elect:
             self.leadership = Leadership(api, config, self.metrics, ready=self.ready,
-                                         on_lost=on_lost_lease or (lambda: None))
+                                         on_lost=on_lost_lease or (lambda: None), drain=self.binder.wait_idle,
+                                         abandon=self.posts.abandon if self.posts is not None else lambda: None)
+            self.binder.may_bind = self.leading
         self.expiry_interval_s = expiry_interval_s or max(0.05, min(5.0, config.reservation_timeout_s / 4))
         self._expiry = ReservationExpiry(self.cache, self.jobs, self.expiry_interval_s)
         self.metrics.bind_gauges(

@@ -152,6 +152,8 @@ class LeaderElector(Worker):
         self.wait_for = wait_for
         self._clock = clock
         self._won = False
+        self._aside = False
+        self.release_on_stop = True
         self._last_write = float("-inf")
         inner = LeaseLock(settings.lease_name, settings.namespace, settings.identity)
         inner.api_instance = _TimedLeases(api)
@@ -162,8 +164,13 @@ class LeaderElector(Worker):
 
     @property
     def leading(self) -> bool:
-        return self._won and not self.lock.stopping and \
+        return self._won and not self._aside and not self.lock.stopping and \
             self._clock() - self._last_write < self.settings.renew_deadline_s
+
+    def step_aside(self) -> None:
+        """Stop acting as leader now while still holding (and renewing) the Lease, so that work started under it
+        ends before stop() releases it: no one else may act until then."""
+        self._aside = True
 
     def holder(self) -> str | None:
         """Who holds the Lease, as this candidate last read it (None: not read yet, or released)."""
@@ -204,7 +211,7 @@ class LeaderElector(Worker):
             if self.lock.stopping:
                 return
             self.lock.stopping = True
-            if self._won:
+            if self._won and self.release_on_stop:
                 self._release()
 
     def _release(self) -> None:

@@ -5,6 +5,7 @@ leader hands over, and the new one already knows what the old one bound."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 
@@ -33,14 +34,15 @@ def leases() -> Iterator[FakeLeasesKubeApi]:
         yield server
 
 
-def _replica(stack: ExitStack, fake: FakeLeasesKubeApi, name: str, monkeypatch: pytest.MonkeyPatch
-             ) -> tuple[Extender, httpx.Client, ExitStack]:
+def _replica(stack: ExitStack, fake: FakeLeasesKubeApi, name: str, monkeypatch: pytest.MonkeyPatch,
+             **election: int) -> tuple[Extender, httpx.Client, ExitStack]:
     fake.add_pod({"metadata": {"name": name, "namespace": NS, "labels": {"app": "gpu-extender"}},
                   "spec": {"containers": [{"name": "extender", "image": "registry.invalid/x:0"}]}})
     monkeypatch.setenv("POD_NAME", name)
     api = make_api_client(host=fake.url, timeout_s=5.0)
     stack.callback(api.close)
-    ext = Extender.cluster(api, ExtenderConfig(**ELECTION, leader_elect_identity=name), sync_options=SYNC_OPTIONS)
+    ext = Extender.cluster(api, ExtenderConfig(**{**ELECTION, **election}, leader_elect_identity=name),
+                           sync_options=SYNC_OPTIONS)
     own = ExitStack()
     client = own.enter_context(running(ext))
     stack.enter_context(own)
@@ -112,3 +114,35 @@ def test_without_election_every_replica_answers(leases: FakeLeasesKubeApi) -> No
         assert leases.lease(NS, "gpu-extender") is None
     finally:
         api.close()
+
+
+def test_a_leader_stepping_down_writes_its_started_binds_before_it_releases_the_lease(
+        leases: FakeLeasesKubeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The order that keeps a GPU from being given twice across a handover: stop answering, let the binds already
+    posted end under the Lease, then release it."""
+    import threading
+
+    leases.add_node(k8s_node("n1", topo(A100)))
+    p1 = leases.add_pod(k8s_pod("p1", 4))
+    with ExitStack() as stack:
+        a, client_a, _ = _replica(stack, leases, "ext-a", monkeypatch, leader_elect_lease_duration_s=6,
+                                  leader_elect_renew_deadline_s=4)
+        assert eventually(lambda: a.leading(), 10)
+        gate = leases.hold_next(1, path_regex=r"/binding$")
+        answered: list[httpx.Response] = []
+        bind = threading.Thread(target=lambda: answered.append(client_a.post("/bind", json=bind_body(p1, "n1"))))
+        bind.start()
+        assert leases.wait_until(lambda: _bindings(leases) == 1, 10)  # the POST is out, held by the apiserver
+        assert a.leadership is not None
+        stepping_down = threading.Thread(target=a.leadership.stop)  # what SIGTERM does first
+        stepping_down.start()
+        assert eventually(lambda: not a.leading(), 2)
+        assert client_a.post("/filter", json=cache_args(p1, ["n1"])).status_code == 503  # answers nothing more
+        time.sleep(1.5)  # longer than a retry period: the Lease is still held, and renewed
+        assert leases.holder(NS, "gpu-extender") == "ext-a"
+        gate.set()
+        bind.join(10)
+        stepping_down.join(10)
+        assert answered and answered[0].json() == {"Error": ""}
+        assert leases.holder(NS, "gpu-extender") is None  # released only after the bind was written
+        assert leases.pod("default", "p1")["spec"].get("nodeName") == "n1"
