@@ -71,7 +71,8 @@ class FrontLink:
     def _flush(self) -> None:
         with self._lock:
             names, self._dirty, self._scheduled = self._dirty, set(), False
-        if names and self._writer is not None:
+        # an answering process that is going (its end closed, its exit not seen yet) gets nothing more
+        if names and self._writer is not None and not self._writer.is_closing():
             self._send_states(names)
 
     def _send_states(self, names: set[str] | list[str]) -> None:
@@ -120,6 +121,8 @@ class FrontLink:
         sent: bool | None = None
         while True:
             leading = self.ext.leading()
+            if writer.is_closing():
+                return
             if leading != sent:
                 writer.write(frame(("leading", leading)))
                 sent = leading
