@@ -14,6 +14,14 @@ setup() {
       exit 1
     fi
   fi
+  if ! command -v etcd >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    # The real-control-plane tier (tests/helpers/controlplane.py) runs its own etcd (own ports, own data dir); a
+    # policy-rc.d for the install keeps Debian's etcd service from starting, nothing here uses it.
+    rc=/usr/sbin/policy-rc.d; own_rc=; [ -e $rc ] || { printf '#!/bin/sh\nexit 101\n' >$rc; chmod +x $rc; own_rc=1; }
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; } \
+      || echo "etcd-server not installed: the real-control-plane tier will skip" >&2
+    [ -z "$own_rc" ] || rm -f $rc
+  fi
   if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt .venv/.installed ] \
       || [ deploy/requirements-runtime.txt -nt .venv/.installed ]; then
     "$PY" -m venv .venv

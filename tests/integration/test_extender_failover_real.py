@@ -1,0 +1,51 @@
+"""Extender failover against the real components: two `gpu-extender serve --leader-elect` replicas behind the Service
+stand-in (tests/helpers/service_proxy.py), a real kube-apiserver and kube-scheduler v1.36.2
+(tests/helpers/controlplane.py). A burst of 30 GPU pods (12 of them gated until the kill, so that the new leader
+surely has work); after 10 binds the leader gets SIGTERM (it releases the Lease on the way out, the fast path).
+Every pod must still be bound, the standby must have become the leader, and no GPU may be given twice: the proof
+reads every bound pod's plan annotation. bench/failover.py is the same scenario at 300 pods with SIGKILL too, for
+figures; this is its regression check.
+
+Skips, naming why, where the Kubernetes binaries (shared/kube beside the clone) or etcd are absent (a clone alone,
+CI without the binaries)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.helpers.controlplane import ControlPlane, skip_reason
+
+PODS = 30
+KILL_AFTER = 10
+GATED = 12  # held by a scheduling gate until the kill: the new leader surely binds some, however fast the rest go
+
+pytestmark = [pytest.mark.timeout(180)]
+
+
+@pytest.fixture(scope="module")
+def control_plane() -> Iterator[ControlPlane]:
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with ControlPlane() as cp:
+        yield cp
+
+
+def test_sigterm_to_the_leader_mid_burst_loses_no_pod_and_gives_no_gpu_twice(control_plane: ControlPlane) -> None:
+    from bench.failover import add_nodes, burst_sizes, default_nodes, run_once
+
+    sizes = burst_sizes(PODS, seed=3)
+    allocatable = add_nodes(control_plane, default_nodes(PODS, seed=3))
+    log_dir = control_plane.dir / "logs"
+    log_dir.mkdir(exist_ok=True)
+    r = run_once(control_plane, run_id="test", kill="sigterm", pods=PODS, sizes=sizes, allocatable=allocatable,
+                 kill_after=KILL_AFTER, log_dir=log_dir, timeout=60, gated=GATED)
+    assert r.new_leader and r.new_leader != r.old_leader, f"the standby never took over: {r}"
+    assert r.pending == 0, f"{r.pending} of {PODS} pods never bound (attempts {r.attempts})"
+    assert r.proof["bound"] == PODS
+    assert not r.proof["given_twice"], f"GPUs given twice: {r.proof['given_twice']}"
+    assert not r.proof["over_allocatable"], f"nodes over allocatable: {r.proof['over_allocatable']}"
+    assert r.proof["ok"], f"plan problems: {r.proof}"
+    assert r.binds_before_kill >= 1 and r.series[-1] > r.kill_at, "the kill did not land mid-burst"
