@@ -60,6 +60,12 @@ def https_extender() -> Iterator[dict[str, Any]]:
         args = []
         for arg in container["args"][1:]:
             key, _, value = arg.partition("=")
+            if key.startswith("--leader-elect"):
+                continue  # it serves an inventory here, with no apiserver to hold a Lease on
+            if key == "--metrics-port":
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    value = str(s.getsockname()[1])
             if value.startswith(mount["mountPath"]):
                 value = str(tmp / value.lstrip("/"))
             elif key == "--host":
