@@ -300,6 +300,10 @@ class GuardedProtocol(HttpToolsProtocol):
         self._chunked = any(name == b"transfer-encoding" and b"chunked" in value.lower()
                             for name, value in self.headers)
         self._line = b""
+        if self._phase == HEAD:
+            # The head came in time. A request whole in one read, answered by the lane within that read, leaves no
+            # other point where the phase moves on: the next head's deadline must start at its answer.
+            self._disarm()
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and self.scope.get("method") != "HEAD":

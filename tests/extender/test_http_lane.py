@@ -81,8 +81,8 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 @contextmanager
-def lane_server(lane: EchoLane) -> Iterator[int]:
-    limits = ConnectionLimits(header_timeout_s=5.0, body_timeout_s=BODY_TIMEOUT_S, max_connections=32,
+def lane_server(lane: EchoLane, header_timeout_s: float = 5.0) -> Iterator[int]:
+    limits = ConnectionLimits(header_timeout_s=header_timeout_s, body_timeout_s=BODY_TIMEOUT_S, max_connections=32,
                               max_body_bytes=LIMIT)
     cfg = server_config(app, "api", "127.0.0.1", 0, log_level="warning", limits=limits, metrics=Metrics(),
                         keep_alive_s=5.0, lane=lane)
@@ -265,3 +265,25 @@ def test_an_answer_the_lane_awaits_comes_in_turn_and_a_client_may_leave_before_i
         sock.sendall(request("/lane", b"ok"))
         assert reader.response()[2] == {"lane": 2}
     assert lane.answered == [5, 3, 6, 2]
+
+
+@pytest.mark.parametrize("path", ["/lane", "/app"])
+def test_a_busy_connection_sending_whole_requests_outlives_the_head_deadline(lane: EchoLane, path: str) -> None:
+    """Go's HTTP client sends a small POST's head and body in one write, so each request arrives whole in one read:
+    the head deadline must start again at each answer, not run on from when the connection opened (kube-scheduler
+    does not retry a POST that broke after it was written)."""
+    header_timeout_s = 0.5
+    with lane_server(lane, header_timeout_s=header_timeout_s) as port:
+        sock, reader = connect(port)
+        with sock:
+            answered = 0
+            end = time.monotonic() + 4 * header_timeout_s
+            while time.monotonic() < end:
+                sock.sendall(request(path, b"x" * 64))
+                status, _, _ = reader.response()
+                assert status == 200
+                answered += 1
+                time.sleep(0.02)
+            assert answered > 20
+            time.sleep(2 * header_timeout_s)  # idle past the deadline: now it is closed
+            assert reader.closed()
