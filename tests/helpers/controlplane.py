@@ -336,7 +336,10 @@ class ControlPlane:
         kcm = start_process("kube-controller-manager", [
             str(self.bin / "kube-controller-manager"), f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
             f"--authorization-kubeconfig={kc}", "--bind-address=127.0.0.1", f"--secure-port={port}",
-            "--controllers=*,-nodelifecycle", "--leader-elect=false", "--use-service-account-credentials=false",
+            "--controllers=*,-nodelifecycle", "--leader-elect=false",
+            # each controller as its own ServiceAccount with its bootstrap role, as kubeadm runs it: the
+            # controller-manager's own role does not cover them (the resource claim controller's creates, say)
+            "--use-service-account-credentials=true",
             f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
             f"--cert-dir={self.dir / 'kcm-certs'}", "--v=1",
         ], self.dir / "kube-controller-manager.log")
@@ -405,11 +408,10 @@ class ControlPlane:
 
     # objects
     def ensure_namespace(self, name: str) -> None:
-        """Create namespace `name` if missing, and its `default` ServiceAccount when no controller-manager makes it
-        (the ServiceAccount admission plugin refuses pods without one)."""
+        """Create namespace `name` if missing, and its `default` ServiceAccount (the ServiceAccount admission plugin
+        refuses pods without one; a controller-manager makes it too, but maybe only after the first pod)."""
         self.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}}, ok=(201, 409))
-        if not self.with_controller_manager:
-            self.ensure_service_account(name)
+        self.ensure_service_account(name)
 
     def ensure_service_account(self, namespace: str, name: str = "default") -> None:
         self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": name}},
