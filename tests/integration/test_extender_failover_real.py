@@ -40,12 +40,20 @@ def test_sigterm_to_the_leader_mid_burst_loses_no_pod_and_gives_no_gpu_twice(con
     allocatable = add_nodes(control_plane, default_nodes(PODS, seed=3))
     log_dir = control_plane.dir / "logs"
     log_dir.mkdir(exist_ok=True)
-    r = run_once(control_plane, run_id="test", kill="sigterm", pods=PODS, sizes=sizes, allocatable=allocatable,
-                 kill_after=KILL_AFTER, log_dir=log_dir, timeout=60, gated=GATED)
-    assert r.new_leader and r.new_leader != r.old_leader, f"the standby never took over: {r}"
-    assert r.pending == 0, f"{r.pending} of {PODS} pods never bound (attempts {r.attempts})"
-    assert r.proof["bound"] == PODS
-    assert not r.proof["given_twice"], f"GPUs given twice: {r.proof['given_twice']}"
-    assert not r.proof["over_allocatable"], f"nodes over allocatable: {r.proof['over_allocatable']}"
-    assert r.proof["ok"], f"plan problems: {r.proof}"
-    assert r.binds_before_kill >= 1 and r.series[-1] > r.kill_at, "the kill did not land mid-burst"
+    landed: list[str] = []
+    for attempt in (1, 2):  # the kill must land mid-burst for the scenario to mean anything; a burst can outrun it
+        r = run_once(control_plane, run_id=f"test-{attempt}", kill="sigterm", pods=PODS, sizes=sizes,
+                     allocatable=allocatable, kill_after=KILL_AFTER, log_dir=log_dir, timeout=60, gated=GATED)
+        # what the product must hold on every attempt, whatever the timing
+        assert r.new_leader and r.new_leader != r.old_leader, f"the standby never took over: {r}"
+        assert r.pending == 0, f"{r.pending} of {PODS} pods never bound (attempts {r.attempts})"
+        assert r.proof["bound"] == PODS
+        assert not r.proof["given_twice"], f"GPUs given twice: {r.proof['given_twice']}"
+        assert not r.proof["over_allocatable"], f"nodes over allocatable: {r.proof['over_allocatable']}"
+        assert r.proof["ok"], f"plan problems: {r.proof}"
+        assert r.written_after_release == 0, "the old leader wrote Bindings after it released the Lease"
+        if r.binds_before_kill >= 1 and r.series and r.series[-1] > r.kill_at:
+            return
+        landed.append(f"attempt {attempt}: {r.binds_before_kill} binds before the kill at {r.kill_at} s, bind times "
+                      f"{r.series[:3]}...{r.series[-3:]}")
+    pytest.fail("the kill did not land mid-burst: " + "; ".join(landed))
