@@ -41,7 +41,7 @@ def test_sigterm_to_the_leader_mid_burst_loses_no_pod_and_gives_no_gpu_twice(con
     log_dir = control_plane.dir / "logs"
     log_dir.mkdir(exist_ok=True)
     landed: list[str] = []
-    for attempt in (1, 2):  # the kill must land mid-burst for the scenario to mean anything; a burst can outrun it
+    for attempt in (1, 2, 3):  # the kill must land mid-burst for the scenario to mean anything; a burst can outrun it
         r = run_once(control_plane, run_id=f"test-{attempt}", kill="sigterm", pods=PODS, sizes=sizes,
                      allocatable=allocatable, kill_after=KILL_AFTER, log_dir=log_dir, timeout=60, gated=GATED)
         # what the product must hold on every attempt, whatever the timing
