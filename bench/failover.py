@@ -124,7 +124,8 @@ def start_replica(cp: ControlPlane, namespace: str, name: str, log_dir: Path, *,
                   extra: Sequence[str] = (), tree: Path = ROOT) -> Replica:
     """`gpu-extender serve` for Pod `name` (POD_NAME / POD_NAMESPACE set as the downward API would), its own
     session so that a SIGKILL of the group kills its answer and bind processes too, as a container's death does."""
-    from tests.helpers.controlplane import free_ports, start_process, wait_until
+    from sim.ports import free_ports
+    from tests.helpers.controlplane import start_process, wait_until
 
     port, mport = free_ports(2)
     create_replica_pod(cp, namespace, name, port)
@@ -189,7 +190,8 @@ def wait_leader(cp: ControlPlane, namespace: str, replicas: Sequence[Replica], t
 
 def start_proxy(cp: ControlPlane, namespace: str, log_dir: Path, keep_connections: bool = False) -> tuple[Proc, int]:
     """The Service stand-in as its own process, listening on a free port; ready when it accepts."""
-    from tests.helpers.controlplane import free_ports, start_process, wait_until
+    from sim.ports import free_ports
+    from tests.helpers.controlplane import start_process, wait_until
     from tests.helpers.processes import accepts
 
     (port,) = free_ports(1)

@@ -97,10 +97,10 @@ class Extender:
                              posts=self.posts, inventory=inventory, explainer=self.explainer, jobs=self.jobs)
         self.mode = "standalone" if inventory is not None else "cluster"
         self.leadership: Leadership | None = None
-        if api is not None and config.leader_elect:
+        if self.posts is not None and config.leader_elect:  # a cluster: the bind worker posts what a leader binds
             self.leadership = Leadership(api, config, self.metrics, ready=self.ready,
                                          on_lost=on_lost_lease or (lambda: None), drain=self.binder.wait_idle,
-                                         abandon=self.posts.abandon if self.posts is not None else lambda: None)
+                                         abandon=self.posts.abandon)
             self.binder.may_bind = self.leading
         self.expiry_interval_s = expiry_interval_s or max(0.05, min(5.0, config.reservation_timeout_s / 4))
         self._expiry = ReservationExpiry(self.cache, self.jobs, self.expiry_interval_s)

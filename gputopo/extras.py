@@ -14,10 +14,12 @@ import sys
 
 DISTRIBUTION = "gpu-topology-scheduling"
 # extra -> the top-level modules its distributions provide that the product imports.
+_PLUGIN = ("grpc", "google.protobuf", "pynvml", "watchdog")
+_EXTENDER = ("fastapi", "uvicorn", "httptools", "uvloop")
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "plugin": ("grpc", "google.protobuf", "pynvml", "watchdog"),
-    "extender": ("fastapi", "uvicorn", "httptools", "uvloop"),
-    "demo": ("grpc", "google.protobuf", "pynvml", "watchdog", "fastapi", "uvicorn", "httptools", "uvloop", "httpx"),
+    "plugin": _PLUGIN,
+    "extender": _EXTENDER,
+    "demo": (*_PLUGIN, *_EXTENDER, "httpx"),  # [demo] is both halves and the simulator's HTTP client
 }
 EXIT_MISSING_EXTRA = 2  # click's code for a usage error: the command cannot run as installed
 

@@ -1,11 +1,22 @@
-"""A free TCP port on 127.0.0.1 for a server a simulation or test is about to start."""
+"""Free TCP ports on 127.0.0.1 for servers a simulation, test or benchmark is about to start."""
 
 from __future__ import annotations
 
 import socket
 
 
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free ports, all bound at once so none repeats."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    (port,) = free_ports(1)
+    return port

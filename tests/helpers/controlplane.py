@@ -39,6 +39,7 @@ import yaml
 
 from gputopo.contract import DEFAULT_KEYS
 from gputopo.core import Topology, topology_to_json
+from sim.ports import free_ports
 from tests.helpers.paths import REPO
 
 # Beside the clone, never inside it (360 MB of binaries); nothing but this tier needs it, and it skips without.
@@ -78,20 +79,6 @@ def binaries_dir() -> Path:
         raise RuntimeError(f"unpacking {KUBE_SHARED} into {dest} failed: {done.stderr.strip()[-500:]}")
     (dest / ".complete").write_text(sums.decode())
     return dest
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` distinct free ports on 127.0.0.1, all bound at once so none repeats."""
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 # -- certificates ------------------------------------------------------------------------------------------------

@@ -118,7 +118,7 @@ def test_the_template_is_allocated_by_the_real_scheduler(cluster: ControlPlane, 
                   cluster.list_items(f"{DRA}/namespaces/{NAMESPACE}/resourceclaims")]
         logs = "".join(p.log_tail(2500) for p in cluster.procs if p.name == "kube-controller-manager")
         pytest.fail(f"{template}: never scheduled: {why or 'no PodScheduled condition'}; claims {claims}; "
-                    f"kube-scheduler: {logs}")
+                    f"kube-controller-manager: {logs}")
     claims = [c for c in cluster.list_items(f"{DRA}/namespaces/{NAMESPACE}/resourceclaims")
               if any(o.get("name") == f"uses-{template}" for o in c["metadata"].get("ownerReferences", []))]
     (claim,) = claims
