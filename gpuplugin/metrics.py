@@ -71,6 +71,12 @@ class PluginMetrics:
             ["result", "reason"],
             registry=r,
         )
+        self.kubelet_view_failures = Counter(
+            f"{PREFIX}_plan_kubelet_view_failures",
+            "PodResources List reads that failed while matching a plan to the pod being admitted (the kubelet's "
+            "admission order was followed instead).",
+            registry=r,
+        )
         self.pending_plans = Gauge(
             f"{PREFIX}_pending_plans", "Pods on this node with a plan the kubelet has not acted on.", registry=r
         )

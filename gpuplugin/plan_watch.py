@@ -2,10 +2,16 @@
 
 The extender writes `<prefix>/plan` onto a pod in the same Binding that puts it on a node. When the kubelet later asks
 GetPreferredAllocation it does not say which pod it is admitting, so this module keeps every pending plan of the node
-in memory (from a pod watch) and answers with any container plan that has the requested size, lies inside the
-kubelet's available set and holds every must-include id. Plans on one node are disjoint, so handing one pod another
-same-size pod's plan costs nothing (DESIGN.md); once the kubelet allocates a plan its GPUs leave the available set,
-which is why nothing has to be marked as used here.
+in memory (from a pod watch) and works out which pod the question is for. A plan is handed only to the pod it was
+made for: handing one pod another's plan piles shared replicas onto GPUs already in use while the planned ones stay
+idle, and leaves every annotation on the node wrong.
+
+Which pod: the kubelet admits pods one at a time, adding each to its pod manager just before admitting it, and
+allocates a pod's containers in order (init containers, then the others). So the pod being admitted is the one the
+kubelet's PodResources List shows with no devices yet for the next container of its plan; the same List shows which
+containers already hold devices (also after this process restarts). When List cannot be read within a short bound,
+the plugin follows the kubelet's own order: pods by creation time, then by when this process first saw them, each
+container once (a container whose plan was handed out is not offered again).
 
 The same watch tells when a pod holding this resource on the node ends (deleted, or Succeeded/Failed): it calls
 `on_device_pod_ended`, so the node's published state frees its devices at once rather than at the next poll. Whether
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import kubernetes.client
@@ -30,6 +36,9 @@ from gputopo.contract import DEFAULT_KEYS, DEFAULT_RESOURCE, Keys, Plan, PlanFor
 from gputopo.kube.watching import SYNC, Watcher
 from gputopo.podspec import PodSpecError, pod_device_count
 
+# The kubelet's view: (namespace, pod) -> container -> resource -> device ids (gpuplugin.podresources.KubeletPods).
+KubeletView = Mapping[tuple[str, str], Mapping[str, Mapping[str, Sequence[str]]]]
+
 log = structlog.get_logger(__name__)
 
 # Miss reasons, from "nothing to offer" to "almost": the reported reason is the furthest any plan got.
@@ -38,17 +47,28 @@ MISS_SIZE = "no_plan_of_size"
 MISS_AVAILABLE = "not_available"
 MISS_MUST_INCLUDE = "lacks_must_include"
 _MISS_ORDER = (MISS_NO_PLANS, MISS_SIZE, MISS_AVAILABLE, MISS_MUST_INCLUDE)
+MISS_NOT_ADMITTING = "not_admitting"  # plans fit, but the kubelet does not list their pods: it admits another
+# How long the kubelet's PodResources List may take while the kubelet waits for GetPreferredAllocation.
+KUBELET_VIEW_TIMEOUT_S = 0.5
 
 
 @dataclass(frozen=True)
 class PendingPlan:
-    """One pod's plan waiting for the kubelet; `seq` orders pods by when this process first saw them planned."""
+    """One pod's plan waiting for the kubelet, its containers in the kubelet's allocation order.
+
+    `created` (the pod's creationTimestamp, RFC 3339 so it sorts as text) and then `seq` (when this process first
+    saw the pod planned) order pods as the kubelet admits them."""
 
     uid: str
     namespace: str
     name: str
     seq: int
     plan: Plan
+    created: str = ""
+
+    @property
+    def kubelet_order(self) -> tuple[str, int]:
+        return (self.created, self.seq)
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -72,6 +92,7 @@ class PlanWatch:
         metrics: PluginMetrics | None = None,
         on_device_pod_ended: Callable[[], None] | None = None,
         shared_resources: Callable[[], Collection[str]] | None = None,
+        kubelet_view: Callable[[], KubeletView] | None = None,
     ) -> None:
         if not node_name:
             raise ValueError("node name must not be empty")
@@ -87,6 +108,10 @@ class PlanWatch:
         self._ignored: dict[str, str] = {}  # uid -> why, so a bad annotation is logged once, not per event
         self._holding: set[str] = set()  # uids of this node's live pods that ask for the resource
         self._on_ended = on_device_pod_ended
+        # the kubelet's PodResources List, read when a plan is asked for (None: follow the kubelet's order alone)
+        self._kubelet_view = kubelet_view
+        self._handed: dict[str, set[str]] = {}  # uid -> containers whose plan went to the kubelet
+        self._view_failed = False  # so a failing List is said once per outage, not per admission
         self._watcher = Watcher(
             api,
             "pods",
@@ -123,9 +148,9 @@ class PlanWatch:
         self.stop()
 
     def pending(self) -> list[PendingPlan]:
-        """Pending plans, oldest first."""
+        """Pending plans in the kubelet's admission order."""
         with self._lock:
-            return sorted(self._pending.values(), key=lambda p: p.seq)
+            return sorted(self._pending.values(), key=lambda p: p.kubelet_order)
 
     # -- PlanSource ------------------------------------------------------------------------------------------
 
@@ -145,24 +170,78 @@ class PlanWatch:
         available = set(available_ids)
         must = set(must_include_ids)
         pending_now = [p for p in self.pending() if p.plan.resource == resource]
-        furthest = 1 if pending_now else 0
-        for pending in pending_now:
-            for _container, ids in pending.plan.containers:
-                if len(ids) != size:
-                    continue
-                furthest = max(furthest, 2)
-                if not available.issuperset(ids):
-                    continue
-                if not must.issubset(ids):
-                    furthest = 3
-                    continue
-                self._metrics.plan_lookups.labels("hit", "").inc()
-                self._log.debug("plugin.plans.hit", pod=f"{pending.namespace}/{pending.name}", ids=list(ids))
-                return list(ids)
-        reason = _MISS_ORDER[furthest]
+        view = self._read_kubelet_view(pending_now, resource) if pending_now else None
+        furthest, fits = self._fitting(pending_now, available, must, size)
+        if view is not None:
+            # the kubelet lists a pod from just before its admission: an unlisted pod is not the one it admits
+            listed = [f for f in fits if (f[0].namespace, f[0].name) in view]
+            if fits and not listed:
+                furthest = len(_MISS_ORDER)
+            fits = listed
+        if fits:
+            pending, container, ids = fits[0]
+            with self._lock:
+                if pending.uid in self._pending:
+                    self._handed.setdefault(pending.uid, set()).add(container)
+            self._metrics.plan_lookups.labels("hit", "").inc()
+            self._log.debug("plugin.plans.hit", pod=f"{pending.namespace}/{pending.name}", container=container,
+                            ids=list(ids), candidates=len(fits))
+            return list(ids)
+        reason = MISS_NOT_ADMITTING if furthest == len(_MISS_ORDER) else _MISS_ORDER[furthest]
         self._metrics.plan_lookups.labels("miss", reason).inc()
         self._log.debug("plugin.plans.miss", reason=reason, size=size, available=len(available), must=len(must))
         return None
+
+    def _read_kubelet_view(self, pending_now: Sequence[PendingPlan], resource: str) -> KubeletView | None:
+        """The kubelet's PodResources List, and what it tells: a container listed with devices of `resource` is
+        done (the pod may stay Pending for minutes of image pulls). None when there is no List to read or it
+        failed; the kubelet's admission order then stands alone."""
+        if self._kubelet_view is None:
+            return None
+        try:
+            view = self._kubelet_view()
+        except Exception as e:  # the kubelet's rate limit, a restart, a slow answer
+            if not self._view_failed:
+                self._view_failed = True
+                self._log.warning("plugin.plans.kubelet_view_failed", error=str(e)[:300])
+            self._metrics.kubelet_view_failures.inc()
+            return None
+        if self._view_failed:
+            self._view_failed = False
+            self._log.info("plugin.plans.kubelet_view_back")
+        with self._lock:
+            for pending in pending_now:
+                containers = view.get((pending.namespace, pending.name)) or {}
+                held = {c for c, by_resource in containers.items() if by_resource.get(resource)}
+                if held and pending.uid in self._pending:
+                    self._handed.setdefault(pending.uid, set()).update(held)
+        return view
+
+    def _fitting(
+        self, pending_now: Sequence[PendingPlan], available: set[str], must: set[str], size: int
+    ) -> tuple[int, list[tuple[PendingPlan, str, tuple[str, ...]]]]:
+        """Each pod's next container not yet handed out, where its plan answers this request; and the furthest a
+        plan got (the reported miss reason)."""
+        furthest = 1 if pending_now else 0
+        fits = []
+        with self._lock:
+            handed = {uid: set(cs) for uid, cs in self._handed.items()}
+        for pending in pending_now:
+            done = handed.get(pending.uid, set())
+            nxt = next(((c, ids) for c, ids in pending.plan.containers if c not in done), None)
+            if nxt is None:
+                continue
+            container, ids = nxt
+            if len(ids) != size:
+                continue
+            furthest = max(furthest, 2)
+            if not available.issuperset(ids):
+                continue
+            if not must.issubset(ids):
+                furthest = 3
+                continue
+            fits.append((pending, container, ids))
+        return furthest, fits
 
     # -- watch -----------------------------------------------------------------------------------------------
 
@@ -218,11 +297,13 @@ class PlanWatch:
                 for uid in list(self._pending):
                     if uid not in seen:
                         del self._pending[uid]
+                        self._handed.pop(uid, None)
                 self._ignored = {u: w for u, w in self._ignored.items() if u in seen}
         elif event_type == "DELETED":
             uid = _meta(obj).get("uid")
             with self._lock:
                 self._pending.pop(uid, None)
+                self._handed.pop(uid, None)
                 self._ignored.pop(uid, None)
         else:
             self._update(obj)
@@ -237,6 +318,7 @@ class PlanWatch:
         with self._lock:
             if plan is None:
                 self._pending.pop(uid, None)
+                self._handed.pop(uid, None)
                 if why and self._ignored.get(uid) != why:
                     self._ignored[uid] = why
                     self._metrics.plans_ignored.labels(why.split(":", 1)[0]).inc()
@@ -248,9 +330,13 @@ class PlanWatch:
             old = self._pending.get(uid)
             if old is not None and old.plan == plan:
                 return uid
+            if old is not None:
+                self._handed.pop(uid, None)  # a new plan for the pod: none of it has been handed out
             self._seq += 1
+            created = meta.get("creationTimestamp")
             self._pending[uid] = PendingPlan(
-                uid, str(meta.get("namespace", "")), str(meta.get("name", "")), old.seq if old else self._seq, plan
+                uid, str(meta.get("namespace", "")), str(meta.get("name", "")), old.seq if old else self._seq,
+                _in_kubelet_order(plan, pod), created if isinstance(created, str) else "",
             )
         return uid
 
@@ -275,6 +361,20 @@ class PlanWatch:
         if plan.resource != self.resource_name and plan.resource not in self._shared():
             return None, f"other_resource: plan is for {plan.resource!r}"
         return plan, ""
+
+
+def _in_kubelet_order(plan: Plan, pod: Mapping[str, Any]) -> Plan:
+    """The plan with its containers in the order the kubelet allocates them: init containers, then the others, as
+    the pod spec lists them (a container the spec does not name goes last; the kubelet will never ask for it)."""
+    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+    order: list[str] = []
+    for field in ("initContainers", "containers"):
+        for c in spec.get(field) or []:
+            if isinstance(c, dict) and isinstance(c.get("name"), str):
+                order.append(c["name"])
+    rank = {name: i for i, name in enumerate(order)}
+    containers = tuple(sorted(plan.containers, key=lambda c: rank.get(c[0], len(rank))))
+    return plan if containers == plan.containers else replace(plan, containers=containers)
 
 
 class _ResourcePlans:

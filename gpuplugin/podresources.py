@@ -46,6 +46,10 @@ class ContainerDevices:
     device_ids: tuple[str, ...]
 
 
+# (namespace, pod) -> container -> resource -> device ids, as the kubelet lists them
+KubeletPods = dict[tuple[str, str], dict[str, dict[str, tuple[str, ...]]]]
+
+
 class PodResourcesClient:
     """List and GetAllocatableResources over the kubelet's socket. One channel, reconnected by gRPC as needed."""
 
@@ -81,6 +85,26 @@ class PodResourcesClient:
         except grpc.RpcError as e:
             raise self._fail("List", e) from None
         return list(_flatten(reply))
+
+    def pods(self, timeout_s: float | None = None) -> KubeletPods:
+        """Every pod the kubelet lists, with or without devices: (namespace, name) -> container -> resource -> ids.
+
+        The kubelet adds a pod to its pod manager just before admitting it, so during an admission the pod being
+        admitted is listed with no devices yet for the container being allocated (gpuplugin.plan_watch relies on
+        it). `timeout_s` bounds this one call (the kubelet waits on GetPreferredAllocation without a deadline)."""
+        try:
+            reply = self._stub.List(pb.ListPodResourcesRequest(), timeout=timeout_s or self._timeout)
+        except grpc.RpcError as e:
+            raise self._fail("List", e) from None
+        out: KubeletPods = {}
+        for pod in reply.pod_resources:
+            containers = out.setdefault((pod.namespace, pod.name), {})
+            for container in pod.containers:
+                held = containers.setdefault(container.name, {})
+                for dev in container.devices:
+                    if dev.device_ids:
+                        held[dev.resource_name] = (*held.get(dev.resource_name, ()), *dev.device_ids)
+        return out
 
     def allocatable_ids(self, resource: str) -> frozenset[str]:
         """Device ids of `resource` the kubelet can allocate (healthy devices, registered by the plugin)."""

@@ -378,10 +378,14 @@ def start_plan_watch(cfg: PluginConfig, targets: Sequence[Any], metrics: Any,
     except KubeConfigError as e:
         log.warning("plugin.plans.off", reason=str(e))
         return None
-    from gpuplugin.plan_watch import PlanWatch
+    from gpuplugin.plan_watch import KUBELET_VIEW_TIMEOUT_S, PlanWatch
+    from gpuplugin.podresources import PodResourcesClient
 
+    # its own channel: the publisher's polls must not queue behind an admission's question, nor it behind them
+    kubelet = PodResourcesClient(str(cfg.pod_resources_socket))
     watch = PlanWatch(api, cfg.node_name or "", keys=cfg.keys, metrics=metrics, resource_name=cfg.resource_name,
-                      on_device_pod_ended=on_device_pod_ended, shared_resources=shared).start()
+                      on_device_pod_ended=on_device_pod_ended, shared_resources=shared,
+                      kubelet_view=lambda: kubelet.pods(KUBELET_VIEW_TIMEOUT_S)).start()
     for target in targets:
         target.set_plan_source(watch)
     log.info("plugin.plans.on", node=cfg.node_name)
@@ -390,6 +394,7 @@ def start_plan_watch(cfg: PluginConfig, targets: Sequence[Any], metrics: Any,
         for target in targets:
             target.set_plan_source(None)
         watch.stop()
+        kubelet.close()
         api.close()
 
     return stop

@@ -44,6 +44,10 @@ class GpuNode:
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(list(self.argv), env=self.env, stdout=out, stderr=subprocess.STDOUT)
 
+    def admitting(self, pod: str, namespace: str = "default") -> None:
+        """What the kubelet does before it asks for a pod's devices: list the pod in PodResources, holding none."""
+        self.podres.service.set_pod(namespace, pod, {"main": {}})
+
     def log_tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
 

@@ -75,16 +75,19 @@ def test_pending_plans_answer_the_kubelet(fake: FakeKubeApi, watch: PlanWatch) -
     wait_pending(fake, watch, 2)
 
     hits = lookups("hit", "")
-    assert watch.pending_plan(IDS, [], 2) == ["GPU-0", "GPU-1"]  # the oldest plan of that size first
-    # once the kubelet allocated p1's GPUs they leave the available set: the other 2-GPU plan answers
-    assert watch.pending_plan(IDS[2:], [], 2) == ["GPU-6", "GPU-7"]
-    assert watch.pending_plan(IDS, ["GPU-3"], 4) == ["GPU-2", "GPU-3", "GPU-4", "GPU-5"]
+    assert watch.pending_plan(IDS, [], 2) == ["GPU-0", "GPU-1"]  # the oldest pod first, as the kubelet admits
+    # each container's plan goes out once: p2's next container is "a" (4 GPUs), so no 2-GPU plan is left to give
+    assert watch.pending_plan(IDS[2:], [], 2) is None
+    assert watch.pending_plan(IDS[2:], ["GPU-3"], 4) == ["GPU-2", "GPU-3", "GPU-4", "GPU-5"]
+    assert watch.pending_plan(IDS[6:], [], 2) == ["GPU-6", "GPU-7"]
     assert lookups("hit", "") == hits + 3
 
+    fake.add_pod(pod("p3", "node-a", plan_text("node-a", {"main": ["GPU-0", "GPU-1", "GPU-2", "GPU-3"]})))
+    wait_pending(fake, watch, 3)
     before = {r: lookups("miss", r) for r in ("no_plan_of_size", "not_available", "lacks_must_include")}
     assert watch.pending_plan(IDS, [], 3) is None
-    assert watch.pending_plan(IDS[:5], [], 4) is None
-    assert watch.pending_plan(IDS, ["GPU-0"], 4) is None
+    assert watch.pending_plan(IDS[1:], [], 4) is None
+    assert watch.pending_plan(IDS, ["GPU-5"], 4) is None
     assert {r: lookups("miss", r) - before[r] for r in before} == {
         "no_plan_of_size": 1, "not_available": 1, "lacks_must_include": 1}
 

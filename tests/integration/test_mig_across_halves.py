@@ -111,6 +111,7 @@ def test_a_mig_pod_goes_from_filter_to_the_planned_instance_beside_whole_gpus(tm
             assert eventually(lambda: NODE in ext.cache.nodes and ext.cache.nodes[NODE].mig is not None
                               and ext.cache.nodes[NODE].mig.used == set(held), WAIT)
             planned = _bind(client, node, _mig_pod("infer"))
+            node.admitting("infer")
             # the extender fills the partly used GPU first: a free instance of GPU 4
             assert len(planned) == 1 and planned <= set(GPU4[3:])
             assert eventually(lambda: set(kubelet.preferred_raw(ONE, free, [], 1)) == planned, WAIT), node.log_tail()
@@ -121,6 +122,7 @@ def test_a_mig_pod_goes_from_filter_to_the_planned_instance_beside_whole_gpus(tm
             # a plan that cannot be met (its instance is not available): the plugin answers with its own choice
             others = [x for x in free if x not in planned]
             second = _bind(client, node, _mig_pod("infer-2"))
+            node.admitting("infer-2")
             without = [x for x in others if x not in second]
             answer = kubelet.preferred_raw(ONE, without, [], 1)
             assert len(answer) == 1 and answer[0] in without
@@ -138,6 +140,7 @@ def test_an_all_mig_node_publishes_no_topology_and_takes_mig_pods_with_a_plan(tm
         with _extender(node) as (ext, client):
             assert eventually(lambda: NODE in ext.cache.nodes and ext.cache.nodes[NODE].mig is not None, WAIT)
             planned = _bind(client, node, _mig_pod("notebook", 2))
+            node.admitting("notebook")
             ids = [d.id for d in devices]
             assert eventually(lambda: set(kubelet.preferred_raw(ONE, ids, [], 2)) == planned, WAIT), node.log_tail()
 
@@ -166,6 +169,7 @@ def test_single_serves_mig_instances_as_nvidia_gpu_and_the_plan_names_them() -> 
         with _extender(node) as (ext, client):
             assert eventually(lambda: NODE in ext.cache.nodes and ext.cache.nodes[NODE].mig is not None, WAIT)
             planned = _bind(client, node, k8s_pod("whole-ish", 2), resource=GPU)
+            node.admitting("whole-ish")
             assert len(planned) == 2 and all(x.startswith("MIG-") for x in planned)
             assert eventually(lambda: set(kubelet.preferred_raw(GPU, devices, [], 2)) == planned, WAIT), \
                 node.log_tail()

@@ -57,6 +57,7 @@ def test_publishes_topology_and_state_and_honours_a_plan(polling_node: GpuNode) 
     # The extender bound a pod here with a plan that is not the plugin's own first choice for 2 GPUs (0,3).
     plan = {"v": 1, "node": NODE, "resource": RESOURCE, "containers": {"main": ["4", "7"]}, "gbps": 40.0}
     fake.add_pod(k8s_pod("trainer", 2, NODE, {"gpu-topology.io/plan": json.dumps(plan)}, phase="Pending"))
+    node_env.admitting("trainer")
     assert eventually(lambda: kubelet.preferred_raw(RESOURCE, ids, [], 2) == ["4", "7"], WAIT)
     kubelet.allocate(RESOURCE, ["4", "7"])
 

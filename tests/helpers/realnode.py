@@ -1,0 +1,122 @@
+"""Simulated GPU nodes on a real control plane (tests/helpers/controlplane.py): the plugin process as it runs on a
+node (`gpuplugin run` with the control plane's kubeconfig), the kubelet simulator it registers with, the kubelet's
+PodResources service, and sim.admission admitting the pods bound to the node as the kubelet does. The Node starts
+as a kubelet leaves it (Ready, no GPUs); the plugin publishes its topology and state, the admission its capacity.
+On exit the Node is deleted, so a node of one test never takes another test's pods.
+
+    with real_gpu_node(cp, "gpu-a", topology=DGX1) as node:
+        node.wait_published(30)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gputopo.contract import DEFAULT_KEYS
+from gputopo.kube.client import make_api_client
+from sim.admission import KubeletAdmission
+from sim.kubelet import KubeletSimulator
+from sim.podresources import PodResourcesServer
+from sim.ports import free_port
+from tests.helpers.controlplane import ControlPlane, start_process, wait_until
+from tests.helpers.paths import short_dir
+from tests.helpers.processes import stop_process
+
+
+@dataclass
+class RealGpuNode:
+    name: str
+    cp: ControlPlane
+    kubelet: KubeletSimulator
+    podres: PodResourcesServer
+    admission: KubeletAdmission
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+    def node(self) -> dict[str, Any]:
+        return self.cp.request("GET", f"/api/v1/nodes/{self.name}")  # type: ignore[no-any-return]
+
+    def wait_published(self, resource: str, count: int, timeout: float) -> None:
+        """Until the Node carries the plugin's topology or state and `count` allocatable `resource` (a bound on
+        a liveness wait, not a figure)."""
+        def ready() -> bool:
+            node = self.node()
+            annotations = node["metadata"].get("annotations") or {}
+            return (DEFAULT_KEYS.state in annotations
+                    and node["status"].get("allocatable", {}).get(resource) == str(count))
+        try:
+            wait_until(f"{self.name} published", ready, timeout)
+        except Exception as e:
+            raise AssertionError(f"{e}; plugin log: {self.log_tail()}") from None
+
+
+@contextmanager
+def real_gpu_node(cp: ControlPlane, name: str, *, topology: Path | None = None, nvml_recording: Path | None = None,
+                  args: Sequence[str] = (), labels: Mapping[str, str] | None = None, start_delay_s: float = 0.0,
+                  seed: int = 0) -> Iterator[RealGpuNode]:
+    source = ["--topology", str(topology)] if topology is not None else ["--nvml-recording", str(nvml_recording)]
+    with short_dir("rnode-") as root, PodResourcesServer(str(root / "podres.sock")) as podres, \
+            KubeletSimulator(root / "dp") as kubelet:
+        cp.add_node(name, labels=labels)
+        env = dict(os.environ, KUBECONFIG=str(cp.kubeconfig), NODE_NAME=name, PYTHONUNBUFFERED="1")
+        argv = [sys.executable, "-m", "gpuplugin.cli", "run", "--device-plugin-dir", str(root / "dp"), *source,
+                "--pod-resources-socket", str(root / "podres.sock"), "--metrics-port", str(free_port()),
+                "--pod-resources-poll-interval", "0.5", *args]
+        log = root / "plugin.log"
+        with open(log, "wb") as out:
+            process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        api = make_api_client(kubeconfig=str(cp.kubeconfig))
+        admission = KubeletAdmission(api, name, kubelet, podres.service, start_delay_s=start_delay_s, seed=seed)
+        node = RealGpuNode(name, cp, kubelet, podres, admission.start(), process, log)
+        try:
+            yield node
+        finally:
+            admission.stop()
+            stop_process(process, log=log)
+            api.close()
+            cp.request("DELETE", f"/api/v1/nodes/{name}", ok=(200, 202, 404))
+
+
+@dataclass
+class RealExtender:
+    port: int
+    metrics_port: int
+    proc: Any
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextmanager
+def real_extender(cp: ControlPlane, log_dir: Path, *, extra: Sequence[str] = ()) -> Iterator[RealExtender]:
+    """`gpu-extender serve` on the control plane's apiserver (one replica, no leader election)."""
+    import httpx
+
+    port, mport = free_port(), free_port()
+    argv = [sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(cp.kubeconfig), "--port", str(port),
+            "--metrics-port", str(mport), "--metrics-host", "127.0.0.1", "--log-level", "info", *extra]
+    proc = start_process("gpu-extender", argv, log_dir / "gpu-extender.log",
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_until("gpu-extender /healthz", lambda: httpx.get(f"http://127.0.0.1:{mport}/healthz", timeout=2)
+                   .status_code == 200, 90, proc, 0.2)
+        yield RealExtender(port, mport, proc)
+    finally:
+        proc.stop()
+
+
+def plan_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(DEFAULT_KEYS.plan)
+    return json.loads(text) if text else None

@@ -1,0 +1,130 @@
+"""The extender's plan and the kubelet's allocation, end to end through the real components: a real kube-apiserver and
+kube-scheduler v1.36.2 with our extender, the plugin process on simulated GPU nodes, and sim.admission admitting the
+bound pods as the kubelet does (listed in PodResources just before admission, containers allocated in order, pods of
+one arrival by creation time). Every pod must get exactly the GPUs its plan names: the plugin ties a plan to the pod
+being admitted, never to another pending pod whose plan happens to fit.
+
+Skips, naming why, where the Kubernetes binaries (shared/kube beside the clone) or etcd are absent."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gputopo.contract import replica_parent
+from tests.helpers.controlplane import ControlPlane, Scheduler, extender_stanza, skip_reason
+from tests.helpers.kube import k8s_pod
+from tests.helpers.paths import SHARED
+from tests.helpers.realnode import RealExtender, plan_of, real_extender, real_gpu_node
+
+GPU = "nvidia.com/gpu"
+DGX1 = SHARED / "topologies" / "dgx1-v100-ucxpy.txt"
+WAIT = 90.0  # liveness bound of the waits, never a performance figure
+# NVIDIA's time-slicing file as teams write it: every GPU as 4 replicas, still called nvidia.com/gpu.
+TIME_SLICING = """version: v1
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+"""
+
+pytestmark = [pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, RealExtender, Scheduler]]:
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    logs = tmp_path_factory.mktemp("logs")
+    with ControlPlane() as cp, real_extender(cp, logs) as ext:
+        sched = cp.start_scheduler([extender_stanza(ext.url)])
+        yield cp, ext, sched
+
+
+def _create(cp: ControlPlane, ns: str, name: str, gpus: int) -> dict[str, Any]:
+    return cp.request("POST", f"/api/v1/namespaces/{ns}/pods", k8s_pod(name, gpus, namespace=ns))  # type: ignore
+
+
+def _wait_settled(cp: ControlPlane, ns: str, count: int, timeout: float = WAIT) -> list[dict[str, Any]]:
+    """The namespace's pods once all `count` are past admission (Running or Failed)."""
+    deadline = time.monotonic() + timeout
+    pods: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        pods = cp.list_items(f"/api/v1/namespaces/{ns}/pods")
+        if len(pods) == count and all((p.get("status") or {}).get("phase") in ("Running", "Failed") for p in pods):
+            return pods
+        time.sleep(0.2)
+    phases = {p["metadata"]["name"]: (p.get("status") or {}).get("phase") for p in pods}
+    raise AssertionError(f"not settled in {timeout} s: {phases}")
+
+
+def test_time_sliced_pods_get_the_replicas_of_exactly_their_planned_gpus(
+        cluster: tuple[ControlPlane, RealExtender, Scheduler], tmp_path: Path) -> None:
+    """12 two-replica pods on a time-sliced DGX-1 (4 replicas per GPU): 6 created one by one, then 6 at once.
+    Admitted pods stay Pending for 2 s (image pulls), so their plans still fit later questions."""
+    cp, _, _ = cluster
+    ns = "slicing"
+    cp.ensure_namespace(ns)
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "default").write_text(TIME_SLICING)
+    args = ["--device-id-strategy", "index", "--sharing-config-dir", str(configs), "--sharing-poll-interval", "0.2"]
+    with real_gpu_node(cp, "slice-dgx1", topology=DGX1, args=args, start_delay_s=2.0) as node:
+        node.wait_published(GPU, 32, WAIT)
+        for i in range(6):
+            _create(cp, ns, f"c3-{i:03d}-2r", 2)
+            _wait_settled(cp, ns, i + 1)
+        for i in range(6, 12):
+            _create(cp, ns, f"c3-{i:03d}-2r", 2)
+        pods = _wait_settled(cp, ns, 12)
+        held = node.admission.held(GPU)
+        wrong, given = [], []
+        for pod in pods:
+            key = f"{ns}/{pod['metadata']['name']}"
+            plan = plan_of(pod)
+            assert plan is not None, f"{key} was bound without a plan (not through the extender)"
+            planned = sorted(i for ids in plan["containers"].values() for i in ids)
+            replicas = held.get(key, [])
+            parents = sorted(replica_parent(r)[0] for r in replicas)
+            if parents != planned:
+                wrong.append(f"{key}: planned {planned}, allocated {replicas}")
+            given.extend(replicas)
+        assert not wrong, f"plan != Allocate for {len(wrong)} of 12 pods: {wrong}\n{node.log_tail(3000)}"
+        assert len(given) == len(set(given)) == 24, "a replica given twice"
+        for key, replicas in held.items():
+            assert len({replica_parent(r)[0] for r in replicas}) == 2, f"{key}: replicas not on distinct GPUs"
+
+
+def test_whole_gpu_pods_of_every_size_get_exactly_their_plan(
+        cluster: tuple[ControlPlane, RealExtender, Scheduler]) -> None:
+    """Pods of 1-4 GPUs in one burst on two DGX-1 nodes: plan == Allocate for every pod, no GPU twice."""
+    cp, _, _ = cluster
+    ns = "whole"
+    cp.ensure_namespace(ns)
+    sizes = [1, 2, 4, 1, 2, 1, 2, 1, 2]  # 16 GPUs on two 8-GPU nodes
+    with real_gpu_node(cp, "whole-a", topology=DGX1, args=["--device-id-strategy", "index"], seed=1) as a, \
+            real_gpu_node(cp, "whole-b", topology=DGX1, args=["--device-id-strategy", "index"], seed=2) as b:
+        a.wait_published(GPU, 8, WAIT)
+        b.wait_published(GPU, 8, WAIT)
+        for i, n in enumerate(sizes):
+            _create(cp, ns, f"w-{i:02d}-{n}g", n)
+        pods = _wait_settled(cp, ns, len(sizes))
+        held = {**a.admission.held(GPU), **b.admission.held(GPU)}
+        wrong = []
+        for pod in pods:
+            key = f"{ns}/{pod['metadata']['name']}"
+            plan = plan_of(pod)
+            assert plan is not None, f"{key} was bound without a plan"
+            planned = sorted(i for ids in plan["containers"].values() for i in ids)
+            if planned != sorted(held.get(key, [])):
+                wrong.append(f"{key} on {pod['spec']['nodeName']}: planned {planned}, allocated {held.get(key)}")
+        assert not wrong, f"plan != Allocate: {wrong}"
+        for node in (a, b):
+            ids = [i for k, v in node.admission.held(GPU).items() for i in v]
+            assert len(ids) == len(set(ids)), f"{node.name}: a GPU given twice"
