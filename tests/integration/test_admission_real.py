@@ -16,12 +16,17 @@ from typing import Any
 import pytest
 
 from gputopo.contract import replica_parent
+from gputopo.core.mig import H200_141GB
+from tests.fixtures.mig_recordings import BALANCED_141
 from tests.helpers.controlplane import ControlPlane, Scheduler, extender_stanza, skip_reason
 from tests.helpers.kube import k8s_pod
+from tests.helpers.mig import mig_recording, write_recording
 from tests.helpers.paths import SHARED
 from tests.helpers.realnode import RealExtender, plan_of, real_extender, real_gpu_node
 
 GPU = "nvidia.com/gpu"
+MIG_1G = "nvidia.com/mig-1g.18gb"
+MIG_NAMES = (MIG_1G, "nvidia.com/mig-2g.35gb", "nvidia.com/mig-3g.71gb")
 DGX1 = SHARED / "topologies" / "dgx1-v100-ucxpy.txt"
 WAIT = 90.0  # liveness bound of the waits, never a performance figure
 # NVIDIA's time-slicing file as teams write it: every GPU as 4 replicas, still called nvidia.com/gpu.
@@ -43,12 +48,31 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlP
         pytest.skip(reason)
     logs = tmp_path_factory.mktemp("logs")
     with ControlPlane() as cp, real_extender(cp, logs) as ext:
-        sched = cp.start_scheduler([extender_stanza(ext.url)])
+        stanza = extender_stanza(ext.url)
+        stanza["managedResources"] += [{"name": n, "ignoredByScheduler": False} for n in MIG_NAMES]
+        sched = cp.start_scheduler([stanza])
         yield cp, ext, sched
 
 
-def _create(cp: ControlPlane, ns: str, name: str, gpus: int) -> dict[str, Any]:
-    return cp.request("POST", f"/api/v1/namespaces/{ns}/pods", k8s_pod(name, gpus, namespace=ns))  # type: ignore
+def _create(cp: ControlPlane, ns: str, name: str, gpus: int, resource: str = GPU) -> dict[str, Any]:
+    pod = k8s_pod(name, gpus, namespace=ns)
+    pod["spec"]["containers"][0]["resources"] = {"limits": {resource: str(gpus)}, "requests": {resource: str(gpus)}}
+    return cp.request("POST", f"/api/v1/namespaces/{ns}/pods", pod)  # type: ignore[no-any-return]
+
+
+def _plan_matches_allocation(pods: list[dict[str, Any]], held: dict[str, list[str]]) -> list[str]:
+    """Every pod's planned ids against what the kubelet allocated to it; the pods where they differ."""
+    wrong = []
+    for pod in pods:
+        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        plan = plan_of(pod)
+        if plan is None:
+            wrong.append(f"{key} was bound without a plan (not through the extender)")
+            continue
+        planned = sorted(i for ids in plan["containers"].values() for i in ids)
+        if planned != sorted(held.get(key, [])):
+            wrong.append(f"{key} on {pod['spec'].get('nodeName')}: planned {planned}, allocated {held.get(key)}")
+    return wrong
 
 
 def _wait_settled(cp: ControlPlane, ns: str, count: int, timeout: float = WAIT) -> list[dict[str, Any]]:
@@ -84,18 +108,9 @@ def test_time_sliced_pods_get_the_replicas_of_exactly_their_planned_gpus(
             _create(cp, ns, f"c3-{i:03d}-2r", 2)
         pods = _wait_settled(cp, ns, 12)
         held = node.admission.held(GPU)
-        wrong, given = [], []
-        for pod in pods:
-            key = f"{ns}/{pod['metadata']['name']}"
-            plan = plan_of(pod)
-            assert plan is not None, f"{key} was bound without a plan (not through the extender)"
-            planned = sorted(i for ids in plan["containers"].values() for i in ids)
-            replicas = held.get(key, [])
-            parents = sorted(replica_parent(r)[0] for r in replicas)
-            if parents != planned:
-                wrong.append(f"{key}: planned {planned}, allocated {replicas}")
-            given.extend(replicas)
+        wrong = _plan_matches_allocation(pods, {k: sorted({replica_parent(r)[0] for r in v}) for k, v in held.items()})
         assert not wrong, f"plan != Allocate for {len(wrong)} of 12 pods: {wrong}\n{node.log_tail(3000)}"
+        given = [r for v in held.values() for r in v]
         assert len(given) == len(set(given)) == 24, "a replica given twice"
         for key, replicas in held.items():
             assert len({replica_parent(r)[0] for r in replicas}) == 2, f"{key}: replicas not on distinct GPUs"
@@ -116,15 +131,33 @@ def test_whole_gpu_pods_of_every_size_get_exactly_their_plan(
             _create(cp, ns, f"w-{i:02d}-{n}g", n)
         pods = _wait_settled(cp, ns, len(sizes))
         held = {**a.admission.held(GPU), **b.admission.held(GPU)}
-        wrong = []
-        for pod in pods:
-            key = f"{ns}/{pod['metadata']['name']}"
-            plan = plan_of(pod)
-            assert plan is not None, f"{key} was bound without a plan"
-            planned = sorted(i for ids in plan["containers"].values() for i in ids)
-            if planned != sorted(held.get(key, [])):
-                wrong.append(f"{key} on {pod['spec']['nodeName']}: planned {planned}, allocated {held.get(key)}")
+        wrong = _plan_matches_allocation(pods, held)
         assert not wrong, f"plan != Allocate: {wrong}"
         for node in (a, b):
             ids = [i for k, v in node.admission.held(GPU).items() for i in v]
             assert len(ids) == len(set(ids)), f"{node.name}: a GPU given twice"
+
+
+def test_mig_and_whole_gpu_pods_on_one_node_get_exactly_their_plan(
+        cluster: tuple[ControlPlane, RealExtender, Scheduler], tmp_path: Path) -> None:
+    """An H200 node under the mixed strategy (GPU 4 as seven 1g.18gb, GPU 5 balanced, six whole GPUs), replayed
+    from a recording: 1g.18gb pods and whole-GPU pods created at once each get exactly the instances or GPUs
+    their plan names."""
+    cp, _, _ = cluster
+    ns = "mig"
+    cp.ensure_namespace(ns)
+    all_1g = [("1g.18gb", s, (1,)) for s in range(7)]
+    recording = write_recording(tmp_path / "rec.json", mig_recording(
+        H200_141GB, [None, None, None, None, all_1g, list(BALANCED_141), None, None]))
+    args = ["--mig-strategy", "mixed", "--mig-poll-interval", "0.2", "--sharing-poll-interval", "0.2"]
+    with real_gpu_node(cp, "mig-h200", nvml_recording=recording, args=args) as node:
+        node.wait_published(MIG_1G, 9, WAIT)
+        node.wait_published(GPU, 6, WAIT)
+        for i in range(5):
+            _create(cp, ns, f"infer-{i}", 1, MIG_1G)
+        for i in range(2):
+            _create(cp, ns, f"train-{i}", 2)
+        pods = _wait_settled(cp, ns, 7)
+        held = {**node.admission.held(MIG_1G), **node.admission.held(GPU)}
+        assert all(p["status"]["phase"] == "Running" for p in pods), [p["status"] for p in pods]
+        assert not _plan_matches_allocation(pods, held), _plan_matches_allocation(pods, held)
