@@ -63,7 +63,9 @@ class LocalCluster:
     def __init__(self, nodes: Sequence[tuple[str, Path]], *, timeout_s: float = 30.0) -> None:
         self._spec = list(nodes)
         self.timeout_s = timeout_s
-        self.workdir = Path(tempfile.mkdtemp(prefix="gpu-demo-", dir="/tmp"))
+        # under TMPDIR (default /tmp), so runs side by side keep apart and a caller can check what one leaves;
+        # unix socket paths under it must stay within 108 bytes, which a short TMPDIR leaves room for
+        self.workdir = Path(tempfile.mkdtemp(prefix="gpu-demo-"))
         self.nodes: dict[str, SimNode] = {}
         self.extender: subprocess.Popen[bytes] | None = None
         self.extender_url = ""

@@ -30,6 +30,7 @@ from gpuplugin.sharing.config import SharingConfig, SharingConfigError, choose_c
 from gpuplugin.sharing.layout import MigShare, MigSharing, MigView, check_mps_on_mig, share_mig
 from gpuplugin.sharing.mig_strategy import MigInstance, MigPlan, MigStrategy, plan_mig
 from gpuplugin.sharing.node import ConfigSource, InUse, Problems, Serve, socket_for
+from gputopo.discovery.nvml import neighbourhood
 from gputopo.discovery.nvml_backend import NvmlBackend
 from gputopo.discovery.nvml_mig import MigGpu, discover_mig
 from gputopo.workers import Worker
@@ -94,17 +95,22 @@ class MigNode(Worker):
         self._status = MigStatus(MigStrategy.NONE, "default")
         self.layout: tuple[MigGpu, ...] = ()
         self.passes = 0
-        self._numa = {i: self._numa_of(i) for i, _ in self.gpus}
+        self._numa = self._parent_numa()
         self._plan_watch: Any = None  # gpuplugin.plan_watch.PlanWatch: each resource takes its own plans
         # told after a health change or a re-advertisement (the publisher publishes at once, not at its next poll)
         self.on_change: Callable[[], None] | None = None
 
-    def _numa_of(self, gpu: int) -> int | None:
+    def _parent_numa(self) -> dict[int, int | None]:
+        """Each MIG GPU's NUMA node by NVML index, which its MIG devices advertise (the parent's, as NVIDIA's plugin
+        does) so the Topology Manager can align them. Read by the rule whole GPUs follow (neighbourhood: NVML, else
+        the kernel's sysfs numa_node), because NVML answers NotSupported on the H200 and only sysfs knows there."""
         try:
-            node = self.backend.numa_node_id(gpu)
-        except Exception:
-            return None
-        return node if isinstance(node, int) and node >= 0 else None
+            hood = neighbourhood(self.backend, self.gpus)
+        except Exception as e:  # NUMA is a hint: serving goes on without it
+            log.warning("plugin.mig.numa_unknown", error=f"{type(e).__name__}: {e}"[:300],
+                        action="MIG devices advertised without a NUMA node")
+            return {}
+        return {i: hood.numa.get(uuid) for i, uuid in self.gpus}
 
     # -- what others read ---------------------------------------------------------------------------------------
 

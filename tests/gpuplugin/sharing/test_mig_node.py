@@ -32,6 +32,7 @@ from tests.helpers.polling import eventually
 H100_MIXED = RECORDINGS / "synthetic-hgx-h100-80gb-8gpu-mig-mixed.json"
 ONE, TWO, THREE = "nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.40gb"
 WAIT = 20.0
+NS = "ERR:NVMLError_NotSupported:Not Supported"
 
 
 def mig_node(backend: ReplayNvmlBackend, plugin_dir: Path, strategy: MigStrategy) -> MigNode:
@@ -137,5 +138,30 @@ def test_each_mig_resource_takes_its_own_plans_also_after_a_repartition_adds_it(
     finally:
         node.set_plan_source(None)
         watch.stop()
+        node.stop()
+        backend.shutdown()
+
+
+def test_mig_devices_advertise_their_parent_gpus_numa_node_from_sysfs_when_nvml_has_none(
+        plugin_dir: Path, kubelet: KubeletSimulator) -> None:
+    """NVML answers NotSupported for the NUMA node on the H200 (as in this recording); the kernel's sysfs
+    numa_node of the parent GPU is what the Topology Manager gets, as for whole GPUs. NVML's answer, where there is
+    one, comes first; -1 (none) advertises no node."""
+    rec = canonical(H100_MIXED)
+    for gpu, (nvml, sysfs) in {4: (NS, 0), 5: (NS, 1), 6: (NS, -1), 7: (3, 2)}.items():
+        rec["gpus"][gpu]["numa_node"], rec["gpus"][gpu]["sysfs_numa_node"] = nvml, sysfs
+    backend = ReplayNvmlBackend(rec)
+    backend.init()
+    node = mig_node(backend, plugin_dir, MigStrategy.MIXED).start()
+    try:
+        parent = {i.uuid: i.nvml_index for insts in node.served().values() for i in insts}
+        expected = {u: {4: (0,), 5: (1,), 6: (), 7: (3,)}[g] for u, g in parent.items()}
+        assert {g for g in parent.values()} == {4, 5, 6, 7}
+
+        def advertised() -> dict[str, tuple[int, ...]]:
+            return {d.id: d.numa_nodes for r in node.resource_names() for d in kubelet.devices(r)}
+
+        assert eventually(lambda: advertised() == expected, WAIT), advertised()
+    finally:
         node.stop()
         backend.shutdown()

@@ -4,7 +4,15 @@ whole."""
 
 from __future__ import annotations
 
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
 from gputopo.discovery.nvml import neighbourhood
+from gputopo.discovery.nvml_backend import LiveNvmlBackend
 from gputopo.discovery.nvml_replay import ReplayNvmlBackend
 from tests.fixtures.nvml import DGX1, RECORDINGS, canonical
 
@@ -49,3 +57,34 @@ def test_only_the_gpus_asked_about_are_joined() -> None:
     gpus = _gpus(rec)
     hood = neighbourhood(_backend(rec), [gpus[0]])
     assert hood.islands == {gpus[0][1]: None} and hood.members == {}
+
+
+def _fake_pynvml(bus_ids: list[str]) -> types.SimpleNamespace:
+    """Just enough of pynvml for a node whose NVML knows the GPUs' bus ids and no NUMA node (the H200's answer):
+    every other call is missing, which the live backend reports as NVML would a failure."""
+    def not_supported(*_: Any) -> int:
+        raise RuntimeError("Not Supported")
+
+    return types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetPciInfo=lambda h: types.SimpleNamespace(busId=bus_ids[h].encode()),
+        nvmlDeviceGetNumaNodeId=not_supported)
+
+
+def test_a_live_node_reads_the_numa_node_nvml_lacks_from_the_injected_sysfs_root(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel names a PCI function with a 4-digit lower-case domain (0000:1b:00.0) where NVML says
+    00000000:1B:00.0; -1 there means no node, and a missing file an unknown one."""
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(["00000000:1B:00.0", "00000000:9C:00.0",
+                                                             "00000000:AD:00.0"]))
+    devices = tmp_path / "bus" / "pci" / "devices"
+    for name, node in {"0000:1b:00.0": "1\n", "0000:9c:00.0": "-1\n"}.items():
+        (devices / name).mkdir(parents=True)
+        (devices / name / "numa_node").write_text(node)
+    backend = LiveNvmlBackend(sysfs_root=tmp_path)
+    backend.init()
+    try:
+        hood = neighbourhood(backend, [(0, "GPU-a"), (1, "GPU-b"), (2, "GPU-c")])
+    finally:
+        backend.shutdown()
+    assert hood.numa == {"GPU-a": 1, "GPU-b": None, "GPU-c": None}
