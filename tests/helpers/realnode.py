@@ -120,3 +120,19 @@ def real_extender(cp: ControlPlane, log_dir: Path, *, extra: Sequence[str] = ())
 def plan_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     text = ((pod.get("metadata") or {}).get("annotations") or {}).get(DEFAULT_KEYS.plan)
     return json.loads(text) if text else None
+
+
+def install_crd(cp: ControlPlane, group: str, version: str, plural: str, kind: str, timeout: float = 60.0) -> None:
+    """A namespaced CustomResourceDefinition that keeps whatever its objects hold (the operators' real schemas are
+    not needed to make their objects), served once this returns."""
+    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+           "metadata": {"name": f"{plural}.{group}"},
+           "spec": {"group": group, "scope": "Namespaced",
+                    "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
+                    "versions": [{"name": version, "served": True, "storage": True,
+                                  "schema": {"openAPIV3Schema": {"type": "object",
+                                                                 "x-kubernetes-preserve-unknown-fields": True}},
+                                  "subresources": {"status": {}}}]}}
+    cp.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd, ok=(201, 409))
+    wait_until(f"{kind} served", lambda: cp.api().get(f"/apis/{group}/{version}/{plural}").status_code == 200,
+               timeout)

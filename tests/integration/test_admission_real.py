@@ -22,7 +22,7 @@ from tests.helpers.controlplane import ControlPlane, Scheduler, extender_stanza,
 from tests.helpers.kube import k8s_pod
 from tests.helpers.mig import mig_recording, write_recording
 from tests.helpers.paths import SHARED
-from tests.helpers.realnode import RealExtender, plan_of, real_extender, real_gpu_node
+from tests.helpers.realnode import RealExtender, install_crd, plan_of, real_extender, real_gpu_node
 
 GPU = "nvidia.com/gpu"
 MIG_1G = "nvidia.com/mig-1g.18gb"
@@ -47,11 +47,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlP
     if reason:
         pytest.skip(reason)
     logs = tmp_path_factory.mktemp("logs")
-    with ControlPlane() as cp, real_extender(cp, logs) as ext:
-        stanza = extender_stanza(ext.url)
-        stanza["managedResources"] += [{"name": n, "ignoredByScheduler": False} for n in MIG_NAMES]
-        sched = cp.start_scheduler([stanza])
-        yield cp, ext, sched
+    with ControlPlane() as cp:
+        # the operators' kinds, before the extender starts watching them (as a cluster has them installed)
+        install_crd(cp, "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+        install_crd(cp, "kubeflow.org", "v2beta1", "mpijobs", "MPIJob")
+        with real_extender(cp, logs) as ext:
+            stanza = extender_stanza(ext.url)
+            stanza["managedResources"] += [{"name": n, "ignoredByScheduler": False} for n in MIG_NAMES]
+            yield cp, ext, cp.start_scheduler([stanza])
 
 
 def _create(cp: ControlPlane, ns: str, name: str, gpus: int, resource: str = GPU) -> dict[str, Any]:
@@ -160,4 +163,71 @@ def test_mig_and_whole_gpu_pods_on_one_node_get_exactly_their_plan(
         pods = _wait_settled(cp, ns, 7)
         held = {**node.admission.held(MIG_1G), **node.admission.held(GPU)}
         assert all(p["status"]["phase"] == "Running" for p in pods), [p["status"] for p in pods]
+        assert not _plan_matches_allocation(pods, held), _plan_matches_allocation(pods, held)
+
+
+def _job(cp: ControlPlane, ns: str, kind: str, name: str, specs: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """A PyTorchJob (kubeflow.org/v1) or MPIJob (v2beta1): role -> (replicas, GPUs per pod)."""
+    version, plural, field = {"PyTorchJob": ("v1", "pytorchjobs", "pytorchReplicaSpecs"),
+                              "MPIJob": ("v2beta1", "mpijobs", "mpiReplicaSpecs")}[kind]
+    roles = {}
+    for role, (n, g) in specs.items():
+        container: dict[str, Any] = {"name": "main", "image": "registry.invalid/none:0"}
+        if g:
+            container["resources"] = {"limits": {GPU: str(g)}}
+        roles[role] = {"replicas": n, "template": {"spec": {"containers": [container]}}}
+    body = {"apiVersion": f"kubeflow.org/{version}", "kind": kind, "metadata": {"name": name, "namespace": ns},
+            "spec": {field: roles}}
+    return cp.request("POST", f"/apis/kubeflow.org/{version}/namespaces/{ns}/{plural}", body)  # type: ignore
+
+
+def _operator_pod(cp: ControlPlane, job: dict[str, Any], role: str, index: int, gpus: int) -> None:
+    """A pod as the training operator (PyTorchJob) or the MPI operator makes it: its labels and ownerReference."""
+    kind, name, ns = job["kind"], job["metadata"]["name"], job["metadata"]["namespace"]
+    labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/replica-index": str(index)}
+    if kind == "PyTorchJob":
+        labels |= {"training.kubeflow.org/operator-name": "pytorchjob-controller",
+                   "training.kubeflow.org/replica-type": role.lower()}
+        if role == "Master":
+            labels["training.kubeflow.org/job-role"] = "master"
+    else:
+        labels |= {"training.kubeflow.org/operator-name": "mpi-operator",
+                   "training.kubeflow.org/job-role": role.lower()}
+    pod = k8s_pod(f"{name}-{role.lower()}-{index}", gpus, namespace=ns, labels=labels)
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": job["apiVersion"], "kind": kind, "name": name,
+                                           "uid": job["metadata"]["uid"], "controller": True,
+                                           "blockOwnerDeletion": True}]
+    cp.request("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+
+
+def test_kubeflow_jobs_created_interleaved_each_land_whole_on_one_node(
+        cluster: tuple[ControlPlane, RealExtender, Scheduler]) -> None:
+    """Two PyTorchJobs and an MPIJob (real kinds, pods with the operators' labels and ownerReferences), 8 GPUs each,
+    their pods created interleaved, on three 8-GPU nodes: each job fits one node only if none is split, and every
+    pod gets exactly its plan."""
+    cp, _, _ = cluster
+    ns = "jobs"
+    cp.ensure_namespace(ns)
+    a = _job(cp, ns, "PyTorchJob", "llm-a", {"Master": (1, 2), "Worker": (3, 2)})
+    b = _job(cp, ns, "PyTorchJob", "llm-b", {"Worker": (4, 2)})
+    c = _job(cp, ns, "MPIJob", "hpc-c", {"Launcher": (1, 0), "Worker": (2, 4)})
+    order = [(a, "Master", 0, 2), (b, "Worker", 0, 2), (c, "Worker", 0, 4), (a, "Worker", 0, 2),
+             (b, "Worker", 1, 2), (c, "Worker", 1, 4), (a, "Worker", 1, 2), (b, "Worker", 2, 2),
+             (a, "Worker", 2, 2), (b, "Worker", 3, 2)]
+    nodes = [real_gpu_node(cp, f"jobs-{i}", topology=DGX1, args=["--device-id-strategy", "index"], seed=i)
+             for i in range(3)]
+    with nodes[0] as n0, nodes[1] as n1, nodes[2] as n2:
+        for n in (n0, n1, n2):
+            n.wait_published(GPU, 8, WAIT)
+        for job, role, index, gpus in order:
+            _operator_pod(cp, job, role, index, gpus)
+        pods = _wait_settled(cp, ns, len(order))
+        assert all(p["status"]["phase"] == "Running" for p in pods), \
+            {p["metadata"]["name"]: p["status"] for p in pods if p["status"]["phase"] != "Running"}
+        by_job: dict[str, set[str]] = {}
+        for p in pods:
+            by_job.setdefault(p["metadata"]["labels"]["training.kubeflow.org/job-name"], set()).add(
+                p["spec"]["nodeName"])
+        assert all(len(v) == 1 for v in by_job.values()), f"a job split across nodes: {by_job}"
+        held = {k: v for n in (n0, n1, n2) for k, v in n.admission.held(GPU).items()}
         assert not _plan_matches_allocation(pods, held), _plan_matches_allocation(pods, held)
