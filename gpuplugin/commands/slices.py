@@ -5,10 +5,18 @@ driver's defaults and checks (gpuplugin.dra.settings.DraSettings).
 The slices carry fixed names (gpuplugin.dra.slices.slice_name), not the driver's generateName: `kubectl apply`
 refuses generateName, and `kubectl create` of generated names twice would leave every device listed twice in the
 pool (the allocator then skips it). With fixed names, applying the output for another `--allocated` state
-updates the same slices in place, which is what the driver itself does on a reorder."""
+updates the same slices in place.
+
+`kubectl apply` writes a multi-document file one object at a time, so a new state moving a device from one slice
+to another would, for a moment, list it in two slices of one pool generation: the scheduler calls such a pool
+invalid and fails every pod that could use it. The printed slices therefore carry a generation above any applied
+before (milliseconds since the epoch unless `--generation` says otherwise): the scheduler reads only the highest
+generation of a pool, so while the apply runs the pool is incomplete (pods wait) and never invalid. The driver,
+started later, continues from the highest generation it finds, as it does after its own restarts."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import click
@@ -33,7 +41,8 @@ class _ExitTwo(click.ClickException):
     exit_code = 2
 
 
-def render(settings: DraSettings, catalog: Catalog, allocated: list[str], unhealthy: list[int]) -> str:
+def render(settings: DraSettings, catalog: Catalog, allocated: list[str], unhealthy: list[int],
+           generation: int = 1) -> str:
     unknown = [name for name in allocated if name not in catalog.devices]
     if unknown:
         raise _ExitTwo(f"--allocated names devices this node does not publish: {', '.join(unknown)}")
@@ -47,14 +56,16 @@ def render(settings: DraSettings, catalog: Catalog, allocated: list[str], unheal
     contents = planner.wanted(used, unhealthy)
     docs = []
     for index, content in enumerate(contents):
-        obj = slice_object(content, driver=settings.driver_name, node=settings.node, generation=1,
+        obj = slice_object(content, driver=settings.driver_name, node=settings.node, generation=generation,
                            count=len(contents))
         obj = {"apiVersion": obj["apiVersion"], "kind": obj["kind"],
                "metadata": {"name": slice_name(index, settings.driver_name, settings.node)},
                "spec": obj["spec"]}
         docs.append(obj)
     head = (f"# {catalog.summary()}; {len(contents)} slices (1 counter set + {len(contents) - 1} device slices)\n"
-            f"# allocated: {', '.join(allocated) or 'none'}; unhealthy GPUs: {unhealthy or 'none'}\n")
+            f"# allocated: {', '.join(allocated) or 'none'}; unhealthy GPUs: {unhealthy or 'none'}\n"
+            f"# pool generation {generation}: apply over an older generation in any order; the scheduler waits "
+            "for the whole pool\n")
     return head + yaml.safe_dump_all(docs, sort_keys=False)
 
 
@@ -68,11 +79,14 @@ def render(settings: DraSettings, catalog: Catalog, allocated: list[str], unheal
 @click.option("--set-sizes", default=",".join(map(str, _DEFAULTS["set_sizes"].default)), show_default=True,
               help="Sizes of GPU-set devices.")
 @click.option("--max-devices", type=int, default=_DEFAULTS["max_devices"].default, show_default=True)
+@click.option("--generation", type=click.IntRange(1, 2**62), default=None,
+              help="The pool generation of the printed slices [default: milliseconds since the epoch, so each print "
+                   "outranks the slices applied before it].")
 @click.option("--republish/--no-republish", default=_DEFAULTS["republish"].default, show_default=True,
               help="The order for this state, or (--no-republish) the empty node's order, which a driver run "
                    "with --no-republish keeps forever.")
 def command(topology_file: str, node_name: str, allocated: str, unhealthy: str, driver_name: str, set_sizes: str,
-            max_devices: int, republish: bool) -> None:
+            max_devices: int, generation: int | None, republish: bool) -> None:
     """Print the ResourceSlices the DRA driver would publish, as YAML."""
     from gpuplugin.commands.topo import load
 
@@ -86,4 +100,4 @@ def command(topology_file: str, node_name: str, allocated: str, unhealthy: str, 
     except (ValueError, CoreError, CatalogError) as e:
         raise _ExitTwo(str(e)) from None
     names = [x.strip() for x in allocated.split(",") if x.strip()]
-    click.echo(render(settings, catalog, names, sick), nl=False)
+    click.echo(render(settings, catalog, names, sick, generation or time.time_ns() // 1_000_000), nl=False)

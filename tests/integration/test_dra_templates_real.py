@@ -10,6 +10,8 @@ Skips, naming why, where the Kubernetes binaries (shared/kube beside the clone) 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -128,3 +130,44 @@ def test_the_template_is_allocated_by_the_real_scheduler(cluster: ControlPlane, 
         assert node == "shared-mig", (template, node)  # the only node with shared GPUs and MIG instances
     if template == "gpu-three-shares":
         assert [(r.get("consumedCapacity") or {}).get("replicas") for r in results] == ["3"], results
+
+
+def _kubectl_apply(cp: ControlPlane, documents: list[dict[str, Any]]) -> None:
+    done = subprocess.run([str(cp.bin / "kubectl"), f"--kubeconfig={cp.kubeconfig}", "apply", "-f", "-"],
+                          input=yaml.safe_dump_all(documents), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def _printed_slices(node: str, *args: str) -> list[dict[str, Any]]:
+    out = subprocess.run([sys.executable, "-m", "gpuplugin.cli", "slices", "--topology", str(WHOLE),
+                          "--node-name", node, *args], capture_output=True, text=True, timeout=60, check=True)
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def test_printed_slices_applied_one_at_a_time_never_make_the_pool_invalid(cluster: ControlPlane) -> None:
+    """`gpuplugin slices` for a new state, applied slice by slice over the old one: the slice applied first lists a
+    GPU set that an old slice still lists. At one generation the pool is invalid and the scheduler fails the pod
+    with "invalid resource pools"; the printed generation outranks the old one, so the pool is only incomplete
+    for the moment and the pod lands once every slice is in."""
+    node = "handmade"
+    cluster.add_node(node, labels={f"{DRIVER}/gpu-mode": "dra"})
+    old = _printed_slices(node, "--generation", "1")
+    _kubectl_apply(cluster, old)
+    new = _printed_slices(node, "--allocated", "gpu-5")  # moves four GPU sets to another slice
+    old_sets = {d["metadata"]["name"]: {x["name"] for x in d["spec"].get("devices", [])} for d in old}
+    first = next(d for d in new if any(x["name"] in names for x in d["spec"].get("devices", [])
+                                       for other, names in old_sets.items() if other != d["metadata"]["name"]))
+    _kubectl_apply(cluster, [first])
+    pod = _pod("best-4-gpus")
+    pod["metadata"]["name"] = "uses-hand-applied"
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    cluster.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
+    time.sleep(3.0)  # long enough for the scheduler to try the pod against the half-applied pool
+    placed, why = _scheduled(cluster, "uses-hand-applied")
+    assert "invalid" not in why, why
+    _kubectl_apply(cluster, [d for d in new if d is not first])
+    deadline = time.monotonic() + WAIT_S
+    while placed is None and time.monotonic() < deadline:
+        placed, why = _scheduled(cluster, "uses-hand-applied")
+        time.sleep(0.2)
+    assert placed == node, why
