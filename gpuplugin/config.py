@@ -82,13 +82,19 @@ class PluginConfig(BaseModel):
                           "up advertising no GPUs, healthy, until restarted.")
     health_recovery: Annotated[float | Literal["never"], Cli(metavar="SECONDS|never")] = Field(
         DEFAULT_RECOVERY_S, description="Seconds of passing probes before an unhealthy GPU is healthy again, or never.")
-    sharing_config_dir: Path | None = Field(
+    sharing_config_dir: Annotated[Path | None, Cli(metavar="DIRECTORY")] = Field(
         None, description="Directory of GPU sharing configs in NVIDIA's device plugin format (version: v1, "
-                          "sharing.timeSlicing / sharing.mps), one file per name: a mounted ConfigMap. Unset: no "
-                          "sharing.")
+                          "sharing.timeSlicing / sharing.mps), one file per name: a mounted ConfigMap, the node "
+                          "label choosing among them. Exclusive with --sharing-config-file (both set: refused at "
+                          "start). Unset, with no config file: no sharing.")
+    sharing_config_file: Annotated[ReadableFile | None, Cli(env=("CONFIG_FILE",))] = Field(
+        None, description="One GPU sharing config file in NVIDIA's device plugin format, served whatever the node "
+                          "label says: NVIDIA's --config-file / CONFIG_FILE, so a node keeps the file it has. "
+                          "Exclusive with --sharing-config-dir (both set: refused at start). Re-read every "
+                          "--sharing-poll-interval.")
     sharing_config_default: str | None = Field(
-        None, description="Config served when the node label names none (else one named 'default', else the only "
-                          "one).")
+        None, description="Config of --sharing-config-dir served when the node label names none (else one named "
+                          "'default', else the only one).")
     sharing_config_label: str = Field(DEFAULT_CONFIG_LABEL, description="Node label naming this node's config.")
     sharing_poll_interval: float = Field(10.0, description="Seconds between re-reads of the sharing config and the "
                                                            "node label.")
@@ -173,6 +179,33 @@ class PluginConfig(BaseModel):
         if self.topology is not None and self.nvml_recording is not None:
             raise ValueError("topology and nvml_recording both name the node's GPUs; give one")
         return self
+
+    @field_validator("sharing_config_dir")
+    @classmethod
+    def _sharing_dir(cls, v: Path | None) -> Path | None:
+        """A file here used to be served as "no configs" with a warning: whole GPUs a team thought shared. A
+        directory that is missing is refused at start (gpuplugin.commands.run), not here: --print-config of a
+        chart's arguments runs where the ConfigMap is not mounted."""
+        if v is not None and v.exists() and not v.is_dir():
+            raise ValueError(f"{str(v)!r} is a file, not a directory of named configs; NVIDIA's single config file "
+                             "goes in --sharing-config-file (or CONFIG_FILE)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_sharing_source(self) -> PluginConfig:
+        # Two sources would make the served config depend on a precedence nobody wrote down: refuse instead.
+        if self.sharing_config_dir is not None and self.sharing_config_file is not None:
+            raise ValueError("--sharing-config-dir and --sharing-config-file both name the sharing config; give one "
+                             "(a directory of named configs chosen by the node label, or one config file)")
+        if self.sharing_config_file is not None and self.sharing_config_default is not None:
+            raise ValueError("--sharing-config-default picks among the configs of --sharing-config-dir; "
+                             "--sharing-config-file is a single config, so leave the default unset")
+        return self
+
+    @property
+    def sharing_source(self) -> Path | None:
+        """Where sharing configs come from (a directory of named configs or one file), None without sharing."""
+        return self.sharing_config_dir or self.sharing_config_file
 
     @model_validator(mode="after")
     def _socket_path_length(self) -> PluginConfig:

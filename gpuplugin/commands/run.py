@@ -2,11 +2,12 @@
 
 Exit codes: 0 after SIGTERM/SIGINT, 2 for invalid settings, a missing or unreadable file among them (the message
 names the setting and its source), 1 when the plugin cannot start (a topology file it cannot parse, no NVML, cannot
-serve its socket).
+serve its socket, a sharing config directory that is not there).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Callable, Collection, Sequence
@@ -186,7 +187,8 @@ def start_publication(cfg: PluginConfig, manager: Any, **options: Any) -> Any:
 
 def label_reader(cfg: PluginConfig) -> tuple[Callable[[], str | None] | None, Callable[[], None] | None]:
     """Reads this node's sharing config label from the API (and the client's close), or (None, None) without a
-    cluster: the default config is served then."""
+    cluster (the default config is served then) or with a single config file (the label chooses among the files
+    of a directory only, as NVIDIA's config-manager does)."""
     if cfg.sharing_config_dir is None or no_cluster_reason(cfg) is not None:
         return None, None
     from gputopo.kube.client import KubeConfigError, make_api_client
@@ -207,6 +209,17 @@ def label_reader(cfg: PluginConfig) -> tuple[Callable[[], str | None] | None, Ca
     return read, api.close
 
 
+def check_sharing_dir(directory: Path | None) -> None:
+    """StartupError when the sharing config directory is not one this process can list: a typo there would serve
+    whole GPUs, the team believing them shared, with a warning per pass at most."""
+    if directory is None:
+        return
+    if not directory.is_dir():
+        raise StartupError(f"sharing config directory {str(directory)!r} (--sharing-config-dir) does not exist")
+    if not os.access(directory, os.R_OK | os.X_OK):
+        raise StartupError(f"sharing config directory {str(directory)!r} (--sharing-config-dir) is not readable")
+
+
 def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], None] | None = None) -> None:
     """Run until `stop` is set, then shut everything down in reverse order. Raises StartupError."""
     from gpuplugin.deviceplugin.allocation import ListStrategy
@@ -224,6 +237,7 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
         log.warning("plugin.config.deprecated", setting="device_list_strategy", value="cdi", now="cdi-cri",
                     hint="cdi now means cdi-cri (CDI names in the CRI field only); say cdi-cri, or cdi-annotations "
                          "for runtimes that read the cdi.k8s.io/ annotations")
+    check_sharing_dir(cfg.sharing_config_dir)
     found = discover(cfg.topology, cfg.nvml_recording, all_mig=True)
     metrics = PluginMetrics(process_registry())
     with Teardown("gpuplugin run") as teardown:
@@ -234,7 +248,7 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
         read_label, close_label = label_reader(cfg)
         if close_label is not None:
             teardown.undo(close_label)
-        source = ConfigSource(cfg.sharing_config_dir, cfg.sharing_config_default, read_label)
+        source = ConfigSource(cfg.sharing_source, cfg.sharing_config_default, read_label)
         mig_gpus = frozenset(uuid for _, uuid in found.mig_gpus)
         mig: Any = None  # the MIG node, once started; the sharing layout's MIG + MPS check reads it
 
@@ -333,7 +347,7 @@ def start_node_publication(cfg: PluginConfig, node: Any, pods: Any, teardown: Te
     """The node publisher and the plan watch: whole GPUs and their shared sets (`node`, None when every GPU is
     MIG) and the MIG resources (`mig`). A node of MIG GPUs only publishes its state without a topology."""
     options: dict[str, Any] = {"poll_interval_s": cfg.pod_resources_poll_interval}
-    if node is not None and cfg.sharing_config_dir is not None:
+    if node is not None and cfg.sharing_source is not None:
         options["sharing"] = lambda: node.sharing(pods.in_use())
         if cfg.sharing_labels:
             options["extra_labels"] = node.labels

@@ -37,6 +37,9 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_SOCKET_NAME = "gpu-topology.sock"
 DEFAULT_RESOURCE_NAME = "nvidia.com/gpu"
+# The first warning that no kubelet.sock appeared, and the longest interval between the next ones.
+KUBELET_WARN_S = 60.0
+KUBELET_WARN_MAX_S = 900.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +57,9 @@ class PluginRunner(Worker):
 
     Use as a context manager, or call start() and stop(). `poll_interval` bounds how long a missed inotify event
     can delay recovery; registration retries back off from `backoff_initial` up to `backoff_max` seconds;
-    `max_streams` bounds the ListAndWatch streams served at once.
+    `max_streams` bounds the ListAndWatch streams served at once. While no kubelet.sock is there, a warning comes
+    `kubelet_warn_s` seconds into the wait and then at doubling intervals up to `kubelet_warn_max_s`: a mistyped
+    directory is waited on forever, and a kubelet restart is over long before the first one.
     """
 
     def __init__(
@@ -69,6 +74,8 @@ class PluginRunner(Worker):
         backoff_initial: float = 0.2,
         backoff_max: float = 5.0,
         max_streams: int = DEFAULT_MAX_STREAMS,
+        kubelet_warn_s: float = KUBELET_WARN_S,
+        kubelet_warn_max_s: float = KUBELET_WARN_MAX_S,
     ) -> None:
         if "/" in socket_name or socket_name in ("", ".", "..", KUBELET_SOCKET):
             raise ValueError(f"socket name must be a bare file name other than {KUBELET_SOCKET}: {socket_name!r}")
@@ -96,6 +103,12 @@ class PluginRunner(Worker):
         self._failures = 0
         self._watch: DirectoryWatch | None = None
         self._waiting = False  # said once per wait that no kubelet is there
+        self.kubelet_warn_s = kubelet_warn_s
+        self.kubelet_warn_max_s = max(kubelet_warn_s, kubelet_warn_max_s)
+        self._waiting_since = 0.0
+        self._warn_at = 0.0
+        self._warn_every = kubelet_warn_s
+        self._created_dir = False  # this plugin made the directory: no kubelet ever did
         self._kubelet_seen: FileIdentity | None = None
 
     # ---- public state ----
@@ -147,6 +160,7 @@ class PluginRunner(Worker):
                 self.plugin_dir.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise ServeError(f"cannot create the plugin directory {self.plugin_dir}: {e.strerror or e}") from e
+            self._created_dir = True
         self._restart_server()
         self._watch = DirectoryWatch(self.plugin_dir, (self.socket_name, KUBELET_SOCKET), self.wake)
         self._watch.start()
@@ -217,11 +231,7 @@ class PluginRunner(Worker):
             if self._registered is not None:
                 log.warning("plugin.kubelet.gone", socket=str(self.kubelet_socket))
                 self._registered = None
-            if not self._waiting:
-                log.info("plugin.kubelet.waiting", socket=str(self.kubelet_socket), serving=str(self.socket_path),
-                         hint="registers as soon as the kubelet creates its socket")
-                self._waiting = True
-            return self.poll_interval
+            return self._still_waiting()
         self._waiting = False
         if kubelet != self._kubelet_seen:
             self._kubelet_seen = kubelet
@@ -265,6 +275,26 @@ class PluginRunner(Worker):
             log.warning("plugin.registration.failed", error=str(error), retry_in_s=round(delay, 2))
             return delay
         return self.poll_interval  # connecting, or Register out: either wakes us when it moves
+
+    def _still_waiting(self) -> float:
+        """Say that no kubelet is there: once at info when the wait starts (a kubelet restart is one), then warnings
+        at doubling intervals while it lasts. Returns the seconds until the next pass."""
+        now = time.monotonic()
+        if not self._waiting:
+            log.info("plugin.kubelet.waiting", socket=str(self.kubelet_socket), serving=str(self.socket_path),
+                     hint="registers as soon as the kubelet creates its socket")
+            self._waiting = True
+            self._waiting_since = now
+            self._warn_every = self.kubelet_warn_s
+            self._warn_at = now + self._warn_every
+        elif now >= self._warn_at:
+            log.warning("plugin.kubelet.missing", socket=str(self.kubelet_socket),
+                        waited_s=round(now - self._waiting_since, 1), directory_created=self._created_dir,
+                        hint="no kubelet has registered plugins here yet: is --device-plugin-dir the kubelet's "
+                             "device plugin directory (<kubelet root dir>/device-plugins)?")
+            self._warn_every = min(self._warn_every * 2, self.kubelet_warn_max_s)
+            self._warn_at = now + self._warn_every
+        return max(0.0, min(self.poll_interval, self._warn_at - now))
 
     def _fail_later(self) -> float:
         delay = self._backoff.failed()

@@ -2,10 +2,10 @@
 
 The scheduler extender decides, at bind time, which GPUs a pod should get on its node and writes that plan onto the
 pod. The kubelet, when it later asks the plugin for a preference, does not say which pod it is admitting. A plan
-source bridges the two: given the kubelet's question, it returns the GPU ids of a pending plan that answers it.
-
-Plans of pending pods on one node are disjoint and each is optimal for its size on the free set the extender saw,
-so handing the kubelet another same-size pod's plan costs nothing (DESIGN.md, "Contracts between the halves").
+source bridges the two: given the kubelet's question, it works out which pod is being admitted and returns that
+pod's plan for the container being allocated (gpuplugin.plan_watch reads the kubelet's PodResources List for it).
+Another pod's plan is never the answer: with shared GPUs it piles replicas onto GPUs already in use, and with whole
+GPUs it leaves both pods' annotations wrong.
 
 The plugin never trusts a plan: it uses it only if it lies inside `available_ids`, contains every id of
 `must_include_ids` and has exactly `size` ids, none repeated. Anything else (including an exception from the

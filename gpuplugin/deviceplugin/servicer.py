@@ -99,7 +99,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                                 "serves; close one first")
         assert sub is not None
         self._manager.metrics.streams.inc()
-        log.info("plugin.listandwatch.opened", peer=context.peer())
+        log.debug("plugin.listandwatch.opened", peer=context.peer())  # per stream: a churning client floods info
         try:
             while True:
                 snap = await sub.next_async()
@@ -111,7 +111,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 self._streams.discard(sub)
             self._manager.unsubscribe(sub)
             self._manager.metrics.streams.dec()
-            log.info("plugin.listandwatch.closed")
+            log.debug("plugin.listandwatch.closed")
 
     def _preferred(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:
         start = time.perf_counter()
@@ -143,7 +143,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             except AllocationRequestError as e:
                 log.warning("plugin.allocate.refused", devices=brief_ids(ids), error=str(e))
                 raise
-            log.info("plugin.allocate.done", devices=ids, annotations=alloc.annotations)
+            log.debug("plugin.allocate.done", devices=ids, annotations=alloc.annotations)  # per request
             responses.append(
                 pb.ContainerAllocateResponse(
                     envs=alloc.envs,

@@ -16,6 +16,7 @@ relabelled to another config changes strategy without a restart (gpuplugin.shari
 Per node the config is chosen as NVIDIA's config-manager chooses it: a directory of named files (a mounted
 ConfigMap: one key per config), the node label `nvidia.com/device-plugin.config` naming one, else the default
 (the `default` setting, else a config named `default`, else the only one). An unknown label value changes nothing.
+Or, as NVIDIA's plugin takes it with `--config-file`, one file served whatever the label says.
 
 Every error names the field (`sharing.timeSlicing.resources[1].replicas`), so a bad ConfigMap is fixed from the log.
 """
@@ -238,9 +239,15 @@ class Choice:
 
 def choose_config(directory: Path | None, label: str | None, default: str | None) -> Choice:
     """The config the node label names, else the default. Raises SharingConfigError when the label names nothing
-    known (the caller keeps serving what it serves: NVIDIA skips reconfiguration then) or no default can be told."""
+    known (the caller keeps serving what it serves: NVIDIA skips reconfiguration then) or no default can be told.
+
+    `directory` may also be one config file (NVIDIA's single-file form, `--sharing-config-file`): it is the config,
+    and the label has nothing to choose among. The settings tell the two apart at start; here a regular file is
+    the config, so every reader of the source (whole GPUs, MIG-only nodes) serves the same one."""
     if directory is None:
         return Choice(None, None, "no sharing config directory")
+    if directory.is_file():
+        return Choice(directory.name, directory, "the config file")
     names = config_names(directory)
     if label:
         if label not in names:

@@ -26,6 +26,7 @@ from gpuplugin.sharing.mps import MpsShare
 from gpuplugin.sharing.preferred import Replicas, choose_replicas
 from gputopo.contract import replica_id
 from gputopo.core.topology import Topology
+from gputopo.logs import Repeats
 
 log = structlog.get_logger(__name__)
 
@@ -49,7 +50,10 @@ class SharedResourceManager(ResourceManager):
             self._by_id = {d.id: d for d in replicas}
             self._by_uuid = {}
             self._healthy = {d.id: self._service_ok for d in replicas}
-        self._replicas = Replicas(self._by_id, self.parents, dict(shared.replicas), shared.distinct_gpus)
+        self._replicas = Replicas(self._by_id, self.parents, dict(shared.replicas), shared.distinct_gpus,
+                                  at_most_one=shared.fail_requests_greater_than_one)
+        # a pod the node cannot admit is asked about again each time its controller recreates it
+        self._fallbacks = Repeats(self.log_interval_s, self.clock)
 
     def _update_gauge(self) -> None:
         """The devices gauge counts whole GPUs (one gauge per process); replicas are published in the node state."""
@@ -114,10 +118,11 @@ class SharedResourceManager(ResourceManager):
             self.metrics.plan_hits.inc()
         elif pref.reason is not None:
             self.metrics.preferred_fallbacks.labels(reason=pref.reason.value).inc()
-        if pref.problems:
+        if pref.problems and (quiet := self._fallbacks.admit()) is not None:
             log.warning("plugin.preferred.fallback", resource=self.resource_name,
                         problems=brief_ids(pref.problems, width=200), reason=pref.reason.value if pref.reason else None,
-                        available=brief_ids(available_ids), size=size, answer=list(pref.ids))
+                        available=brief_ids(available_ids), size=size, answer=list(pref.ids),
+                        not_logged_since_last=quiet)
         return pref
 
     def _allocate(self, ids: Sequence[str]) -> ContainerAllocation:

@@ -8,10 +8,11 @@ old devices end. A bad file or an unknown label value leaves the served layout a
 logged once per distinct problem. When PodResources cannot be read, nothing but the first layout is applied.
 
 Serving a layout: the whole-GPU manager serves the GPUs left whole (its runner stops when a shared set takes its
-resource name); each shared set gets its own SharedResourceManager, PluginRunner (socket, registration) and, under
-MPS, MpsDaemon. A set whose definition changed is replaced (stop, then start: the kubelet keeps allocated devices
-across a re-registration, and the ids in use are still advertised); its MPS daemon quits then, while a plugin stop
-leaves it running for its clients. GPU health is kept here across re-layouts.
+resource name or no GPU is left whole, and starts again when a later layout leaves some whole); each shared set
+gets its own SharedResourceManager, PluginRunner (socket, registration) and, under MPS, MpsDaemon. A set whose
+definition changed is replaced (stop, then start: the kubelet keeps allocated devices across a re-registration,
+and the ids in use are still advertised); its MPS daemon quits then, while a plugin stop leaves it running for its
+clients. GPU health is kept here across re-layouts.
 
 With `mps_daemons="external"` the daemons are run by the MPS control daemon set (`gpuplugin mps-control`), which
 outlives a plugin pod restart: the plugin writes the MPS sets it serves to the desired-state file instead
@@ -66,8 +67,10 @@ class _Served:
 
 @dataclass
 class ConfigSource:
-    """Where configs come from: a directory of named files, the default's name, and the node label reader (None
-    without a cluster; it raises when the API cannot be read, and the last label read is kept)."""
+    """Where configs come from: a directory of named files or one config file (`directory`, named for the common
+    case; gpuplugin.sharing.config.choose_config tells them apart), the default's name, and the node label reader
+    (None without a cluster or with one file; it raises when the API cannot be read, and the last label read is
+    kept)."""
 
     directory: Path | None
     default: str | None = None
@@ -394,14 +397,16 @@ class SharingNode(Worker):
                     if gone.daemon is not None:
                         self._retired(name)
             self.whole.set_gpus(layout.whole)
-            whole_named_shared = self.whole_resource in wanted
-            if whole_named_shared and self._whole_runner is not None:
+            # Whole GPUs are registered only while there are some: a resource of 0 devices (every GPU shared and
+            # renamed) would show as nvidia.com/gpu: 0 in the node's capacity, which NVIDIA's plugin never shows.
+            serve_whole = bool(layout.whole) and self.whole_resource not in wanted
+            if not serve_whole and self._whole_runner is not None:
                 self._whole_runner.stop()
                 self._whole_runner = None
             for name, s in wanted.items():
                 if name not in self._served:
                     self._served[name] = self._start_set(s)
-            if not whole_named_shared and self._whole_runner is None:
+            if serve_whole and self._whole_runner is None:
                 self._whole_runner = self._serve(self.whole, self.whole_resource, self.whole_socket)
             self.layout = layout
             self.applied += 1

@@ -7,6 +7,12 @@ or the extender's plan when one fits. One replica goes where sharing costs least
 used first: pack, never past its replicas), else a fresh GPU outside a whole untouched NVLink island, the one least
 connected to the other untouched GPUs. Like gpuplugin.deviceplugin.preferred this never raises: the kubelet fails
 admission on an error here, and an imperfect answer only costs a worse choice.
+
+The answer is always a set the resource's Allocate accepts (distinct GPUs unless distinctGpus is false, one replica
+under failRequestsGreaterThanOne), unless the kubelet's must_include ids themselves are refused. When no such set
+of the size asked exists (3 replicas on distinct GPUs where 2 GPUs have a free one), the answer is the largest
+accepted part, fewer ids than asked, and the problem says why: the kubelet fills the rest itself and Allocate
+refuses it with its own clear message, instead of this answer being the one refused.
 """
 
 from __future__ import annotations
@@ -30,6 +36,17 @@ class Replicas:
     parents: Mapping[int, Device]
     replicas: Mapping[int, int]
     distinct: bool
+    at_most_one: bool = False  # failRequestsGreaterThanOne: Allocate refuses more than one replica
+
+
+def largest_accepted(r: Replicas, available: int, parents: int) -> tuple[int, str]:
+    """The most replicas one Allocate of this resource accepts from `available` free replicas on `parents` GPUs,
+    and what bounds it (for the problem line)."""
+    if r.at_most_one:
+        return 1, "failRequestsGreaterThanOne allows 1 replica per request"
+    if r.distinct:
+        return parents, f"{parents} GPUs have a free replica and each replica must be a distinct GPU"
+    return available, f"{available} valid replicas are available"
 
 
 def _number(device_id: str) -> int:
@@ -80,21 +97,23 @@ def choose_replicas(topo: Topology, r: Replicas, available_ids: Sequence[str], m
         ids.sort(key=_number)
     if size <= 0:
         return Preference((), Source.FALLBACK, FallbackReason.BAD_REQUEST, (*problems, f"size {size} <= 0"))
-    if size > len(available):
-        return Preference(_sorted(available, r), Source.FALLBACK, FallbackReason.BAD_REQUEST,
-                          (*problems, f"size {size} exceeds the {len(available)} valid available replicas"))
     must_parents = [r.by_id[x].index for x in must]
     if r.distinct and len(set(must_parents)) != len(must_parents):
-        problems.append("must_include holds two replicas of one GPU")
+        # no superset is accepted: answer the kubelet's own ids, adding none Allocate would refuse with them
+        return Preference(_sorted(must[:size], r), Source.FALLBACK, FallbackReason.BAD_REQUEST,
+                          (*problems, "must_include holds two replicas of one GPU, which Allocate refuses"))
     if len(must) > size:
         return Preference(_sorted(must[:size], r), Source.FALLBACK, FallbackReason.BAD_REQUEST,
                           (*problems, f"must_include has {len(must)} ids, more than the size {size}"))
     free = {g: len(ids) for g, ids in by_parent.items()}
+    limit, bound = largest_accepted(r, len(available), len(free))
+    if size > limit:
+        # no set Allocate accepts: answer the largest part it does (must_include kept: the kubelet's own)
+        problems.append(f"{size} replicas asked, no answer Allocate accepts: {bound}")
+        size = max(limit, len(must))
+        if size == 0:
+            return Preference((), Source.FALLBACK, FallbackReason.BAD_REQUEST, tuple(problems))
     need_parents = min(size, len(free)) if not r.distinct else size
-    if r.distinct and len(free) < size:
-        # cannot be met: answer what there is; Allocate refuses replicas of one GPU, the kubelet reports it
-        problems.append(f"{size} distinct GPUs asked, {len(free)} have a free replica")
-        need_parents = len(free)
 
     def pick(parents: Sequence[int]) -> tuple[str, ...]:
         chosen: list[str] = list(must)

@@ -134,3 +134,39 @@ def test_bad_config_files(tmp_path: Path, text: str, expected: str) -> None:
 
 def test_missing_config_file(tmp_path: Path) -> None:
     assert "cannot read config file" in _error(["--config", str(tmp_path / "absent.yaml")])
+
+
+def test_a_sharing_config_dir_that_is_a_file_is_refused_naming_it(tmp_path: Path) -> None:
+    """It used to be served as an empty directory (whole GPUs, one warning): the team believed its GPUs shared."""
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\n")
+    out = _error(["--sharing-config-dir", str(config)])
+    assert "invalid sharing_config_dir from --sharing-config-dir" in out and str(config) in out
+    assert "is a file, not a directory" in out and "--sharing-config-file" in out
+    assert _resolved(["--sharing-config-dir", str(tmp_path)])["sharing_config_dir"] == str(tmp_path)
+    # a missing one is refused when the plugin starts (a chart's arguments resolve where nothing is mounted)
+    absent = tmp_path / "absent"
+    assert _resolved(["--sharing-config-dir", str(absent)])["sharing_config_dir"] == str(absent)
+    result = CliRunner().invoke(command, ["--topology", str(DGX1), "--no-publish", "--metrics-port", "0"],
+                                env={"GPUPLUGIN_SHARING_CONFIG_DIR": str(absent)}, catch_exceptions=False)
+    assert result.exit_code == 1
+    assert f"Error: sharing config directory {str(absent)!r} (--sharing-config-dir) does not exist" in result.output
+
+
+def test_nvidias_single_config_file_from_its_environment_variable_or_the_flag(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\n")
+    assert _resolved([], {"CONFIG_FILE": str(config)})["sharing_config_file"] == str(config)
+    assert _resolved(["--sharing-config-file", str(config)])["sharing_config_file"] == str(config)
+    out = _error([], {"CONFIG_FILE": str(tmp_path / "absent.yaml")})
+    assert "invalid sharing_config_file from CONFIG_FILE" in out and "does not exist" in out
+
+
+def test_a_config_file_and_a_config_dir_together_are_refused(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\n")
+    out = _error(["--sharing-config-dir", str(tmp_path)], {"CONFIG_FILE": str(config)})
+    assert "--sharing-config-dir and --sharing-config-file both name the sharing config; give one" in out
+    assert "sharing_config_file from CONFIG_FILE" in out
+    out = _error(["--sharing-config-file", str(config), "--sharing-config-default", "ts"])
+    assert "--sharing-config-default picks among the configs of --sharing-config-dir" in out

@@ -151,3 +151,42 @@ def test_without_a_kubelet_it_says_it_waits_and_where(tmp_path: Path, dgx1: Topo
         waiting = [e for e in logs if e["event"] == "plugin.kubelet.waiting"]
         assert created and created[0]["path"] == str(plugin_dir) and "kubelet" in created[0]["hint"]
         assert len(waiting) == 1 and waiting[0]["socket"] == str(plugin_dir / "kubelet.sock")
+
+
+def test_a_directory_no_kubelet_uses_is_warned_about_at_growing_intervals_until_one_comes(
+    tmp_path: Path, dgx1: Topology
+) -> None:
+    """A mistyped --device-plugin-dir is created and waited on forever: said at start, then warned about while no
+    kubelet.sock appears, at doubling intervals (never per pass: here a pass runs every 10 ms)."""
+    import time
+
+    import structlog
+
+    from gpuplugin.deviceplugin.lifecycle import PluginRunner
+
+    with short_dir("dp-") as root:
+        plugin_dir = root / "device-plugnis"
+        with structlog.testing.capture_logs() as logs:
+            started = time.monotonic()
+            runner = PluginRunner(ResourceManager(dgx1), plugin_dir, poll_interval=0.01, kubelet_warn_s=0.1,
+                                  kubelet_warn_max_s=0.4).start()
+            try:
+                def missing() -> list[dict[str, object]]:
+                    return [e for e in list(logs) if e["event"] == "plugin.kubelet.missing"]
+
+                assert eventually(lambda: len(missing()) >= 3, WAIT, interval=0.01)
+                assert time.monotonic() - started >= 0.1 + 0.2 + 0.4  # doubling: 0.1, then 0.2, then 0.4 later
+                with KubeletSimulator(plugin_dir) as sim:
+                    sim.wait_for_registrations(RESOURCE, 1, WAIT)
+                    said = len(missing())
+                    time.sleep(0.5)  # a kubelet is there: no more warnings
+                    assert len(missing()) == said
+            finally:
+                runner.stop()
+        created = [e for e in logs if e["event"] == "plugin.directory.created"]
+        warned = [e for e in logs if e["event"] == "plugin.kubelet.missing"]
+        assert len(created) == 1 and created[0]["log_level"] == "warning"
+        assert all(e["log_level"] == "warning" and e["directory_created"] is True for e in warned)
+        assert "--device-plugin-dir" in str(warned[0]["hint"]) and warned[0]["socket"] == str(plugin_dir /
+                                                                                             "kubelet.sock")
+        assert [e["waited_s"] for e in warned] == sorted(e["waited_s"] for e in warned)

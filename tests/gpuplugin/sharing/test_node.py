@@ -265,3 +265,32 @@ def test_external_mps_daemons_are_asked_for_in_the_desired_file_never_started_he
             client.close()
             keeper.stop()
             MpsDaemon(MpsShare(SHARED, root, ()), lambda ok: None, command=FAKE_MPS).quit()
+
+
+def test_only_resources_with_devices_are_registered_as_the_layout_changes(
+    kubelet: KubeletSimulator, plugin_dir: Path, tmp_path: Path, dgx1: Topology, pods: PodResourcesServer
+) -> None:
+    """renameByDefault on every GPU: NVIDIA's plugin registers nvidia.com/gpu.shared only, never nvidia.com/gpu with
+    no devices (a capacity of 0 that tooling and people read as broken GPUs)."""
+    config = "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n" \
+             "    - {{name: nvidia.com/gpu, replicas: 2, devices: {devices}}}\n"
+    (tmp_path / "ts").write_text(config.format(devices="all"))
+    node, client = _node(dgx1, plugin_dir, tmp_path, Label(), pods)
+    node.start()
+    try:
+        kubelet.wait_for_devices(SHARED, 16, WAIT)
+        assert not (plugin_dir / "gpu-topology.sock").exists() and node.whole_runner is None
+        assert GPU not in kubelet.resources() and kubelet.registrations(GPU) == 0
+        (tmp_path / "ts").write_text(config.format(devices="[0, 1]"))  # whole GPUs come back: registered again
+        node.step()
+        kubelet.wait_for_registrations(GPU, 1, WAIT)
+        kubelet.wait_for_devices(GPU, 6, WAIT)
+        kubelet.wait_for_devices(SHARED, 4, WAIT)
+        (tmp_path / "ts").write_text(config.format(devices="all"))  # and gone again: no longer served
+        node.step()
+        kubelet.wait_for_devices(SHARED, 16, WAIT)
+        kubelet.wait_for_devices(GPU, 0, WAIT)
+        assert not (plugin_dir / "gpu-topology.sock").exists() and node.runner(GPU) is None
+    finally:
+        node.stop()
+        client.close()

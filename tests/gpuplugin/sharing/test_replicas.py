@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuplugin.deviceplugin.errors import AllocationRequestError
 from gpuplugin.deviceplugin.lifecycle import PluginRunner
 from gpuplugin.deviceplugin.plans import PlanSource
 from gpuplugin.sharing.layout import SharedSet
@@ -84,12 +86,14 @@ def test_k_replicas_are_k_distinct_gpus_the_best_ring(kubelet: KubeletSimulator,
             assert len(set(parents)) == k
             best = best_subset(dgx1, range(dgx1.size), k)
             assert sorted(parents) == sorted(best.gpus)
-        # only two GPUs still have free replicas: a 3-replica request cannot get 3 distinct GPUs
+        # only two GPUs still have free replicas: no 3 replicas Allocate accepts exist. The answer is the part it
+        # does accept, one replica of each GPU (answered: the kubelet must not fail admission here) ...
         few = [x for x in available if dgx1.index_of(replica_parent(x)[0]) in (0, 5)]
         answer = kubelet.preferred_raw(SHARED, few, [], 3)
-        assert len(answer) == 3  # answered (the kubelet must not fail admission here) ...
+        assert sorted(dgx1.index_of(replica_parent(x)[0]) for x in answer) == [0, 5]
+        assert kubelet.allocate(SHARED, answer).envs["NVIDIA_VISIBLE_DEVICES"]
         with pytest.raises(AdmissionError, match="several replicas of GPU"):
-            kubelet.allocate(SHARED, answer)  # ... and refused at Allocate
+            kubelet.allocate(SHARED, kubelet.preferred(SHARED, few, [], 3))  # ... the kubelet's fill-up is refused
     finally:
         runner.stop()
 
@@ -220,3 +224,62 @@ def test_k_replicas_are_always_distinct_and_as_good_as_exhaustive_search(data: s
     if k > 1:
         best = max(allreduce_gbps(topo, list(c)) for c in itertools.combinations(parents, k))
         assert allreduce_gbps(topo, chosen) == pytest.approx(best)
+
+
+def _accepts(manager: SharedResourceManager, ids: Sequence[str]) -> bool:
+    try:
+        manager.allocate(list(ids))
+    except AllocationRequestError:
+        return False
+    return True
+
+
+def _fallbacks(manager: SharedResourceManager) -> float:
+    value = manager.metrics.registry.get_sample_value("gpuplugin_preferred_fallbacks_total", {"reason": "bad_request"})
+    return value or 0.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_preferred_answers_a_set_allocate_accepts_whenever_one_exists(data: st.DataObject) -> None:
+    """Preference and Allocate agree over random configs and availability: when some set of the size asked that
+    contains must_include is accepted by Allocate (found by exhaustive search), the answer is one; when none is,
+    the answer is the part Allocate accepts, counted once as a bad request and logged once, never an error."""
+    topo = _DGX1
+    gpus = data.draw(st.lists(st.integers(0, topo.size - 1), unique=True, min_size=1, max_size=4), label="gpus")
+    shared = _set(topo, data.draw(st.integers(2, 3), label="replicas"), fail=data.draw(st.booleans(), label="fail"),
+                  distinct=data.draw(st.booleans(), label="distinct"), gpus=sorted(gpus))
+    manager = SharedResourceManager(topo, shared)
+    free = data.draw(st.lists(st.sampled_from([d.id for d in manager.devices]), unique=True, min_size=1),
+                     label="available")
+    must = data.draw(st.lists(st.sampled_from(free), unique=True, max_size=2), label="must")
+    size = data.draw(st.integers(max(1, len(must)), len(free)), label="size")
+    rest = [x for x in free if x not in must]
+    exists = any(_accepts(manager, [*must, *more]) for more in itertools.combinations(rest, size - len(must)))
+    with structlog.testing.capture_logs() as logs:
+        pref = manager.preferred(free, must, size)
+    assert set(must) <= set(pref.ids) <= set(free) and len(set(pref.ids)) == len(pref.ids)
+    warned = [e for e in logs if e["event"] == "plugin.preferred.fallback"]
+    if exists:
+        assert len(pref.ids) == size and _accepts(manager, pref.ids), pref
+        assert _fallbacks(manager) == 0 and warned == []
+    else:
+        assert len(pref.ids) < size or not _accepts(manager, must), pref
+        if _accepts(manager, must) or not must:
+            assert not pref.ids or _accepts(manager, pref.ids), pref  # the part Allocate accepts
+        assert _fallbacks(manager) == 1 and len(warned) == 1, (pref, warned)
+
+
+def test_an_unadmittable_request_asked_again_and_again_is_counted_each_time_and_logged_once_per_interval() -> None:
+    now = [1000.0]
+    manager = SharedResourceManager(_DGX1, _set(_DGX1, 2, gpus=[0, 1]), log_interval_s=10.0, clock=lambda: now[0])
+    free = [d.id for d in manager.devices]
+    with structlog.testing.capture_logs() as logs:
+        answers = {manager.preferred(free, [], 3).ids for _ in range(50)}
+        now[0] += 10.0
+        manager.preferred(free, [], 3)
+    assert len(answers) == 1 and _accepts(manager, answers.pop())
+    warned = [e for e in logs if e["event"] == "plugin.preferred.fallback"]
+    assert [e["not_logged_since_last"] for e in warned] == [0, 49]
+    assert "no answer Allocate accepts" in str(warned[0]["problems"])
+    assert _fallbacks(manager) == 51

@@ -59,6 +59,7 @@ def test_run_serves_shared_and_whole_gpus_and_publishes_the_sharing(tmp_path: Pa
         # the extender planned GPUs 5 and 7 (parents) for a 2-replica pod
         plan = {"v": 1, "node": NODE, "resource": SHARED_GPU, "containers": {"main": ["5", "7"]}, "gbps": 10.0}
         fake.add_pod(k8s_pod("infer", 0, NODE, {"gpu-topology.io/plan": json.dumps(plan)}, phase="Pending"))
+        node.admitting("infer")  # the kubelet lists the pod just before it asks for its devices
         ids = [d.id for d in shared]
         assert eventually(lambda: sorted(replica_parent(x)[0] for x in kubelet.preferred_raw(SHARED_GPU, ids, [], 2))
                           == ["5", "7"], WAIT), node.log_tail()
