@@ -87,7 +87,7 @@ class PluginConfig(BaseModel):
                           "sharing.timeSlicing / sharing.mps), one file per name: a mounted ConfigMap, the node "
                           "label choosing among them. Exclusive with --sharing-config-file (both set: refused at "
                           "start). Unset, with no config file: no sharing.")
-    sharing_config_file: Annotated[ReadableFile | None, Cli(env=("CONFIG_FILE",))] = Field(
+    sharing_config_file: Annotated[ReadableFile | None, Cli(env=("CONFIG_FILE",), aliases=("config-file",))] = Field(
         None, description="One GPU sharing config file in NVIDIA's device plugin format, served whatever the node "
                           "label says: NVIDIA's --config-file / CONFIG_FILE, so a node keeps the file it has. "
                           "Exclusive with --sharing-config-dir (both set: refused at start). Re-read every "

@@ -63,6 +63,7 @@ class Cli:
     flag: str | None = None
     env: tuple[str, ...] = ()
     metavar: str | None = None
+    aliases: tuple[str, ...] = ()  # other flags for it, as another program spells them (a migration keeps its args)
 
 
 class SettingsError(ValueError):
@@ -166,6 +167,7 @@ class Setting:
     flag: str  # without the leading dashes
     env: tuple[str, ...]
     metavar: str
+    aliases: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -187,7 +189,8 @@ class Setting:
             shown = self.flag if default else f"no-{self.flag}"
         else:
             shown = _text(default)
-        decls = [f"--{self.flag}/--no-{self.flag}" if self.is_bool else f"--{self.flag}", self.field]
+        decls = [f"--{self.flag}/--no-{self.flag}" if self.is_bool else f"--{self.flag}",
+                 *(f"--{a}" for a in self.aliases), self.field]
         return click.option(
             *decls,
             cls=SettingOption,
@@ -232,7 +235,7 @@ class SettingsLoader(Generic[M]):
             cli = _cli(info.metadata)
             flag = cli.flag or name.replace("_", "-")
             env = (f"{self.prefix}_{flag.replace('-', '_').upper()}", *cli.env)
-            settings.append(Setting(name, info, flag, env, cli.metavar or metavar(info.annotation)))
+            settings.append(Setting(name, info, flag, env, cli.metavar or metavar(info.annotation), cli.aliases))
         self.settings: tuple[Setting, ...] = tuple(settings)
         self._by_key = {s.key: s for s in self.settings}
         clash = {"config", "print_config", "config_file"} & (set(self._by_key) | set(model.model_fields))

@@ -158,6 +158,7 @@ def test_nvidias_single_config_file_from_its_environment_variable_or_the_flag(tm
     config.write_text("version: v1\n")
     assert _resolved([], {"CONFIG_FILE": str(config)})["sharing_config_file"] == str(config)
     assert _resolved(["--sharing-config-file", str(config)])["sharing_config_file"] == str(config)
+    assert _resolved(["--config-file", str(config)])["sharing_config_file"] == str(config)  # NVIDIA's flag
     out = _error([], {"CONFIG_FILE": str(tmp_path / "absent.yaml")})
     assert "invalid sharing_config_file from CONFIG_FILE" in out and "does not exist" in out
 

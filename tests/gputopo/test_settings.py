@@ -52,7 +52,7 @@ def _help_rows(binary: str) -> dict[str, str]:
     option = None
     for line in result.output.split("Options:")[1].splitlines():
         if line.strip().startswith("--"):
-            option = line.split()[0]
+            option = line.split()[0].rstrip(",")  # "--flag, --alias TYPE"
             rows[option] = line.strip()
         elif option and line.startswith("   "):  # a long option's help goes on the next line
             rows[option] += " " + line.strip()
