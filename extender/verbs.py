@@ -21,7 +21,8 @@ from extender.jobs.plans import JobPod
 from extender.placement.engine import FilterOutcome
 from extender.preempt import NodeVictims, keep_victims
 from extender.service import Extender
-from extender.state.pods import PodNeeds, PodSpecError, pod_needs
+from extender.state.pods import PodNeeds, PodSpecError, nominated_node, pod_needs
+from gputopo.kube import KubeApiError, KubeArgumentError
 
 log = structlog.get_logger(__name__)
 
@@ -132,6 +133,11 @@ class Verbs:
                 return self._filter_answer(args, ext.jobs.filter(job_pod, args.names))
             return self._job_filter(args, job_pod)
         out = ext.placement.filter(args.names, needs.need, extra)
+        nominated = nominated_node(args.pod)
+        if nominated is not None and nominated in out.failed and getattr(ext, "sync", None) is not None:
+            if not self._plan_in_thread:
+                return self._filter_answer(args, self._confirmed(args, needs, extra, nominated, out))
+            return self._filter_confirmed(args, needs, extra, nominated, out)
         answer = self._filter_answer(args, out)
         if extra is None and args.nodes is None and args.node_names is not None and len(out.passed) > 1:
             self._prioritize_next = (out.passed, needs)
@@ -166,6 +172,25 @@ class Verbs:
             self.host_priority_list(names, scores)
         except Exception:  # the answer has left: prioritize, if it comes, works it out and answers the error
             log.exception("extender.prioritize.prepare_failed")
+
+    def _confirmed(self, args: wire.ExtenderArgs, needs: PodNeeds, extra: dict[str, Any] | None, node: str,
+                   out: FilterOutcome) -> FilterOutcome:
+        """The pod's nominated node refused: kube-scheduler preempted victims there and retries the moment it sees
+        them go, which the pod watch here may not have delivered yet. Refused on a stale view, it would preempt a
+        second node. So the node's pods are read from the apiserver, those gone are dropped, and the filter is
+        answered again (extender.state.cache: a pod being deleted that still runs keeps its GPUs)."""
+        assert self.ext.sync is not None
+        try:
+            dropped = self.ext.sync.confirm_node(node)
+        except (KubeApiError, KubeArgumentError) as e:
+            log.warning("extender.filter.confirm_failed", node=node, error=str(e))
+            return out
+        return self.ext.placement.filter(args.names, needs.need, extra) if dropped else out
+
+    async def _filter_confirmed(self, args: wire.ExtenderArgs, needs: PodNeeds, extra: dict[str, Any] | None,
+                                node: str, out: FilterOutcome) -> dict[str, Any]:
+        out = await anyio.to_thread.run_sync(self._confirmed, args, needs, extra, node, out)
+        return self._filter_answer(args, out)
 
     async def _job_filter(self, args: wire.ExtenderArgs, job_pod: JobPod) -> dict[str, Any]:
         out = await anyio.to_thread.run_sync(self.ext.jobs.filter, job_pod, args.names, limiter=self._planners)

@@ -6,8 +6,10 @@ pod asks whole GPUs of the configured resource and belongs to no job, the body n
 (NodeNames, or a NodeList of known nodes), and no node serves that resource as MIG instances or replicas: then
 extender.verbs answers it over extender.placement.engine, the same code as in the state process, on the mirror
 (extender.front.mirror).
-Everything else (bind, preempt, job pods, MIG, shared GPUs, NodeLists with unseen nodes, probes, metrics, the
-inventory and the docs) is passed to the state process whole and its answer relayed.
+Everything else (bind, preempt, job pods, MIG, shared GPUs, NodeLists with unseen nodes, the filter of a preemptor
+back at its nominated node, probes, metrics, the inventory and the docs) is passed to the state process whole and
+its answer relayed. A preemptor's victims must be seen gone the moment kube-scheduler retries it: the state process
+hears of them first, and can ask the apiserver (extender.verbs).
 
 What a local answer leaves behind for the state process (the pod's needs and offer, which bind reads; its metrics)
 is sent ahead of the next passed-on request on the same ordered channel, so a bind never arrives before them.
@@ -44,7 +46,7 @@ from extender.jobs.membership import MembershipError, job_membership
 from extender.logs import configure_logging
 from extender.placement.engine import WHOLE, Placement
 from extender.placement.explain import Offer
-from extender.state.pods import PodNeeds, PodSpecError, RecentPods, pod_needs
+from extender.state.pods import PodNeeds, PodSpecError, RecentPods, nominated_node, pod_needs
 from extender.verbs import Verbs
 from gputopo.core.bitset import mask_of
 
@@ -103,6 +105,7 @@ class Front:
         self.recent = _TellingRecent(self.ops)
         self.explainer = _TellingExplainer(self.ops)
         self.jobs = _NoJobs()
+        self.sync = None  # no apiserver here: a filter that would ask it is passed on (`local`)
         self.verbs = Verbs(self)  # type: ignore[arg-type]
         self.ready = False
         self.leading = False  # as the state process says: under leader election a standby answers nothing here
@@ -128,6 +131,8 @@ class Front:
             raise NotHere from None
         if self.placement.route(needs.need)[0] != WHOLE:
             raise NotHere
+        if verb == "filter" and nominated_node(args.pod) in args.names:
+            raise NotHere  # a preemptor back at its node: the state process checks its victims are gone (verbs)
         if verb == "filter":
             return self.verbs.filter_pod(args, needs)
         return self.verbs.prioritize_pod(args, needs)

@@ -8,13 +8,27 @@ settles reservations) hold the node's lock, so a GPU never looks free in the gap
 
 Garbage written into our annotations by someone else never breaks the cache: the node then counts as publishing no
 topology (or the pod as having no plan), and the reason is logged once per distinct value.
+
+A pod that is gone (deleted, or terminal) stops holding GPUs at once, whatever still shows them (issue: preemption
+evicted twice the victims needed, kube-scheduler retrying its preemptor before the extender saw the victims go):
+- its reservation ends (remove_pod);
+- the GPUs of its plan that its node's published state still shows used count free (`_freed`) until the state
+  stops showing them, or FREED_TIMEOUT_S passes: the kubelet lets go of a pod's devices once the pod is terminal or
+  deleted, and the plugin republishes a moment later (gpuplugin.publisher), so until then the state is stale. A
+  plan made meanwhile on those GPUs is reserved, and its reservation does not settle against the stale state;
+- a pod removed from the cache is remembered as gone (`_gone`), so a late watch event of it cannot bring it back;
+- `confirm_node_pods` takes the apiserver's current pods of a node (a consistent list) and drops every pod the
+  cache still places there that is gone: kube-scheduler's informer and the extender's watch see a deletion at
+  about the same moment, and kube-scheduler retries a preemptor within milliseconds of it (extender.verbs asks).
+A pod with a deletionTimestamp that is not yet terminal still runs: it keeps its GPUs until the kubelet ends it.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -26,7 +40,7 @@ from extender.jobs.membership import Membership, MembershipError, job_membership
 from extender.jobs.ownership import OwnerShapes
 from extender.state.mig import NodeMig, node_mig
 from extender.state.pods import PodNeeds, PodSpecError, parse_quantity, pod_needs
-from extender.state.reservations import POD, Reservation, Reservations
+from extender.state.reservations import JOB, POD, Reservation, Reservations
 from extender.state.sharing import NodeSharing, fell, node_sharing, thresholds
 from gputopo.contract import Plan, PlanFormatError, is_mig_resource, parse_plan
 from gputopo.core import Topology, TopologyError, state_from_json, topology_from_json
@@ -40,6 +54,10 @@ _INTERN_LIMIT = 200_000
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 UNUSABLE = "!"  # first element of the state of a node that offers nothing to plan on
 CORDONED = "node is cordoned (spec.unschedulable)"
+# How long the GPUs of a gone pod count free while its node's state still shows them used: the kubelet lets go at
+# once and the plugin republishes within about a second; a GPU still published used long after is someone else's.
+FREED_TIMEOUT_S = 60.0
+GONE_LIMIT = 50_000  # uids of pods seen gone, remembered so that late events of them are ignored
 
 
 def _dict(value: Any) -> Mapping[str, Any]:
@@ -162,6 +180,23 @@ def make_entry(
                      sharing, mig)
 
 
+def without_used(entry: NodeEntry, ids: Iterable[str]) -> NodeEntry:
+    """The entry with the whole GPUs `ids` no longer counted used (the GPUs of pods that are gone, which the node's
+    published state still shows used); ids it does not show used, or shared GPUs, are left as they are."""
+    drop = entry.used_ids & frozenset(ids)
+    if not drop or entry.topo is None:
+        return entry
+    shared = entry.sharing.mask if entry.sharing is not None else 0
+    mask = mask_of(entry.index[i] for i in drop if i in entry.index) & ~shared
+    return replace(entry, used_ids=entry.used_ids - drop, used_mask=entry.used_mask & ~mask,
+                   base_free=entry.base_free | (mask & ~entry.unhealthy_mask))
+
+
+def _uid_of(obj: Any) -> str | None:
+    uid = _dict(_dict(obj).get("metadata")).get("uid")
+    return uid if isinstance(uid, str) and uid else None
+
+
 class NodeCache:
     """Nodes, GPU pods and reservations, kept consistent with each other."""
 
@@ -184,6 +219,9 @@ class NodeCache:
         self._parsed_topologies: dict[str, tuple[Topology | None, Mapping[str, int], str | None]] = {}
         self._topo_lock = threading.Lock()
         self._settled: dict[str, str] = {}  # pod uid -> node whose reservation ended (never rebuild it)
+        self._published: dict[str, NodeEntry] = {}  # node -> its entry as its annotations say (before `_freed`)
+        self._freed: dict[str, dict[str, float]] = {}  # node -> GPU id of a gone pod, shown used -> until when
+        self._gone: OrderedDict[str, None] = OrderedDict()  # uids of pods seen gone (module docstring)
         self._reported: dict[str, str] = {}  # node or pod -> last problem logged
         # metrics hook: (why, how many) each time reservations end: settled, pod_gone, timeout, topology_changed
         self.on_reservation_end: Callable[[str, int], None] = lambda why, n: None
@@ -357,9 +395,13 @@ class NodeCache:
                 "generation": state.generation}
 
     def put_node(self, entry: NodeEntry) -> None:
-        """Install a node entry; remaps reservations if its topology changed, settles those its state shows used."""
+        """Install a node entry; remaps reservations if its topology changed, settles those its state shows used.
+        GPUs of gone pods that the entry still shows used count free (module docstring): those reservations settle
+        only once the state shows them used again after showing them free."""
         with self.lock_for(entry.name):
             old = self.nodes.get(entry.name)
+            self._published[entry.name] = entry
+            entry = self._with_freed(entry)
             self.nodes[entry.name] = entry
             self._refresh_state(entry.name)
             if old is None or old.topo is not entry.topo:
@@ -420,8 +462,56 @@ class NodeCache:
         self.put_node(entry)
         return entry
 
+    def _with_freed(self, published: NodeEntry) -> NodeEntry:
+        """The node's entry with the GPUs of gone pods that it still shows used counted free; forgets those it
+        shows free by now, and those past FREED_TIMEOUT_S. The caller holds the node's lock."""
+        freed = self._freed.get(published.name)
+        if not freed:
+            return published
+        now = self.reservations.clock()
+        keep = {g: until for g, until in freed.items() if g in published.used_ids and until > now}
+        if keep:
+            self._freed[published.name] = keep
+        else:
+            del self._freed[published.name]
+        return without_used(published, keep)
+
+    def _free_plan(self, rec: PodRecord) -> frozenset[str]:
+        """The pod is gone: the whole GPUs of its plan that its node's state still shows used count free now."""
+        plan = rec.plan
+        if rec.node is None or plan is None or plan.node != rec.node:
+            return frozenset()
+        with self.lock_for(rec.node):
+            published, entry = self._published.get(rec.node), self.nodes.get(rec.node)
+            if published is None or entry is None or entry.topo is None:
+                return frozenset()
+            shared = entry.sharing.mask if entry.sharing is not None else 0
+            ids = frozenset(i for i in plan.ids & entry.used_ids
+                            if i in entry.index and not shared >> entry.index[i] & 1)
+            if not ids:
+                return ids
+            until = self.reservations.clock() + FREED_TIMEOUT_S
+            self._freed.setdefault(rec.node, {}).update(dict.fromkeys(ids, until))
+            self.nodes[rec.node] = self._with_freed(published)
+            self._refresh_state(rec.node)
+        return ids
+
+    def _expire_freed(self) -> None:
+        for name in list(self._freed):
+            with self.lock_for(name):
+                published = self._published.get(name)
+                if published is None:
+                    self._freed.pop(name, None)
+                    continue
+                entry, current = self._with_freed(published), self.nodes.get(name)
+                if current is None or entry.used_ids != current.used_ids:
+                    self.nodes[name] = entry
+                    self._refresh_state(name)
+
     def remove_node(self, name: str) -> None:
         with self.lock_for(name):
+            self._published.pop(name, None)
+            self._freed.pop(name, None)
             gone = self.nodes.pop(name, None)
             self._refresh_state(name)
             self._note_shared(name, frozenset())
@@ -485,11 +575,15 @@ class NodeCache:
                          membership, membership_error)
 
     def update_pod(self, pod: Mapping[str, Any]) -> PodRecord | None:
+        """Record the pod (None when it holds no GPUs); a pod already seen gone stays gone: an event of it that
+        arrives late (a watch behind a consistent list, a re-list older than a deletion) changes nothing."""
+        if _uid_of(pod) in self._gone:
+            return None
         rec = self.record_from_pod(pod)
         if rec is None:
-            uid = _dict(pod.get("metadata")).get("uid")
-            if isinstance(uid, str) and uid in self.pods:
-                self.remove_pod(uid)
+            uid = _uid_of(pod)
+            if uid is not None and uid in self.pods:
+                self.remove_pod(uid, gone=False)
             return None
         with self._pods_lock:
             old = self.pods.get(rec.uid)
@@ -501,11 +595,17 @@ class NodeCache:
         self._bump()
         return rec
 
-    def remove_pod(self, uid: str) -> None:
+    def remove_pod(self, uid: str, *, gone: bool = True) -> None:
+        """Forget the pod and end its reservations. `gone`: it was deleted or is terminal (not merely no longer a GPU
+        pod): it is remembered as such, and the GPUs of its plan that its node still shows used count free."""
         with self._pods_lock:
             rec = self.pods.pop(uid, None)
             self._settled.pop(uid, None)
-            gone = self.jobs.move(uid, rec.job_key, None) if rec is not None else None
+            if gone:
+                self._gone[uid] = None
+                while len(self._gone) > GONE_LIMIT:
+                    self._gone.popitem(last=False)
+            job_gone = self.jobs.move(uid, rec.job_key, None) if rec is not None else None
         self._reported.pop(f"pod/{uid}", None)
         self._reported.pop(f"pod/{uid}/spec", None)
         self._reported.pop(f"pod/{uid}/job", None)
@@ -514,9 +614,39 @@ class NodeCache:
             log.debug("extender.reservation.released", pod=f"{r.namespace}/{r.name}", node=r.node, why="pod gone")
         if released:
             self.on_reservation_end("pod_gone", len(released))
-        if gone is not None:
-            self.on_job_gone(gone)
+        if gone and rec is not None:
+            freed = self._free_plan(rec)
+            if freed:
+                log.info("extender.gpus.freed", pod=rec.key, node=rec.node, gpus=sorted(freed),
+                         why="pod gone; its node's state still shows them used")
+        if job_gone is not None:
+            self.on_job_gone(job_gone)
         self._bump()
+
+    def confirm_node_pods(self, node: str, read: Callable[[], Iterable[Any]]) -> list[str]:
+        """`read()`: every pod bound to `node` as the apiserver has them now (a consistent list). Drop the pods the
+        cache placed on the node before the read that are gone from it or terminal in it, and the reservations there
+        bound before the read whose pods it does not list; the uids dropped. What the cache learns during the read
+        is left alone (a pod bound meanwhile is not in the list yet). Pods being deleted that still run stay."""
+        held = [rec.uid for rec in list(self.pods.values()) if rec.node == node]
+        reserved = [r for r in self.reservations.on_node(node) if r.source != JOB and (r.bound or r.source == POD)]
+        live: set[str] = set()
+        for item in read():
+            uid = _uid_of(item)
+            if uid is not None and str(_dict(_dict(item).get("status")).get("phase") or "") not in TERMINAL_PHASES:
+                live.add(uid)
+        dropped = [uid for uid in held if uid not in live]
+        for uid in dropped:
+            self.remove_pod(uid)
+        for r in reserved:
+            if r.uid not in live and self.reservations.release_if(r.uid, node, r):
+                with self._pods_lock:
+                    self._gone[r.uid] = None
+                self.on_reservation_end("pod_gone", 1)
+                dropped.append(r.uid)
+        if dropped:
+            log.info("extender.pods.confirmed_gone", node=node, pods=len(dropped))
+        return dropped
 
     def sync_pods(self, items: Iterable[Any]) -> None:
         """Replace every pod with a fresh snapshot. Reservations made by an in-flight bind are kept: their pod may
@@ -610,6 +740,7 @@ class NodeCache:
 
     def expire_reservations(self) -> list[Reservation]:
         """End the reservations of pods never bound whose timeout passed (reservations module)."""
+        self._expire_freed()
         gone = self.reservations.expire(self._bound_here)
         for r in gone:  # not marked settled: should its pod turn out bound after all, its plan is reserved again
             log.warning("extender.reservation.expired", pod=f"{r.namespace}/{r.name}", node=r.node,

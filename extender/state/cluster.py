@@ -12,7 +12,7 @@ import structlog
 from extender.jobs.groups import GROUP_RESOURCES
 from extender.state.cache import NodeCache
 from gputopo.kube import SYNC, Watcher
-from gputopo.kube.fetching import ApiResource
+from gputopo.kube.fetching import ApiResource, list_pods
 from gputopo.kube.watching import WatchMetrics
 
 log = structlog.get_logger(__name__)
@@ -34,6 +34,7 @@ class ClusterSync:
         metrics: WatchMetrics | None = None,
         group_retry_s: float = 300.0,
     ) -> None:
+        self.api = api
         self.cache = cache
         common: dict[str, Any] = {"timeout_seconds": watch_timeout_s, "backoff_initial_s": backoff_initial_s,
                                   "backoff_max_s": backoff_max_s, "metrics": metrics}
@@ -67,6 +68,14 @@ class ClusterSync:
 
     def wait_synced(self, timeout: float | None = None) -> bool:
         return self.nodes.wait_synced(timeout) and self.pods.wait_synced(timeout)
+
+    def confirm_node(self, node: str) -> list[str]:
+        """Read the pods bound to `node` from the apiserver now (a consistent list, not the watch) and drop from the
+        cache those gone from it or terminal (NodeCache.confirm_node_pods); the uids dropped. Raises KubeApiError.
+        For a preemptor kube-scheduler retries the moment it sees its victims go, which the pod watch here may not
+        have delivered yet."""
+        return self.cache.confirm_node_pods(
+            node, lambda: list_pods(self.api, field_selector=f"spec.nodeName={node}")[0])
 
     def _on_node(self, event_type: str, obj: dict[str, Any]) -> None:
         if event_type == SYNC:

@@ -27,7 +27,7 @@ from gputopo.podspec import (
 )
 
 __all__ = ["APP", "INIT", "SIDECAR", "ContainerNeed", "Need", "PodNeeds", "PodSpecError", "RecentPods",
-           "effective_count", "parse_quantity", "pod_needs", "split_plan"]
+           "effective_count", "nominated_node", "parse_quantity", "pod_needs", "split_plan"]
 
 
 @dataclass(frozen=True)
@@ -186,6 +186,13 @@ def pod_needs(pod: Any, resource: str, keys: Keys, shared: frozenset[str] = froz
         need=need,
         containers=tuple(c for c in containers if c.count > 0),
     )
+
+
+def nominated_node(pod: Any) -> str | None:
+    """status.nominatedNodeName: the node kube-scheduler preempted victims on for this pod, if any."""
+    status = _dict(pod).get("status") if isinstance(pod, dict) else None
+    name = _dict(status).get("nominatedNodeName")
+    return name if isinstance(name, str) and name else None
 
 
 def split_plan(topo: Topology, chosen: Sequence[int], containers: Sequence[ContainerNeed]) -> dict[str, list[int]]:

@@ -26,6 +26,7 @@ import shutil
 import signal
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -231,6 +232,39 @@ class Scheduler:
             if all(f'{k}="{v}"' in rest for k, v in labels.items()):
                 total += float(value)
         return total
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` in a Prometheus text exposition whose labels include `labels` (0 when none)."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric, _, rest = head.partition("{")
+        if metric == name and all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+@dataclass
+class ExtenderProcess:
+    """A `gpu-extender serve` started by ControlPlane.start_extender: its process, API and metrics ports."""
+
+    proc: Proc
+    port: int
+    metrics_port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of `name` on its metrics port whose labels include `labels` (0 when none)."""
+        return metric_sum(httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text, name, **labels)
 
     def stop(self) -> None:
         self.proc.stop()
@@ -472,12 +506,98 @@ class ControlPlane:
         self.schedulers.append(sched)
         return sched
 
+    def start_extender(self, *, name: str = "gpu-extender", extra: Sequence[str] = (),
+                       env: Mapping[str, str] | None = None) -> ExtenderProcess:
+        """`gpu-extender serve` from this checkout against this apiserver as the admin, plain HTTP on free
+        127.0.0.1 ports, no leader election, reservations held 600 s (nothing expires during a test); `extra` flags
+        appended. Ready once /readyz answers 200 (watches synced, bind worker up). Stopped with the control plane."""
+        port, mport = free_ports(2)
+        proc = start_process(name, [
+            sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(self.kubeconfig), "--port", str(port),
+            "--metrics-port", str(mport), "--metrics-host", "127.0.0.1", "--reservation-timeout", "600",
+            "--log-level", "info", *extra,
+        ], self.dir / f"{name}.log", env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, cwd=REPO)
+        self.procs.append(proc)
+        wait_until(f"{name} /readyz", lambda: httpx.get(f"http://127.0.0.1:{mport}/readyz", timeout=2)
+                   .status_code == 200, self.start_timeout, proc, 0.2)
+        return ExtenderProcess(proc, port, mport)
+
     def stop_scheduler(self, sched: Scheduler) -> None:
         sched.stop()
         if sched.proc in self.procs:
             self.procs.remove(sched.proc)
         if sched in self.schedulers:
             self.schedulers.remove(sched)
+
+
+def serving_certificate(d: Path, name: str = "gpu-topology-webhook") -> tuple[Path, Path, Path]:
+    """A CA and a serving certificate for 127.0.0.1 / localhost signed by it, as PEM files in `d`:
+    (ca.crt, tls.crt, tls.key). What an admission webhook on the host needs: kube-apiserver calls webhooks over HTTPS
+    only, trusting the configuration's caBundle."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    d.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name}-ca")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+          .not_valid_after(now + datetime.timedelta(days=2))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    paths = (d / "ca.crt", d / "tls.crt", d / "tls.key")
+    paths[0].write_bytes(ca.public_bytes(pem))
+    paths[1].write_bytes(cert.public_bytes(pem))
+    paths[2].write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    paths[2].chmod(0o600)
+    return paths
+
+
+def start_webhook(cp: ControlPlane, hook: Mapping[str, Any], *extra: str, name: str = "gpu-topology-webhook"
+                  ) -> Proc:
+    """`gpu-extender webhook` (this tree's code) on 127.0.0.1 with a certificate of its own, and a
+    MutatingWebhookConfiguration of `hook` (one entry of a rendered configuration's `webhooks`: rules, selectors,
+    matchConditions as deployed) whose clientConfig is pointed at it. Returns once the API server calls it: a
+    dry-run pod asking one nvidia.com/gpu comes back with a schedulerName set."""
+    import base64
+    import sys
+
+    ca, cert, key = serving_certificate(cp.dir / name)
+    port, metrics = free_ports(2)
+    proc = start_process(name, [
+        sys.executable, "-m", "extender.cli", "webhook", "--host", "127.0.0.1", "--port", str(port),
+        "--tls-cert", str(cert), "--tls-key", str(key), "--metrics-port", str(metrics), "--metrics-host", "127.0.0.1",
+        *extra], cp.dir / f"{name}.log", env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO)
+    cp.procs.append(proc)
+    wait_until(f"{name} /healthz", lambda: httpx.get(f"http://127.0.0.1:{metrics}/healthz", timeout=2)
+               .status_code == 200, 60, proc, 0.2)
+    entry = {**hook, "clientConfig": {"url": f"https://127.0.0.1:{port}/mutate",
+                                      "caBundle": base64.b64encode(ca.read_bytes()).decode()}}
+    cp.request("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+               {"metadata": {"name": name}, "webhooks": [entry]})
+    probe = {"metadata": {"generateName": "webhook-probe-"}, "spec": {"containers": [{
+        "name": "c", "image": "registry.invalid/none:0", "resources": {"limits": {GPU: "1"}}}]}}
+
+    def answered() -> bool:
+        cp.ensure_namespace("default")
+        got = cp.request("POST", "/api/v1/namespaces/default/pods", probe, dryRun="All")
+        return got["spec"].get("schedulerName") not in (None, "", "default-scheduler")
+
+    wait_until(f"kube-apiserver calling {name}", answered, 30, proc, 0.25)
+    return proc
 
 
 def extender_stanza(url: str, *, weight: int = 5, http_timeout: str = "5s") -> dict[str, Any]:
