@@ -287,8 +287,13 @@ class Binder:
         return plan, res
 
     def _annotations(self, req: BindRequest, plan: Plan | None) -> dict[str, str]:
-        if plan is None:
-            return {}
+        if plan is None:  # a pod asking no GPU; one of a job's (a TFJob's parameter server) says where it went
+            text = None
+            try:
+                text = self.jobs.describe_companion(req.holder, req.node) if self.jobs is not None else None
+            except Exception as e:  # never in the way of the bind
+                log.warning("extender.bind.unexplained", pod=req.key, error=f"{type(e).__name__}: {e}")
+            return {self.config.keys.placement: text} if text else {}
         out = {self.config.keys.plan: encode_plan(plan), self.config.keys.gbps: f"{plan.gbps:.1f}"}
         placement = self._placement(req, plan)
         if placement:

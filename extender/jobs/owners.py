@@ -240,10 +240,12 @@ def owner_shape_of(obj: Any, resource: str) -> OwnerShape:
 
 @dataclass(frozen=True, slots=True)
 class PodOwner:
-    """An owner a pod points at: `uid` when an ownerReference gives it (a recreated object of one name differs)."""
+    """An owner a pod points at: `uid` when an ownerReference gives it (a recreated object of one name differs);
+    `label`, the label that names it when no ownerReference does (a JobSet's pods are owned by batch Jobs)."""
 
     ref: OwnerRef
     uid: str | None
+    label: str | None = None
 
 
 def owners_of_pod(pod: Mapping[str, Any]) -> tuple[PodOwner, ...]:
@@ -262,15 +264,15 @@ def owners_of_pod(pod: Mapping[str, Any]) -> tuple[PodOwner, ...]:
                                 r.get("uid") if isinstance(r.get("uid"), str) else None))
     jobset = labels.get(JOBSET_NAME)
     if isinstance(jobset, str) and jobset:
-        out.append(PodOwner(OwnerRef(JOBSET, "JobSet", namespace, jobset), None))
-        out.append(PodOwner(OwnerRef(TRAINER, "TrainJob", namespace, jobset), None))  # trainer names it so
+        out.append(PodOwner(OwnerRef(JOBSET, "JobSet", namespace, jobset), None, JOBSET_NAME))
+        out.append(PodOwner(OwnerRef(TRAINER, "TrainJob", namespace, jobset), None, JOBSET_NAME))  # trainer names it so
     lws = labels.get(LWS_NAME)
     if isinstance(lws, str) and lws:
-        out.append(PodOwner(OwnerRef(LWS, "LeaderWorkerSet", namespace, lws), None))
+        out.append(PodOwner(OwnerRef(LWS, "LeaderWorkerSet", namespace, lws), None, LWS_NAME))
     job, operator = labels.get(KUBEFLOW_JOB), labels.get(KUBEFLOW_OPERATOR)
     if isinstance(job, str) and job and operator in _OPERATOR_KINDS:
         kind = _OPERATOR_KINDS[str(operator)]
-        out.append(PodOwner(OwnerRef(KUBEFLOW, kind, namespace, job), None))
+        out.append(PodOwner(OwnerRef(KUBEFLOW, kind, namespace, job), None, KUBEFLOW_JOB))
     first: dict[OwnerRef, PodOwner] = {}
     for o in out:  # a label naming what an ownerReference names adds nothing (and must not drop its uid check)
         first.setdefault(o.ref, o)

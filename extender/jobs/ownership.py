@@ -33,6 +33,7 @@ log = structlog.get_logger(__name__)
 MAX_OWNERS = 100_000
 OWNER_RESOURCES: tuple[ApiResource, ...] = tuple(ApiResource(*api) for api in OWNER_APIS)
 NOT_WATCHED = "not watched (--job-owner-kinds)"
+NOT_SEEN = "not seen yet"  # its kind is listed, no object of that name is
 
 
 class OwnerShapes:
@@ -82,6 +83,8 @@ class OwnerShapes:
                     log.warning("extender.owners.full", limit=self.limit, ignored=str(ref))
                     self._full_reported = True
             else:
+                if ref not in self.shapes:
+                    log.debug("extender.owners.seen", owner=str(ref), gpu_pods=shape.gpu_pods)
                 owned.add(ref)
                 self.shapes[ref] = shape
             if len(self.shapes) < self.limit:
@@ -139,14 +142,29 @@ class OwnerShapes:
                 why.append(problem)
             elif shape is not None:
                 why.append(f"{owner.ref} seen is another object of that name (uid {shape.uid})")
-            else:
+            elif owner.label is None:
                 why.append(f"{owner.ref} is not readable: {self._unread(owner.ref)}")
+            else:  # named by a label only: the pod may have no owner at all, and "not seen yet" would promise one
+                unread = self._unread(owner.ref)
+                seen = f"no {owner.ref} seen" if unread == NOT_SEEN else f"{owner.ref} is not readable: {unread}"
+                referenced = isinstance(pod.get("metadata"), dict) and pod["metadata"].get("ownerReferences")
+                why.append(f"{'label' if referenced else 'no ownerReference; label'} {owner.label}: {seen}")
         env = size_from_env(pod)
         if env is not None:
             return OwnerSize(env[0], env[1] + (f" ({why[0]})" if why else ""), from_env=True)
         if not owners:
             return OwnerSize(None, "no owner object of a kind read here, no size in its env")
         return OwnerSize(None, why[0])
+
+    def gpus_per_pod(self, pod: Mapping[str, Any]) -> int | None:
+        """The GPUs each GPU pod of the pod's job asks, as the owner that sizes it (`size_of`'s first readable one)
+        says; None when no owner seen says it. What a CPU-only pod arriving first (a TFJob's parameter server)
+        needs to plan its job's GPU pods before any of them exists."""
+        for owner in owners_of_pod(pod):
+            shape = self.shapes.get(owner.ref)
+            if shape is not None and (owner.uid is None or shape.uid in (None, owner.uid)) and shape.problem is None:
+                return shape.gpus_per_pod
+        return None
 
     def _unread(self, ref: OwnerRef) -> str:
         if ref.kind not in self.kinds:
@@ -157,7 +175,7 @@ class OwnerShapes:
             return "; ".join(reasons)
         if not all(_key(r) in self._listed for r in resources):
             return "its kind is not listed yet"
-        return "not seen yet"
+        return NOT_SEEN
 
 
 def _key(resource: ApiResource) -> str:

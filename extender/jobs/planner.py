@@ -31,6 +31,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import combinations
 
+from extender.jobs import reasons
+from extender.jobs.reasons import literal, noun, plural
 from gputopo.core import Topology, best_subset
 from gputopo.core.bandwidth import HOST_PATH_GBPS
 from gputopo.core.bitset import bits, mask_of
@@ -119,34 +121,70 @@ class JobPlan:
     @property
     def summary(self) -> str:
         r = self.request
-        size = r.size if r.size is not None else "?"
         nodes = ", ".join(f"{n} x{c}" for n, c in sorted(self.counts.items()))
-        return (f"job {r.job}: {self.placed} of {size} {r.role}s placed, {len(self.slots)} planned; the job on "
-                f"{self.where} ({nodes}), est. {self.estimate.gbps:.1f} GB/s all-reduce ({_limit_text(self)})")
+        return reasons.job_says(r.job, f"{self.placed} of {_of(r)} placed, {len(self.slots)} planned; the job on "
+                                       f"{{where}} ({{nodes}}), {estimate_text(self.estimate)}",
+                                where=self.where, nodes=nodes)
 
     @property
     def limit_text(self) -> str:
         """What limits the job's estimate: "limited by the network inside one rack", "... by the pod ring"."""
-        return _limit_text(self)
+        return limit_text(self.estimate)
 
     def reason_for(self, node: str) -> str:
         """What filter and prioritize say about a node for the job's next pod."""
         r = self.request
-        size = r.size if r.size is not None else "?"
         planned = sum(1 for s in self.slots if s.node == node)
         if planned:
-            return (f"job {r.job}: {self.placed} of {size} {r.role}s placed, {planned} planned on this node; it "
-                    f"keeps the job on {self.where} (est. {self.estimate.gbps:.1f} GB/s, {_limit_text(self)})")
+            return reasons.job_says(r.job, f"{self.placed} of {_of(r)} placed, {planned} planned on this node; it "
+                                           f"keeps the job on {{where}} ({estimate_text(self.estimate, short=True)})",
+                                    where=self.where)
         nodes = sorted({s.node for s in self.slots})
         shown = ", ".join(nodes[:4]) + (f" and {len(nodes) - 4} more" if len(nodes) > 4 else "")
-        return f"job {r.job}: planned on {self.where} ({shown}); this node is not in the plan"
+        return reasons.job_says(r.job, "planned on {where} ({shown}); this node is not in the plan",
+                                where=self.where, shown=shown)
 
 
-def _limit_text(plan: JobPlan) -> str:
-    est = plan.estimate
+def _quoted(value: object) -> str:
+    """A value a request should not have, quoted short as template words."""
+    return literal(repr(value)[:20])
+
+
+def _of(request: JobRequest) -> str:
+    """'4 workers', '1 worker', '? workers' (size unknown)."""
+    if request.size is None:
+        return f"? {request.role}s"
+    return plural(request.size, request.role)
+
+
+def limit_text(est: JobEstimate) -> str:
+    """What limits an estimate: "limited by the network inside one rack", "limited by the pod ring"; for one GPU in
+    all (Limit.NONE), that there is no all-reduce (its value, "no collective", is not a limit to name)."""
     if est.limit is Limit.NETWORK:
         return "limited by the network" + (" inside one rack" if est.split < 0 else " between domains")
+    if est.limit is Limit.NONE or not getattr(est.limit, "value", None):
+        return "no all-reduce"
     return f"limited by the {est.limit.value}"
+
+
+def estimate_text(est: JobEstimate, short: bool = False) -> str:
+    """'est. 12.5 GB/s all-reduce, limited by the host path' (short: without 'all-reduce'); for a job of one GPU in
+    all, 'one GPU in all, no all-reduce' rather than an estimate of 0.0 GB/s."""
+    if est.limit is Limit.NONE or est.gbps <= 0:
+        return "one GPU in all, no all-reduce"
+    return f"est. {est.gbps:.1f} GB/s{'' if short else ' all-reduce'}, {limit_text(est)}"
+
+
+def job_figure(pods: list[PodSlot], locality: Locality) -> tuple[JobEstimate, str, dict[str, int]]:
+    """Pods of one job seen together (a plan's, or the ones placed so far): the job's estimate, the smallest domain
+    holding them ("node n7", "rack r12", "the cluster") and its pods per node. Raises JobModelError on no pods."""
+    estimate = job_allreduce_gbps(pods, locality)
+    counts = Counter(p.node for p in pods)
+    if len(counts) == 1:
+        where = f"node {next(iter(counts))}"
+    else:
+        where = locality.where(estimate.split, pods[0].place)
+    return estimate, where, dict(counts)
 
 
 def plan_job(request: JobRequest, nodes: Iterable[NodeSnapshot], locality: Locality,
@@ -155,23 +193,23 @@ def plan_job(request: JobRequest, nodes: Iterable[NodeSnapshot], locality: Local
     the most ways to place the job that are all weighed (0: candidate fills only, as for a large cluster)."""
     k = request.gpus_per_pod
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_GPUS_PER_POD:
-        raise JobPlanError(f"job {request.job}: {k!r} GPUs per pod is not a pod size")
+        raise JobPlanError(reasons.job_says(request.job, f"{_quoted(k)} GPUs per pod is not a pod size"))
     if request.size is not None and (isinstance(request.size, bool) or request.size < 1):
-        raise JobPlanError(f"job {request.job}: size {request.size!r} is not a number of pods")
+        raise JobPlanError(reasons.job_says(request.job, f"size {_quoted(request.size)} is not a number of pods"))
     if request.min_gbps < 0 or request.min_gbps != request.min_gbps:
-        raise JobPlanError(f"job {request.job}: min-allreduce {request.min_gbps!r} GB/s is not a floor")
+        raise JobPlanError(reasons.job_says(request.job, f"min-allreduce {_quoted(request.min_gbps)} GB/s is not a "
+                                                         "floor"))
     snaps = {snap.name: snap for snap in nodes}
     members, dropped = _members(request, snaps)
     remaining = request.size - len(request.members) if request.size is not None else 1
     if remaining <= 0:
-        raise JobPlanError(f"job {request.job}: all {request.size} {request.role}s are placed; nothing to plan")
+        raise JobPlanError(reasons.job_says(request.job, f"all {_of(request)} placed; nothing to plan"))
     buckets, room = _buckets(snaps, k, Counter(m.node for m in members), request)
     if room < remaining:
         floor = f" whose rings meet {request.constraint_text()}" if request.constrained else ""
-        raise JobUnplaceable(
-            f"job {request.job}: needs {remaining} more {request.role}s of {k} GPUs{floor}, the cluster has room "
-            f"for {room} now" + (f" ({len(members)} placed)" if members else "")
-        )
+        raise JobUnplaceable(reasons.job_says(
+            request.job, f"needs {remaining} more {noun(remaining, request.role)} of {plural(k, 'GPU')}{floor}, "
+                         f"the cluster has room for {room} now" + (f" ({len(members)} placed)" if members else "")))
     member_slots = [PodSlot(m.node, snaps[m.node].topo, m.gpus, snaps[m.node].place) for m in members]
     member_pods: dict[str, list[_Pod]] = {}
     for slot in member_slots:
@@ -183,10 +221,9 @@ def plan_job(request: JobRequest, nodes: Iterable[NodeSnapshot], locality: Local
         return exact
     candidates = _candidates(buckets, remaining, locality, member_pods, member_places)
     if not candidates:
-        raise JobUnplaceable(
-            f"job {request.job}: no domain holding its {len(members)} placed {request.role}s has room for "
-            f"{remaining} more of {k} GPUs"
-        )
+        raise JobUnplaceable(reasons.job_says(
+            request.job, f"no domain holding its {len(members)} placed {noun(len(members), request.role)} has "
+                         f"room for {remaining} more of {plural(k, 'GPU')}"))
     best: tuple[tuple, JobPlan] | None = None
     for evaluated, cand in enumerate(sorted(candidates, key=lambda c: c.order)):
         if best is not None and (evaluated >= _MAX_EVALUATIONS or cand.upper < best[0][0] * (1 - _REL_EPS)):
@@ -198,8 +235,9 @@ def plan_job(request: JobRequest, nodes: Iterable[NodeSnapshot], locality: Local
         if best is None or _better(score, best[0]):
             best = (score, plan)
     if best is None:
-        raise JobUnplaceable(f"job {request.job}: no candidate placement gives all {remaining} {request.role}s "
-                             f"rings that meet {request.constraint_text()}")
+        raise JobUnplaceable(reasons.job_says(
+            request.job, f"no candidate placement gives all {remaining} {noun(remaining, request.role)} rings "
+                         f"that meet {request.constraint_text() or 'its floors'}"))
     return best[1]
 
 
@@ -211,11 +249,13 @@ def _members(request: JobRequest, snaps: dict[str, NodeSnapshot]) -> tuple[list[
             dropped.append(f"{request.role} on {m.node}: node gone")
             continue
         if len(m.gpus) != request.gpus_per_pod:
-            raise JobPlanError(f"job {request.job}: a {request.role} on {m.node} holds {len(m.gpus)} GPUs, "
-                               f"the job's pods ask {request.gpus_per_pod}")
+            raise JobPlanError(reasons.job_says(
+                request.job, f"a {request.role} on {{node}} holds {plural(len(m.gpus), 'GPU')}, the job's pods ask "
+                             f"{request.gpus_per_pod}", node=m.node))
         if len(set(m.gpus)) != len(m.gpus) or any(not 0 <= g < snap.topo.size for g in m.gpus):
-            raise JobPlanError(f"job {request.job}: a {request.role} on {m.node} holds GPUs {list(m.gpus)}, "
-                               f"not distinct GPUs of a node with {snap.topo.size}")
+            raise JobPlanError(reasons.job_says(
+                request.job, f"a {request.role} on {{node}} holds GPUs {list(m.gpus)!s:.60}, not distinct GPUs of a "
+                             f"node with {snap.topo.size}", node=m.node))
         members.append(m)
     return members, tuple(dropped)
 
@@ -685,13 +725,8 @@ def _plan_from(request: JobRequest, picked: list[tuple[str, Topology, tuple[int,
                member_slots: list[PodSlot], dropped: tuple[str, ...], locality: Locality) -> JobPlan:
     slots = [Slot(name, gpus) for name, _, gpus, _ in picked]
     pods = [*member_slots, *(PodSlot(name, topo, gpus, place) for name, topo, gpus, place in picked)]
-    estimate = job_allreduce_gbps(pods, locality)
-    counts = Counter(p.node for p in pods)
-    if len(counts) == 1:
-        where = f"node {next(iter(counts))}"
-    else:
-        where = locality.where(estimate.split, pods[0].place)
-    return JobPlan(request, tuple(slots), estimate, where, dropped, dict(counts))
+    estimate, where, counts = job_figure(pods, locality)
+    return JobPlan(request, tuple(slots), estimate, where, dropped, counts)
 
 
 def _better(a: tuple, b: tuple) -> bool:

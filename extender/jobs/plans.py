@@ -50,7 +50,18 @@ from extender.jobs.membership import (
     common_gpu_count,
     job_membership,
 )
-from extender.jobs.planner import JobPlan, JobPlanError, JobRequest, JobUnplaceable, Member, NodeSnapshot, plan_job
+from extender.jobs.planner import (
+    JobPlan,
+    JobPlanError,
+    JobRequest,
+    JobUnplaceable,
+    Member,
+    NodeSnapshot,
+    estimate_text,
+    job_figure,
+    plan_job,
+)
+from extender.jobs.reasons import literal, plural
 from extender.jobs.spread import Claims, first_pod_nodes
 from extender.metrics import ExtenderMetrics
 from extender.placement.engine import FilterOutcome
@@ -60,12 +71,14 @@ from extender.state.pods import PodNeeds
 from extender.state.reservations import JOB, Reservation
 from gputopo.core import Allocation, best_subset
 from gputopo.core.bitset import mask_of
+from gputopo.core.jobs import Limit, PodSlot
 
 log = structlog.get_logger(__name__)
 
 MAX_JOBS = 10_000
 RECENT_PODS = 50_000
 _RESERVE_ATTEMPTS = 3
+_COMPANION_TEXT = 400  # a CPU-only job pod's whole placement explanation (as extender.placement.explain's)
 ROLE = "worker"
 
 
@@ -80,6 +93,9 @@ class JobPod:
     problem: str | None = None  # its job cannot be read: every node refuses it with this
     require_nvlink: bool = False  # its own floors: the plan made at its request meets them (JobRequest)
     min_gbps: float = 0.0
+    # A CPU-only pod (gpus=0) whose job nothing holds yet: the GPUs each of the job's GPU pods asks, from its owner
+    # object, so that its filter plans the job ahead of them (`_plan_ahead`); None otherwise.
+    plan_gpus: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +156,8 @@ class JobPlans:
 
     def pod_of(self, pod: dict[str, Any], needs: PodNeeds) -> JobPod | None:
         """The pod as a member of a job, or None for a pod of no job. A job's pod asking no GPUs (a TFJob's
-        parameter server, an MPIJob's launcher) is one with gpus=0 once the job has pods placed or planned: it is
+        parameter server, an MPIJob's launcher) is one with gpus=0 once the job has pods placed or planned, or when
+        its job's size and GPUs per pod are known from the owner object (it then plans the job: `_plan_ahead`): it is
         in no plan and every node passes it, but prioritize prefers the rack of the job's GPU pods (`score`)."""
         try:
             membership = job_membership(pod, self.keys, self.cache.groups.sizes, self.cache.owners)
@@ -151,31 +168,41 @@ class JobPlans:
         if membership is None:
             return None
         if needs.size == 0:
-            state = self._states.get(membership.job.key)
-            return JobPod(needs.uid, needs.key, 0, membership) if state is not None else None
-        if needs.uid:
-            with self._state_lock:
-                self._recent[needs.uid] = membership.job.key
-                self._recent.move_to_end(needs.uid)
-                while len(self._recent) > RECENT_PODS:
-                    self._recent.popitem(last=False)
+            ahead = None
+            if self._states.get(membership.job.key) is None:
+                ahead = self.cache.owners.gpus_per_pod(pod) if membership.size is not None else None
+                if not ahead:
+                    return None  # nothing to be near yet, nothing to plan: a pod of its own
+            self._remember(needs.uid, membership.job.key)  # bind explains where it went (describe_companion)
+            return JobPod(needs.uid, needs.key, 0, membership, plan_gpus=ahead)
+        self._remember(needs.uid, membership.job.key)
         return JobPod(needs.uid, needs.key, needs.size, membership, None, needs.need.require_nvlink,
                       needs.need.min_gbps)
+
+    def _remember(self, uid: str, key: str) -> None:
+        if uid:
+            with self._state_lock:
+                self._recent[uid] = key
+                self._recent.move_to_end(uid)
+                while len(self._recent) > RECENT_PODS:
+                    self._recent.popitem(last=False)
 
     # -- filter and prioritize ---------------------------------------------------------------------------------
 
     def filter(self, jp: JobPod, names: list[str]) -> FilterOutcome:
         if jp.gpus == 0:  # a CPU-only pod of a job: in no plan, every node passes (prioritize prefers the rack)
+            if jp.membership is not None and jp.membership.size is not None:
+                self._plan_ahead(jp)
             return FilterOutcome(list(names), {}, {})
         if jp.problem is not None:
-            return _refuse_all(names, Unresolvable(jp.problem))
+            return _refuse_all(names, Unresolvable(jp.problem, limit=reasons.MAX_REASON))
         with self._plan_lock:
             try:
                 state = self._state_for(jp)
             except MembershipError as e:
-                return _refuse_all(names, Unresolvable(reasons.pod_problem(jp.name, str(e))))
+                return _refuse_all(names, Unresolvable(reasons.pod_problem(jp.name, str(e)), limit=reasons.MAX_REASON))
             except JobUnplaceable as e:
-                return _refuse_all(names, Failed(reasons.bounded(e.reason)))
+                return _refuse_all(names, Failed(e.reason, limit=reasons.MAX_REASON))
             usable = self._usable(state, jp.uid)
             if usable and not set(names).intersection(s.node for s in usable):
                 usable = []  # the scheduler's own filters removed every planned node: plan on what it sent
@@ -192,11 +219,37 @@ class JobPlans:
                 except JobUnplaceable as e:
                     self.metrics.job_plans.labels("unplaceable").inc()
                     log.info("extender.job.unplaceable", job=str(state.ref), pod=jp.name, reason=e.reason)
-                    return _refuse_all(names, Failed(reasons.bounded(e.reason)))
+                    return _refuse_all(names, Failed(e.reason, limit=reasons.MAX_REASON))
                 except JobPlanError as e:
                     self.metrics.job_plans.labels("bad_job").inc()
-                    return _refuse_all(names, Unresolvable(reasons.bounded(str(e))))
+                    return _refuse_all(names, Unresolvable(str(e), limit=reasons.MAX_REASON))
             return self._answer(state, usable, names)
+
+    def _plan_ahead(self, jp: JobPod) -> None:
+        """A CPU-only pod of a job of known size while the job holds nothing (no open slot, no pod placed): a
+        TFJob's parameter servers, which the training operator often creates before the workers (it walks the
+        replica types in Go map order). The job's GPU pods are planned and reserved now, on every node, as their
+        first pod would plan them, so that this pod is scored next to where they will go (`_near_scores`), not at
+        chance; the GPU pods then take the slots. Never refuses this pod: a job that cannot be planned now is
+        planned at its first GPU pod, and this pod is scored as a pod of its own."""
+        m = jp.membership
+        assert m is not None
+        with self._plan_lock:
+            state = self._states.get(m.job.key)
+            k = state.gpus_per_pod if state is not None else jp.plan_gpus
+            if not k or (state is not None and (any(map(self._open, state.slots)) or self._members(state))):
+                return
+            gpu_pod = JobPod("", jp.name, k, m)
+            try:
+                state = self._state_for(gpu_pod)
+                self._plan(state, gpu_pod, None)
+            except (MembershipError, JobUnplaceable, JobPlanError) as e:
+                reason = e.reason if isinstance(e, JobUnplaceable) else str(e)
+                log.info("extender.job.plan_ahead_failed", job=str(m.job), pod=jp.name,
+                         reason=reasons.bounded(reason))
+                return
+        log.info("extender.job.planned_ahead", job=str(m.job), pod=jp.name, role=m.role, gpus_per_pod=k,
+                 size=state.size)
 
     def score(self, jp: JobPod, names: list[str]) -> list[int] | None:
         """10 for the nodes holding the most of this pod's open slots, 9 for others holding one, 0 elsewhere; None
@@ -240,6 +293,38 @@ class JobPlans:
         scores = [score(n) for n in names]
         log.info("extender.job.companion", job=str(state.ref), pod=jp.name, rack=top, gpu_pods=len(held))
         return scores
+
+    def describe_companion(self, uid: str, node: str) -> str | None:
+        """The placement explanation (`<prefix>/placement`) of a job's pod asking no GPU (a TFJob's parameter
+        server) bound to `node`: the job, and where the pod sits against the job's GPU pods placed or planned (the
+        rack `_near_scores` preferred); None for a pod of no job followed here. Written by bind (extender.binder)
+        for a pod without a plan."""
+        key = self._job_of(uid)
+        state = self._states.get(key) if key is not None else None
+        if state is None:
+            return None
+        held = Counter(m.node for m in self._members(state).values())
+        held.update(s.node for s in state.slots if self._open(s))
+        level = self.locality.levels[0].name
+        entry = self.cache.nodes.get(node)
+        rack = entry.place[0] if entry is not None and entry.place else None
+        known = f"{state.size} {ROLE}s" if state.size is not None else "size unknown"
+        head = f"job {state.ref} ({known}): asks no GPU, placed on {node}"
+        if not held:
+            return reasons.bounded(f"{head} on its own merits: the job holds no GPUs yet", _COMPANION_TEXT)
+        racks: Counter[str | None] = Counter()
+        for n, c in held.items():
+            e = self.cache.nodes.get(n)
+            racks[e.place[0] if e is not None and e.place else None] += c
+        total = sum(held.values())
+        if rack is not None and racks.get(rack):
+            where = f"in {level} {rack} with {racks[rack]} of the job's {total} GPU pods placed or planned"
+        elif node in held:
+            where = f"beside {held[node]} of the job's {total} GPU pods placed or planned"
+        else:
+            where = (f"in {level} {rack if rack is not None else '(none)'}, away from the job's {total} GPU pods "
+                     "placed or planned (no node of theirs was feasible or scored higher)")
+        return reasons.bounded(f"{head} {where} ({reasons.nodes_shown(dict(held))})", _COMPANION_TEXT)
 
     # -- bind (extender.binder, under the node's lock) ---------------------------------------------------------
 
@@ -321,26 +406,64 @@ class JobPlans:
                 del self._states[key]
 
     def describe(self, uid: str) -> str | None:
-        """The job's part of a bound pod's placement explanation (`<prefix>/placement`): the job, how its size is
-        known, where its plan puts it and the job's estimate with what limits it; None for a pod of no job."""
+        """The job's part of a bound pod's placement explanation (`<prefix>/placement`); None for a pod of no job.
+
+        What it states, and when. It is written once, with the Binding, so it says the job as known at this pod's
+        bind, labelled so: how the job's size is known (or why it is not), how many of its pods are placed with
+        this one, and the job's figure (nodes, estimated all-reduce, what limits it). For a job of known size that
+        figure is its plan's, which covers every pod ("2 of 4 placed with this pod; planned at this bind: the job on
+        rack r0 (n1 x2, n2 x2), est. 12.5 GB/s all-reduce, ..."); for a job
+        of unknown size, planned a pod at a time, there is no plan of the whole, so the figure is that of the pods
+        placed so far, this one included ("job so far, with this pod: 3 of ? workers on node n0 (n0 x3), ...;
+        later pods may change it"). A pod placed outside its job's plan says so, with the job so far.
+
+        Why not keep every pod's figure up to date: it would mean patching each earlier pod of the job whenever
+        the figure changes. A job of unknown size changes it at nearly every pod, so n pods cost up to n(n-1)/2
+        pod PATCHes (an 8,192-pod job: 33 million), written by the bind worker that also posts the Bindings, each
+        a write the apiserver and every pod watcher (this extender's own cache, kubelets, operators) must take;
+        and for a job of unknown size no figure is ever final. A reader of `kubectl describe pod` needs to know
+        what the figure is the figure of: labelled, each pod's stays true, and the job's newest pod carries its
+        latest figure (the log event extender.job.planned says each plan)."""
         key = self._job_of(uid)
         state = self._states.get(key) if key is not None else None
         if state is None:
             return None
         ref, plan = state.ref, state.plan
         if state.size is not None:
-            known = f"{state.size} {ROLE}s, from {state.size_from}" if state.size_from else f"{state.size} {ROLE}s"
+            known = (f"{plural(state.size, ROLE)}, from {state.size_from}" if state.size_from
+                     else plural(state.size, ROLE))
         else:
-            known = f"size unknown: {state.size_note or 'nothing says it'}; planned a pod at a time near the others"
-        if uid in state.outside:
-            return reasons.bounded(f"job {ref} ({known}): placed outside the job's plan (no slot of it on this "
-                                   "node); the rest of the job is planned again around it")
-        if plan is None:
-            return reasons.bounded(f"job {ref} ({known})")
-        nodes = sorted(plan.counts.items())
-        shown = ", ".join(f"{n} x{c}" for n, c in nodes[:4]) + (f" +{len(nodes) - 4} nodes" if len(nodes) > 4 else "")
-        return reasons.bounded(f"job {ref} ({known}): planned on {plan.where} ({shown}); job est. "
-                               f"{plan.estimate.gbps:.1f} GB/s all-reduce, {plan.limit_text}")
+            known = f"size unknown, {state.size_note or 'nothing says it'}; placed a pod at a time"
+        members = self._members(state)
+        placed = len(members)
+        if uid in state.outside or plan is None or state.size is None:
+            so_far, fields = self._so_far(state, members)
+            if uid in state.outside:
+                head = "placed outside the job's plan (no slot of it on this node), the rest planned again; "
+            else:
+                head = ""
+            if not so_far:
+                return reasons.job_explained(str(ref), known, literal(head.rstrip("; ")) or "nothing placed")
+            tail = "; later pods may change it" if state.size is None or placed < state.size else ""
+            return reasons.job_explained(str(ref), known, f"{literal(head)}job so far, with this pod: {so_far}{tail}",
+                                         **fields)
+        return reasons.job_explained(
+            str(ref), known, f"{placed} of {state.size} placed with this pod; planned at this bind: the job on "
+                             f"{{where}} ({{nodes}}), {literal(estimate_text(plan.estimate))}",
+            where=plan.where, nodes=reasons.nodes_shown(plan.counts))
+
+    def _so_far(self, state: JobState, members: dict[str, Member]) -> tuple[str, dict[str, object]]:
+        """The words of the job's pods placed now (reasons.figure), or '' when none can be weighed."""
+        pods = []
+        for m in members.values():
+            entry = self.cache.nodes.get(m.node)
+            if entry is not None and entry.topo is not None and all(0 <= g < entry.topo.size for g in m.gpus):
+                pods.append(PodSlot(m.node, entry.topo, m.gpus, entry.place or self._no_place))
+        if not pods:
+            return "", {}
+        estimate, where, counts = job_figure(pods, self.locality)
+        total = str(state.size) if state.size is not None else "?"
+        return reasons.figure(len(pods), total, ROLE, where, counts, estimate_text(estimate))
 
     def open_slots(self) -> int:
         return sum(len(s.slots) for s in list(self._states.values()))
@@ -380,9 +503,10 @@ class JobPlans:
                 state = self._states[m.job.key] = JobState(m.job, k, m.size, touched=now)
             if state.gpus_per_pod != k:
                 if state.slots or state.members:
-                    raise MixedGpuCounts(f"job {m.job}: pod {jp.name} asks {jp.gpus} GPUs, the job's plan is for "
-                                         f"pods of {state.gpus_per_pod}; a job plan gives each member the same "
-                                         "number of GPUs")
+                    raise MixedGpuCounts(reasons.job_says(
+                        str(m.job), f"pod {{pod}} asks {plural(jp.gpus, 'GPU')}, the job's plan is for pods of "
+                                    f"{state.gpus_per_pod}; a job plan gives each member the same number of GPUs",
+                        pod=jp.name))
                 state.gpus_per_pod = k
             state.size_from, state.size_note = m.size_from, m.size_note
             if m.size is not None and m.size != state.size:  # known now (its PodGroup arrived), or changed
@@ -458,10 +582,8 @@ class JobPlans:
                 snaps = first_pod_nodes(snaps, claims, state.gpus_per_pod)
                 if not snaps:
                     note = jp.membership.size_note if jp.membership is not None else None
-                    raise JobUnplaceable(reasons.bounded(
-                        f"job {state.ref}: size unknown ({note or 'nothing says it'}); the nodes with room for "
-                        f"{state.gpus_per_pod} GPUs hold {claims.count} other jobs of unknown size still growing, so "
-                        f"its first pod waits (set {self.keys.job_size}, or let the extender read the job's owner)"))
+                    raise JobUnplaceable(reasons.first_pod_waits(str(state.ref), note, state.gpus_per_pod,
+                                                                 claims.count, self.keys.job_size))
             plan = plan_job(request, snaps, self.locality)
             self.metrics.job_plan_seconds.observe(time.perf_counter() - started)
             if self._reserve(state, plan, None if size is not None else jp.uid):
@@ -546,9 +668,9 @@ class JobPlans:
         plan = state.plan
         placed = len(self._members(state))
         where = plan.where if plan is not None else "the cluster"
-        gbps = plan.estimate.gbps if plan is not None else 0.0
+        gbps = plan.estimate.gbps if plan is not None and plan.estimate.limit is not Limit.NONE else None
         reason = Failed(reasons.not_in_plan(str(state.ref), placed, state.size, ROLE, len(usable), where,
-                                            sorted(counts), gbps))
+                                            sorted(counts), gbps), limit=reasons.MAX_REASON)
         return FilterOutcome(passed, {n: reason for n in names if n not in counts}, {})
 
 

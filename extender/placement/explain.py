@@ -12,9 +12,14 @@ Reasons a faster node is passed over, as the policy has them (extender.placement
 island kept for larger pods (the island penalty); a tighter fit among nodes as fast (packing); kube-scheduler's own
 scores or a placement in between (we ranked the faster node first, it chose another). The pod's constraints
 (require-nvlink, min-allreduce-gbps) are named, since they are why nodes were refused. A pod of a job whose plan
-chose its node says the job instead (extender.jobs.plans.describe: the job, how its size is known, its planned
-nodes, the job's estimate and what limits it): the job's filter left it one node, which is not the "not ranked"
-case. Other reasons come in as `notes`.
+chose its node says the job instead (extender.jobs.plans.describe: the job, how its size is known, and the job as
+known at this pod's bind, labelled so: its plan for all its pods when its size is known, its pods placed so far
+with this one when not): the job's filter left it one node, which is not the "not ranked" case. Other reasons come
+in as `notes`.
+
+The line is written once, with the Binding, and never patched (describe says why). It holds at most MAX_CHARS
+characters and is never cut at its end: node names are shown up to NAME_SHOWN characters, the job's names and notes
+are elided before its figure, and the comparison and notes are elided in their middle (`fitted`).
 
 Kept per pod UID in a bounded map, oldest forgotten first; a pod bound without a prioritize call (one feasible node,
 or an extender restart in between) is explained without the comparison.
@@ -31,13 +36,17 @@ from operator import attrgetter
 
 from extender.placement import policy
 from extender.placement.policy import Fit
-from extender.placement.reasons import gpu_list
+from extender.placement.reasons import Worded, elided, gpu_list
 from extender.state.pods import Need
 from gputopo.core import Topology
 from gputopo.core.bitset import mask_of
 from gputopo.core.efficiency import VS_EMPTY, efficiency_ratio
 
 MAX_CHARS = 400
+NAME_SHOWN = 63  # a node's name as the explanation shows it, elided past this (Kubernetes allows 253)
+_REST_FLOOR = 120  # what the comparison, constraints and notes keep at least when the job's words must give way
+_REST_LEAST = 24  # below this they are left out rather than elided to nothing but "..."
+_SEP = "; "
 _GBPS = attrgetter("gbps")
 _EPS = 1e-9
 
@@ -106,22 +115,44 @@ class Explainer:
             known = uid in self._offers
             found = self._offers.get(uid)
         size = len(gpus)
+        shown = elided(node, NAME_SHOWN)
         if size == 1:
-            parts = [f"{node} GPU {gpus[0]}: one GPU, no all-reduce"]
+            head = f"{shown} GPU {gpus[0]}: one GPU, no all-reduce"
         else:
             eff = efficiency_ratio(gbps, self._best_empty(topo, size), size)
-            parts = [f"{node} GPUs {gpu_list(mask_of(gpus))}: {gbps:.1f} GB/s, {VS_EMPTY} {eff:.2f}"]
-        if job is not None:  # its node came from the job's plan; ranked on its own merits too when known
-            parts.append(job)
-        if size > 1 and (job is None or known):
-            parts.append(_comparison(found, known, node, gbps))
+            head = f"{shown} GPUs {gpu_list(mask_of(gpus))}: {gbps:.1f} GB/s, {VS_EMPTY} {eff:.2f}"
+        rest = []
+        if size > 1 and (job is None or known):  # a job's pod: its node came from the job's plan; ranked too if known
+            rest.append(_comparison(found, known, node, gbps))
         constraints = (["require-nvlink"] if need.require_nvlink else []) + (
             [f"min-allreduce {need.min_gbps:g} GB/s"] if need.min_gbps > 0 else [])
         if constraints:
-            parts.append("constraints: " + ", ".join(constraints))
-        parts.extend(notes)
-        text = "; ".join(p for p in parts if p)
-        return text if len(text) <= MAX_CHARS else text[:MAX_CHARS - 3] + "..."
+            rest.append("constraints: " + ", ".join(constraints))
+        rest.extend(notes)
+        return fitted(head, job, [p for p in rest if p])
+
+
+def fitted(head: str, job: str | None, rest: Sequence[str]) -> str:
+    """The parts joined by "; " in at most MAX_CHARS characters, none cut at its end: the pod's own words whole
+    (its node's name already elided past NAME_SHOWN); then the job's words, worded again shorter when a
+    reasons.Worded (its names and notes elided, its figure whole); the rest (the comparison, the constraints, the
+    notes) keeps at least _REST_FLOOR characters of what is left, unless the job's figure needs them, elided in its
+    middle, and is left out when too little is left for it to say anything."""
+    text = _SEP.join([head, *([job] if job else []), *rest])
+    if len(text) <= MAX_CHARS:
+        return text
+    tail = _SEP.join(rest)
+    if job:
+        keep = min(len(tail), _REST_FLOOR) + len(_SEP) if tail else 0
+        room = MAX_CHARS - len(head) - len(_SEP) - keep
+        if isinstance(job, Worded):
+            job = job.within(max(room, min(job.least, MAX_CHARS - len(head) - len(_SEP))))
+        else:
+            job = elided(job, room)
+    if tail:
+        room = MAX_CHARS - len(head) - (len(job) + len(_SEP) if job else 0) - len(_SEP)
+        tail = elided(tail, room) if room >= _REST_LEAST else ""
+    return elided(_SEP.join(p for p in (head, job, tail) if p), MAX_CHARS)
 
 
 def _comparison(found: Offer | None, known: bool, node: str, gbps: float) -> str:
@@ -132,10 +163,11 @@ def _comparison(found: Offer | None, known: bool, node: str, gbps: float) -> str
     if gbps >= found.fastest_gbps - _EPS:
         return (f"the fastest of {found.candidates} candidate nodes" if found.candidates > 1
                 else "the only candidate node")
-    head = f"fastest offered {found.fastest_gbps:.1f} GB/s on {found.fastest_node}"
+    head = f"fastest offered {found.fastest_gbps:.1f} GB/s on {elided(found.fastest_node, NAME_SHOWN)}"
     if found.kept:
         islands = ", ".join(f"{s}-GPU island ({b:.0f} GB/s)" for s, b in found.kept)
         return f"{head}, passed over to keep its free {islands} for larger pods: few nodes still offer one"
     if found.fastest_score < found.top_score:
         return f"{head}, ranked below a tighter fit that keeps larger free sets whole"
-    return f"{head}, ranked first here; kube-scheduler's other scores or a placement since chose {node}"
+    chosen = elided(node, NAME_SHOWN)
+    return f"{head}, ranked first here; kube-scheduler's other scores or a placement since chose {chosen}"

@@ -12,6 +12,11 @@ entries as there are nodes. A reason therefore comes in three grains (`Reason`):
 node's GPUs; its `summary`, with nothing particular to the node, so nodes in the same state read the same; and its
 `category`, one line per kind of refusal and pod size. `coarsened` answers with the finest grain whose distinct
 reasons, each counted once, fit in MAX_REASONS_CHARS.
+
+Each reason is one line of at most MAX_REASON_CHARS. Templates are written to fit with their fields (`fit` elides the
+longest field, a name or a quoted value, in its middle); a text still too long (a hostile annotation's parse error)
+is elided in its middle (`elided`), never cut at its end, so no reason ends in a broken word. Counts agree with their
+nouns (`plural`: "1 GPU", "1 other job").
 """
 
 from __future__ import annotations
@@ -25,23 +30,90 @@ from gputopo.core.bitset import bits
 # in-tree plugins' reasons and preemption's message. The categories (at most seven per pod) fit in it.
 MAX_REASONS_CHARS = 600
 MAX_REASON_CHARS = 200  # a reason quoting a hostile annotation's parse error stays one readable line
+ELLIPSIS = "..."
+_MIN_ELIDED = 2 * len(ELLIPSIS) + 2  # the least a text is elided to: a head, "...", a tail
+_SNAP = 16  # how far an elision's ends move to fall between words
 
 
-def _cap(text: str) -> str:
+def elided(text: str, limit: int) -> str:
+    """`text` on one line in at most `limit` characters (at least _MIN_ELIDED): whole, or its head and its tail
+    around "...", the cut moved to a space when one is near. A reason so shortened keeps its beginning (what it is
+    about) and its end (its conclusion, its closing parenthesis): it never ends cut in the middle of a word, as a
+    head-only cut did ("... 1 other jobs of unknown size still growing, so it...")."""
     text = " ".join(text.split())
-    return text if len(text) <= MAX_REASON_CHARS else text[:MAX_REASON_CHARS - 3] + "..."
+    limit = max(limit, _MIN_ELIDED)
+    if len(text) <= limit:
+        return text
+    room = limit - len(ELLIPSIS)
+    head, tail = text[:(room + 1) // 2], text[len(text) - room // 2:]
+    cut = head.rfind(" ", len(head) - _SNAP)
+    if cut > 0:
+        head = head[:cut + 1]
+    cut = tail.find(" ", 0, _SNAP)
+    if cut >= 0:
+        tail = tail[cut:]
+    return head + ELLIPSIS + tail
+
+
+def fit(template: str, limit: int, **fields: object) -> str:
+    """`template.format(**fields)` in at most `limit` characters, its own words whole: when too long, the longest
+    fields (names, quoted values, notes: what grows without bound) are elided (`elided`) to one common length, the
+    largest that fits. The template must leave room for its fields at _MIN_ELIDED characters each; past that the
+    whole text is elided."""
+    values = {k: " ".join(str(v).split()) for k, v in fields.items()}
+    text = template.format(**values)
+    over = len(text) - limit
+    if over > 0 and values:
+        lengths = [len(v) for v in values.values()]
+        low, high = _MIN_ELIDED, max(lengths)  # the largest cap that takes `over` characters off, by bisection
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if sum(max(0, n - mid) for n in lengths) >= over else (low, mid - 1)
+        cap = low
+        values = {k: elided(v, cap) for k, v in values.items()}
+        text = template.format(**values)
+    return elided(text, limit)
+
+
+class Worded(str):
+    """A text made by `fit` that can be made again in fewer characters, its template's words kept: `within`."""
+
+    _template: str
+    _fields: dict[str, object]
+
+    def __new__(cls, template: str, limit: int, **fields: object) -> Worded:
+        self = super().__new__(cls, fit(template, limit, **fields))
+        self._template, self._fields = template, fields
+        return self
+
+    def within(self, limit: int) -> str:
+        return str(self) if len(self) <= limit else fit(self._template, limit, **self._fields)
+
+    @property
+    def least(self) -> int:
+        """The fewest characters it can be worded in with its template's words whole (every field elided)."""
+        return len(self._template.format(**{k: "x" * min(len(" ".join(str(v).split())), _MIN_ELIDED)
+                                            for k, v in self._fields.items()}))
+
+
+def plural(n: int, noun: str) -> str:
+    """'1 worker', '3 workers', '0 workers'."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 class Reason(str):
-    """A refusal in three grains: itself (per node), `summary` (equal for nodes in equal states), `category`."""
+    """A refusal in three grains: itself (per node), `summary` (equal for nodes in equal states), `category`; each
+    at most `limit` characters (`elided`). A reason every node gives alike (a job's: extender.jobs.reasons) may take
+    more than MAX_REASON_CHARS: it is one entry of the event however many nodes give it."""
 
     summary: str
     category: str
 
-    def __new__(cls, text: str, summary: str | None = None, category: str | None = None) -> Reason:
-        self = super().__new__(cls, _cap(text))
-        self.summary = _cap(summary if summary is not None else getattr(text, "summary", text))
-        self.category = _cap(category if category is not None else getattr(text, "category", self.summary))
+    def __new__(cls, text: str, summary: str | None = None, category: str | None = None,
+                limit: int = MAX_REASON_CHARS) -> Reason:
+        self = super().__new__(cls, elided(text, limit))
+        self.summary = elided(summary if summary is not None else getattr(text, "summary", text), limit)
+        self.category = elided(category if category is not None else getattr(text, "category", self.summary), limit)
         return self
 
 
@@ -116,7 +188,7 @@ def _gpus(size: int) -> str:
 
 
 def too_few_in_total(size: int, total: int) -> Reason:
-    return Reason(f"needs {size} GPUs, node has {total} in total",
+    return Reason(f"needs {_gpus(size)}, node has {total} in total",
                   category=f"needs {_gpus(size)}, more than the node has")
 
 
@@ -125,7 +197,7 @@ def _fewer_free(size: int) -> str:
 
 
 def too_few_free(size: int, free_count: int) -> Reason:
-    return Reason(f"needs {size} GPUs, {free_count} free", category=_fewer_free(size))
+    return Reason(f"needs {_gpus(size)}, {free_count} free", category=_fewer_free(size))
 
 
 def shortfall(used: int, unhealthy: int, reserved: int, free: int, size: int) -> Reason:

@@ -44,7 +44,8 @@ def command(config: WebhookConfig) -> None:
     configure_logging(config.log_level)
     assert config.tls_cert is not None and config.tls_key is not None  # the settings' own rule
     metrics = WebhookMetrics(process_registry())
-    policy = Policy(config.scheduler_name, config.resource_name, config.keys.webhook, config.whole_jobs)
+    policy = Policy(config.scheduler_name, config.resource_name, config.keys.webhook, config.whole_jobs,
+                    config.extra_resources)
     limits = connection_limits(config, config.max_body_bytes, "webhook")
     common = {"log_level": config.log_level, "limits": limits, "metrics": metrics,
               "keep_alive_s": config.keep_alive_timeout_s}
@@ -67,7 +68,8 @@ def command(config: WebhookConfig) -> None:
         metrics_server = companion_server(server_config(
             create_metrics_app(metrics), "metrics", config.metrics_host, config.metrics_port, **common))
     log.info("extender.webhook.listening", host=config.host, port=sock.getsockname()[1],
-             scheduler=config.scheduler_name, resource=config.resource_name, opt_out_label=policy.opt_out_label,
+             scheduler=config.scheduler_name, resource=config.resource_name, resources=list(policy.resources),
+             whole_jobs=policy.whole_jobs, opt_out_label=policy.opt_out_label,
              metrics_port=config.metrics_port or None, max_connections=limits.max_connections)
 
     async def run() -> None:

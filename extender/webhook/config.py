@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from extender.config import ListenerSettings
-from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys, dns_subdomain_problem
+from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys, dns_subdomain_problem, extended_resource_problem
 from gputopo.settings import (
     AnnotationPrefix,
     Cli,
@@ -39,6 +39,10 @@ class WebhookConfig(ListenerSettings):
     scheduler_name: str = Field(DEFAULT_SCHEDULER_NAME, description="schedulerName given to the pods it manages.")
     resource_name: ExtendedResourceName = Field(
         DEFAULT_RESOURCE, description="Extended resource whose pods it manages.")
+    extra_resources: Annotated[tuple[str, ...], Cli(metavar="DOMAIN/NAME,...")] = Field(
+        (), description="More extended resources whose pods it manages, besides --resource-name, its shared name "
+                        "(<name>.shared) and the MIG names of its domain: the names GPU sharing configs advertise "
+                        "under `rename` (the chart passes those of its configs and plugin.sharing.resourceNames).")
     annotation_prefix: AnnotationPrefix = Field(
         DEFAULT_PREFIX, description="Prefix of the opt-out label <prefix>/webhook=disabled on pods.")
     whole_jobs: bool = Field(
@@ -63,6 +67,20 @@ class WebhookConfig(ListenerSettings):
         if v == "default-scheduler":
             raise ValueError("the scheduler name must be the topology-aware scheduler's, not default-scheduler")
         return v
+
+    @field_validator("extra_resources", mode="before")
+    @classmethod
+    def _extra_resources(cls, v: Any) -> Any:
+        if isinstance(v, str):  # a flag or env value: "a.example/x,b.example/y"; "" (the chart's empty list): none
+            v = v.split(",")
+        if not isinstance(v, (list, tuple)) or not all(isinstance(n, str) for n in v):
+            raise ValueError(f"must be a comma-separated list of resource names, got {v!r:.80}")
+        names = tuple(dict.fromkeys(n.strip() for n in v if n.strip()))
+        for name in names:
+            problem = extended_resource_problem(name)
+            if problem:
+                raise ValueError(problem)
+        return names
 
     @field_validator("max_body_bytes")
     @classmethod

@@ -1,8 +1,10 @@
 """One AdmissionReview v1 request in, its answer out: whether to set the pod's schedulerName, and the JSONPatch.
 
-The rule (issue 13): a pod being created that asks for the managed resource or a MIG resource of its domain
-(`nvidia.com/mig-1g.10gb`, issue 23: gputopo.contract.is_mig_resource; counted as the kubelet counts it,
-init containers included: gputopo.podspec) and names no scheduler of its own (none, "" or "default-scheduler") gets
+The rule (issue 13): a pod being created that asks for the managed resource, its shared name (`nvidia.com/gpu.shared`:
+NVIDIA's renameByDefault), a MIG resource of its domain (`nvidia.com/mig-1g.10gb`, shared ones too, issue 23:
+gputopo.contract.is_mig_resource) or one of `--extra-resources` (the names sharing configs give under `rename`),
+counted as the kubelet counts it, init containers included (gputopo.podspec), and names no scheduler of its own
+(none, "" or "default-scheduler") gets
 `spec.schedulerName` set to the topology-aware scheduler; with `--whole-jobs`, so does a pod of a Kubeflow job
 (label `training.kubeflow.org/job-name`) that asks none, such as a TFJob's parameter server, so that the extender
 places it in the rack of the job's workers. Anything else is answered `allowed: true` with no patch:
@@ -29,6 +31,7 @@ from gputopo.contract import is_mig_resource
 from gputopo.podspec import PodSpecError, pod_device_count
 
 API_VERSION = "admission.k8s.io/v1"
+SHARED_SUFFIX = ".shared"  # NVIDIA's renameByDefault name of a shared resource (DefaultSharedResourceNameSuffix)
 DEFAULT_SCHEDULERS = frozenset({"", "default-scheduler"})
 OPT_OUT = "disabled"
 MAX_UID = 128  # a UID is 36 characters; anything far longer is not one
@@ -63,6 +66,12 @@ class Policy:
     resource: str
     opt_out_label: str
     whole_jobs: bool = False  # also the pods of a Kubeflow job that ask no GPUs (a TFJob's parameter servers)
+    extra_resources: tuple[str, ...] = ()  # names sharing configs advertise under `rename`
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        """The names it manages by exact name (MIG names of the domain are matched by their form)."""
+        return tuple(dict.fromkeys((self.resource, f"{self.resource}{SHARED_SUFFIX}", *self.extra_resources)))
 
 
 @dataclass(frozen=True)
@@ -144,7 +153,7 @@ def decide(request: Mapping[str, Any], policy: Policy) -> Decision:
     if spec.get("nodeName"):
         return Decision(ALREADY_BOUND)  # no scheduler will see it
     try:
-        gpus = sum(pod_device_count(pod, r) for r in (policy.resource, *mig_resources(spec, policy.resource)))
+        gpus = sum(pod_device_count(pod, r) for r in (*policy.resources, *mig_resources(spec, policy.resource)))
     except PodSpecError as e:
         return Decision(UNREADABLE_POD, warning=warning(f"{LEFT}: {e}"))
     if gpus == 0 and not (policy.whole_jobs and isinstance(labels.get(KUBEFLOW_JOB), str)):

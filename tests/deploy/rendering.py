@@ -271,3 +271,16 @@ if __name__ == "__main__":
 
     for written in write_renderings(Path(sys.argv[1])):
         print(written)
+
+
+@functools.cache
+def _scheduler_config_text(values_json: str) -> str:
+    objects = render_chart(ChartVariant("gpu-topology", "gpu-topology", json.loads(values_json)))
+    (cm,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-scheduler-config")]
+    return str(cm["data"]["scheduler-config.yaml"])
+
+
+def chart_scheduler_config(values: Obj | None = None) -> Obj:
+    """The KubeSchedulerConfiguration the chart renders (second-scheduler mode) with `values`: what sim.scheduler's
+    driver takes to follow the deployed managedResources (e.g. {"webhook": {"wholeJobs": True}}: none listed)."""
+    return dict(yaml.safe_load(_scheduler_config_text(json.dumps(values or {}, sort_keys=True))))

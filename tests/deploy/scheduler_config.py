@@ -83,8 +83,12 @@ def problems(config: dict[str, Any], *, resource_name: str, scheduler_name: str,
     for entry in managed:
         found += _unknown(entry, MANAGED_RESOURCE_FIELDS, "managedResources[]")
     names = [m.get("name") for m in managed]
-    if resource_name not in names:
+    # none listed: kube-scheduler asks the extender about every pod (a dedicated scheduler that gets CPU-only job
+    # pods too: the chart's webhook.wholeJobs); a snippet for someone else's scheduler must list them
+    if (managed or not own_scheduler) and resource_name not in names:
         found.append(f"managedResources {names} lacks {resource_name!r}")
+    if len(set(names)) != len(names):
+        found.append(f"managedResources {names} names one twice (kube-scheduler refuses the configuration)")
     if any(m.get("ignoredByScheduler") is not False for m in managed):
         found.append("ignoredByScheduler must be false: kube-scheduler keeps counting the GPUs itself")
     url = str(ext.get("urlPrefix", ""))

@@ -37,6 +37,12 @@ def _mig(domain: str) -> list[str]:
     return [f"{domain}/{s}" for s in mig_resource_suffixes()]
 
 
+def _all(whole: str) -> list[str]:
+    """The whole-GPU resource, every MIG name of its domain, then NVIDIA's shared name (<name>.shared) of each."""
+    migs = _mig(whole.split("/", 1)[0])
+    return [whole, *migs, *(f"{n}.shared" for n in [whole, *migs])]
+
+
 def test_the_committed_files_are_what_the_generator_writes() -> None:
     done = _generate(ROOT, "--check")
     assert done.returncode == 0, done.stderr
@@ -68,23 +74,25 @@ def test_the_core_knows_every_documented_mixed_name_and_no_sub_profile() -> None
 
 @pytest.mark.parametrize("path", [SCHEDULER_DIR / "gpu-topology-scheduler-config.yaml",
                                   SCHEDULER_DIR / "default-scheduler-extender.yaml"])
-def test_the_plain_configurations_list_the_gpu_then_every_mig_name(path: Path) -> None:
-    assert _names(yaml.safe_load(path.read_text())) == ["nvidia.com/gpu", *_mig("nvidia.com")]
+def test_the_plain_configurations_list_the_gpu_then_every_mig_name_then_the_shared_names(path: Path) -> None:
+    assert _names(yaml.safe_load(path.read_text())) == _all("nvidia.com/gpu")
 
 
-def test_kustomize_and_the_chart_defaults_send_mig_pods_to_the_extender() -> None:
+def test_kustomize_and_the_chart_defaults_send_mig_and_shared_pods_to_the_extender() -> None:
     kustomize, _, _ = _second_scheduler(kustomize_build(MANIFESTS))
     chart, _, _ = _second_scheduler(render_chart(CHART_VARIANTS["defaults"]))
-    assert _names(kustomize) == _names(chart) == ["nvidia.com/gpu", *_mig("nvidia.com")]
+    assert _names(kustomize) == _names(chart) == _all("nvidia.com/gpu")
+    assert "nvidia.com/gpu.shared" in _names(chart)  # renameByDefault's name: the platform team's pods
 
 
 def test_the_chart_puts_mig_names_under_the_resources_domain_and_takes_extra_names() -> None:
     custom, _, _ = _second_scheduler(render_chart(CHART_VARIANTS["custom"]))
-    assert _names(custom) == ["acme.example/gpu", *_mig("acme.example")]
+    assert _names(custom) == _all("acme.example/gpu")
     extra = ChartVariant("gpu-topology", "gpu-topology", {"scheduler": {
         "migResources": ["mig-1g.12gb"], "extraManagedResources": ["nvidia.com/mig-1g.24gb"]}})
     config, _, _ = _second_scheduler(render_chart(extra))
-    assert _names(config) == ["nvidia.com/gpu", "nvidia.com/mig-1g.12gb", "nvidia.com/mig-1g.24gb"]
+    assert _names(config) == ["nvidia.com/gpu", "nvidia.com/mig-1g.12gb", "nvidia.com/gpu.shared",
+                              "nvidia.com/mig-1g.12gb.shared", "nvidia.com/mig-1g.24gb"]
     none = ChartVariant("gpu-topology", "gpu-topology", {"scheduler": {"migResources": []}})
     config, _, _ = _second_scheduler(render_chart(none))
-    assert _names(config) == ["nvidia.com/gpu"]
+    assert _names(config) == ["nvidia.com/gpu", "nvidia.com/gpu.shared"]

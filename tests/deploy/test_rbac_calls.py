@@ -188,6 +188,7 @@ def test_plugin_calls_exactly_its_declared_api(plugin_node: GpuNode) -> None:
         assert fake.wait_for_watches(1, timeout=WAIT, resource="pods")
         plan = {"v": 1, "node": NODE, "resource": RESOURCE, "containers": {"main": ["4", "7"]}, "gbps": 40.0}
         fake.add_pod(k8s_pod("trainer", 2, NODE, {f"{PREFIX}/plan": json.dumps(plan)}))
+        podres.service.set_pod("default", "trainer", {"main": {}})  # listed by the kubelet as it admits it
         assert eventually(lambda: kubelet.preferred_raw(RESOURCE, ids, [], 2) == ["4", "7"], WAIT), (
             "the plan never reached the kubelet")
         _relist(fake, ("pods",))

@@ -140,3 +140,74 @@ def test_bad_mps_control_values_fail_naming_them(mps: dict, named: str) -> None:
                                         {"plugin": {"sharing": {"enabled": True, "configs": {"a": NVIDIA_TS},
                                                                 "mps": mps}}}))
     assert named in str(caught.value)
+
+
+# -- every name the sharing configs advertise reaches the extender and the webhook ---------------------------------
+
+RENAMING = {
+    "mps-default-names": NVIDIA_MPS,  # nvidia.com/gpu.shared
+    "ts-renamed": "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
+                  "    - name: nvidia.com/gpu\n      replicas: 4\n      rename: acme.example/inference\n"
+                  "      devices: [0, 1]\n    - name: nvidia.com/mig-1g.12gb\n      replicas: 2\n",
+    "whole": "version: v1\n",
+    "json": '{"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2, '
+            '"rename": "acme.example/notebook"}]}}}',
+}
+
+
+def _advertised(text: str) -> list[str]:
+    """What the plugin advertises for the config's shared entries (gpuplugin.sharing.layout's rule)."""
+    section = parse_config(text).section
+    if section is None:
+        return []
+    return [e.rename or (e.name + ".shared" if section.rename_by_default else e.name) for e in section.resources]
+
+
+def _second_scheduler_names(objects: list[dict]) -> list[str] | None:
+    import yaml
+
+    (cm,) = find(objects, "ConfigMap", "gpu-topology-scheduler-config")
+    (ext,) = yaml.safe_load(cm["data"]["scheduler-config.yaml"])["extenders"]
+    managed = ext.get("managedResources")
+    return None if managed is None else [m["name"] for m in managed]
+
+
+def test_every_name_the_sharing_configs_advertise_is_a_managed_resource() -> None:
+    """Issue A: pods asking `nvidia.com/gpu.shared` (renameByDefault) were bound by kube-scheduler alone, since
+    managedResources named only the GPU and the MIG names. Every name the chart's configs make the plugin advertise
+    (as gpuplugin.sharing resolves them), NVIDIA's default shared names and plugin.sharing.resourceNames (configs
+    kept outside the chart) are listed, each once; the webhook manages the same pods."""
+    values = {"plugin": {"sharing": {"enabled": True, "configs": RENAMING,
+                                     "resourceNames": ["acme.example/outside", "nvidia.com/gpu.shared"]}}}
+    objects = render_chart(ChartVariant("gpu-topology", "gpu-topology", values))
+    names = _second_scheduler_names(objects)
+    assert names is not None and len(names) == len(set(names)), names
+    advertised = {n for text in RENAMING.values() for n in _advertised(text)}
+    assert advertised == {"nvidia.com/gpu.shared", "acme.example/inference", "nvidia.com/mig-1g.12gb.shared",
+                          "acme.example/notebook"}
+    assert advertised | {"acme.example/outside", "nvidia.com/gpu", "nvidia.com/mig-1g.10gb.shared"} <= set(names)
+    (deployment,) = find(objects, "Deployment", "gpu-topology-webhook")
+    (_, webhook), = list(containers(deployment))
+    extra = next(a for a in webhook["args"] if a.startswith("--extra-resources="))
+    # the names the webhook does not know by rule (resourceName, its .shared name, <domain>/mig-*)
+    assert sorted(extra.split("=", 1)[1].split(",")) == ["acme.example/inference", "acme.example/notebook",
+                                                          "acme.example/outside"]
+
+
+def test_default_shared_names_are_listed_without_any_config_and_a_config_that_is_not_yaml_fails() -> None:
+    names = _second_scheduler_names(render_chart(ChartVariant("gpu-topology", "gpu-topology", {})))
+    assert names is not None and "nvidia.com/gpu.shared" in names and "nvidia.com/mig-3g.40gb.shared" in names
+    with pytest.raises(helm_python.HelmError) as caught:
+        render_chart_files(ChartVariant("gpu-topology", "gpu-topology", {"plugin": {"sharing": {
+            "enabled": True, "configs": {"broken": "version: v1\nsharing: [\n"}}}}))
+    assert "plugin.sharing.configs.broken is not YAML" in str(caught.value)
+
+
+def test_whole_jobs_renders_the_scheduler_without_managed_resources() -> None:
+    """Issue B: with webhook.wholeJobs a TFJob's parameter servers (no GPU) come to this scheduler, and
+    kube-scheduler asks an extender listing managedResources only about pods naming one: the list is left out, so
+    every pod of this scheduler reaches the extender (it only gets the pods sent to it)."""
+    on = render_chart(ChartVariant("gpu-topology", "gpu-topology", {"webhook": {"wholeJobs": True}}))
+    assert _second_scheduler_names(on) is None
+    off = render_chart(ChartVariant("gpu-topology", "gpu-topology", {}))
+    assert _second_scheduler_names(off)

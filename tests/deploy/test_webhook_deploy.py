@@ -238,10 +238,17 @@ def test_cert_manager_issues_the_certificate_and_fills_the_ca_bundle(name: str) 
 
 
 def test_kustomize_installs_the_same_webhook_as_the_chart_with_cert_manager() -> None:
+    """The same objects and pod as the chart's defaults; its matchConditions are the chart's with wholeJobs (a static
+    file cannot follow the switch: a Kubeflow job's pods reach it, and it leaves those asking no GPU alone unless
+    --whole-jobs is added to its args)."""
     chart, kustomize = renderings()["helm:cert-manager"], renderings()["kustomize:deploy/webhook"]
     assert sorted((o["kind"], o["metadata"]["name"]) for o in chart) == sorted(
         (o["kind"], o["metadata"]["name"]) for o in kustomize)
-    assert _hook(chart) == _hook(kustomize)
+    whole_jobs = ChartVariant("gpu-topology", "gpu-topology",
+                              {"webhook": {"enabled": True, "wholeJobs": True, "certManager": {"enabled": True}}})
+    assert _hook(_webhook_objects(render_chart(whole_jobs))) == _hook(kustomize)
+    assert {k: v for k, v in _hook(chart).items() if k != "matchConditions"} == {
+        k: v for k, v in _hook(kustomize).items() if k != "matchConditions"}
 
     def pod(objects: list[Obj]) -> dict[str, Any]:
         spec = copy.deepcopy(_one(objects, "Deployment")["spec"]["template"]["spec"])
@@ -304,6 +311,8 @@ def _passes(programs: list[Any], pod: dict[str, Any]) -> bool:
 
 
 POLICY = review.Policy(SCHEDULER, "nvidia.com/gpu", "gpu-topology.io/webhook")
+PS_LABELS = {"training.kubeflow.org/job-name": "tf-0", "training.kubeflow.org/operator-name": "tfjob-controller",
+             "training.kubeflow.org/replica-type": "ps", "training.kubeflow.org/replica-index": "0"}
 
 
 def _pods() -> dict[str, dict[str, Any]]:
@@ -325,20 +334,74 @@ def _pods() -> dict[str, dict[str, Any]]:
             resources={"limits": {"amd.com/gpu": "1"}}),
         "zero GPUs": lambda r: r["object"]["spec"]["containers"][0].update(
             resources={"limits": {"nvidia.com/gpu": "0"}}),
+        "shared (renameByDefault)": lambda r: r["object"]["spec"]["containers"][0].update(
+            resources={"limits": {"nvidia.com/gpu.shared": "1"}, "requests": {"nvidia.com/gpu.shared": "1"}}),
+        "MIG instance": lambda r: r["object"]["spec"]["containers"][0].update(
+            resources={"limits": {"nvidia.com/mig-1g.10gb": "1"}}),
+        "shared MIG instance": lambda r: r["object"]["spec"]["containers"][0].update(
+            resources={"requests": {"nvidia.com/mig-1g.10gb.shared": "1"}}),
+        "renamed share": lambda r: r["object"]["spec"]["containers"][0].update(
+            resources={"limits": {"acme.example/inference": "1"}}),
+        "parameter server": lambda r: (r["object"]["metadata"].update(labels=dict(PS_LABELS)),
+                                       r["object"]["spec"]["containers"][0].update(
+                                           resources={"requests": {"cpu": "2"}})),
     }
     return {k: recorded(v)["request"]["object"] for k, v in changes.items()}
 
 
+RENAMED = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n" \
+          "      rename: acme.example/inference\n"
+MATCH_VARIANTS: dict[str, tuple[ChartVariant, review.Policy, set[str]]] = {
+    # rendering, the webhook's policy as its args give it, the pods it lets through without patching (a call)
+    "defaults": (WEBHOOK_VARIANTS["defaults"], POLICY, {"zero GPUs"}),
+    "sharing config with a rename": (
+        ChartVariant("gpu-topology", "gpu-topology", {"webhook": {"enabled": True}, "plugin": {"sharing": {
+            "enabled": True, "configs": {"ts": RENAMED}}}}),
+        review.Policy(SCHEDULER, "nvidia.com/gpu", "gpu-topology.io/webhook", extra_resources=(
+            "acme.example/inference",)), {"zero GPUs"}),
+    "whole jobs": (ChartVariant("gpu-topology", "gpu-topology", {"webhook": {"enabled": True, "wholeJobs": True}}),
+                   review.Policy(SCHEDULER, "nvidia.com/gpu", "gpu-topology.io/webhook", whole_jobs=True),
+                   {"zero GPUs"}),
+}
+
+
+@functools.cache
+def _variant_conditions(variant: str) -> list[Any]:
+    return _conditions(_webhook_objects(render_chart(MATCH_VARIANTS[variant][0])))
+
+
+@pytest.mark.parametrize("variant", sorted(MATCH_VARIANTS))
 @pytest.mark.parametrize("name", sorted(_pods()))
-def test_match_conditions_let_through_every_pod_the_webhook_would_patch(name: str) -> None:
+def test_match_conditions_let_through_every_pod_the_webhook_would_patch(variant: str, name: str) -> None:
     """A condition that dropped a pod the webhook patches would lose it silently; letting through a pod it leaves
-    alone only costs a call (a pod asking for 0 GPUs)."""
+    alone only costs a call (a pod asking for 0 GPUs). The webhook's own policy is what the same rendering's args
+    give it (test_the_rendered_args_give_the_policy)."""
+    _, policy, extra_calls = MATCH_VARIANTS[variant]
     pod = _pods()[name]
-    passes = _passes(_conditions(renderings()["helm:defaults"]), pod)
+    passes = _passes(_variant_conditions(variant), pod)
     request = recorded(lambda r: r.update(object=pod))["request"]
-    patched = review.decide(request, POLICY).outcome == review.PATCHED
+    patched = review.decide(request, policy).outcome == review.PATCHED
     assert passes or not patched
-    assert passes == (patched or name == "zero GPUs"), name
+    assert passes == (patched or name in extra_calls), name
+
+
+@pytest.mark.parametrize("variant", sorted(MATCH_VARIANTS))
+def test_the_rendered_args_give_the_policy(variant: str) -> None:
+    chart, policy, _ = MATCH_VARIANTS[variant]
+    _, container = _container(_webhook_objects(render_chart(chart)))
+    settings = SETTINGS.load(_flags(container["args"]), env={})
+    assert (settings.resource_name, settings.whole_jobs, settings.extra_resources) == (
+        policy.resource, policy.whole_jobs, policy.extra_resources)
+
+
+def test_a_parameter_server_reaches_the_webhook_only_with_whole_jobs() -> None:
+    """The platform team's TFJob: its PS pods ask no GPU; the apiserver calls the webhook for them only when the
+    chart renders --whole-jobs (and kustomize, which cannot follow the switch, always: its webhook leaves them
+    alone unless --whole-jobs is added)."""
+    ps = _pods()["parameter server"]
+    assert not _passes(_conditions(renderings()["helm:defaults"]), ps)
+    assert _passes(_conditions(renderings()["helm:custom"]), ps)  # wholeJobs
+    assert _passes(_conditions(renderings()["kustomize:deploy/webhook"]), ps)
 
 
 # -- bad values ----------------------------------------------------------------------------------------------------

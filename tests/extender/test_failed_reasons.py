@@ -89,4 +89,5 @@ def test_coarsened_picks_the_finest_grain_that_fits() -> None:
 
 def test_a_hostile_reason_is_one_capped_line() -> None:
     reason = reasons.node_problem("bad\nannotation " + "\u00e9" * 10_000)
-    assert len(reason) <= reasons.MAX_REASON_CHARS and "\n" not in reason and reason.endswith("...")
+    assert len(reason) <= reasons.MAX_REASON_CHARS and "\n" not in reason
+    assert reason.startswith("bad annotation \u00e9") and "..." in reason and reason.endswith("\u00e9")  # elided inside

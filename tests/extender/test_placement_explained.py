@@ -99,4 +99,7 @@ def test_the_offers_kept_are_bounded_and_the_text_capped() -> None:
     assert len(explainer._offers) == 3
     t = topo(A100)
     text = explainer.explain("uid-9", "n" * 300, t, [0, 1], 50.0, Need(2, True, 100.0), notes=["x" * 300])
-    assert len(text) == MAX_CHARS and text.endswith("...")
+    # elided in the middle, never cut at the end: the node's name and the long note keep their heads and tails
+    assert len(text) <= MAX_CHARS and text.endswith("x") and not text.endswith("...")
+    assert text.startswith("n" * 30 + "..." + "n" * 30 + " GPUs 0,1: 50.0 GB/s")
+    assert "; constraints: require-nvlink, min-allreduce 100 GB/s; xxx" in text and "x..." in text

@@ -100,18 +100,87 @@ imagePullSecrets:
   {{- end }}
   httpTimeout: {{ $v.scheduler.httpTimeout }}
   ignorable: {{ $v.scheduler.ignorable }}
+  {{- if $v.webhook.wholeJobs }}
+  # No managedResources: kube-scheduler then asks the extender about every pod of this scheduler, which only gets
+  # the pods sent to it: GPU pods, and (webhook.wholeJobs) the pods of a Kubeflow job that ask no GPU, such as a
+  # TFJob's parameter servers, which no resource list can name.
+  {{- else }}
+  # kube-scheduler asks the extender only about pods naming one of these in their requests or limits (exact names).
   managedResources:
-    - name: {{ $v.resourceName }}
-      ignoredByScheduler: false
-    {{- $domain := first (splitList "/" $v.resourceName) }}
-    {{- range $v.scheduler.migResources }}
-    - name: {{ $domain }}/{{ . }}
-      ignoredByScheduler: false
-    {{- end }}
-    {{- range $v.scheduler.extraManagedResources }}
+    {{- range (include "gpu-topology.managedResourceNames" .ctx | fromJsonArray) }}
     - name: {{ . }}
       ignoredByScheduler: false
     {{- end }}
+  {{- end }}
+{{- end -}}
+
+{{/* Every extended resource name a GPU pod may ask, as a JSON list, each once, in this order: resourceName, the MIG
+     names (scheduler.migResources under resourceName's domain), the shared name NVIDIA's renameByDefault gives each
+     of them (<name>.shared), then the names of sharing configs (gpu-topology.sharingResourceNames) and
+     scheduler.extraManagedResources. kube-scheduler matches managedResources by exact name, so a name left out here
+     is a pod the extender never sees. */}}
+{{- define "gpu-topology.managedResourceNames" -}}
+{{- $v := .Values -}}
+{{- $domain := first (splitList "/" $v.resourceName) -}}
+{{- $names := list $v.resourceName -}}
+{{- range $v.scheduler.migResources }}{{ $names = append $names (printf "%s/%s" $domain .) }}{{ end -}}
+{{- $names = append $names (printf "%s.shared" $v.resourceName) -}}
+{{- range $v.scheduler.migResources }}{{ $names = append $names (printf "%s/%s.shared" $domain .) }}{{ end -}}
+{{- $names = concat $names (include "gpu-topology.sharingResourceNames" . | fromJsonArray) $v.scheduler.extraManagedResources -}}
+{{- toJson (uniq $names) -}}
+{{- end -}}
+
+{{/* The managed names the webhook does not know by rule (resourceName, <resourceName>.shared and the MIG names of
+     its domain, shared ones included), as a JSON list: its --extra-resources. */}}
+{{- define "gpu-topology.webhookExtraResources" -}}
+{{- $v := .Values -}}
+{{- $mig := printf "%s/mig-" (first (splitList "/" $v.resourceName)) -}}
+{{- $out := list -}}
+{{- range (include "gpu-topology.managedResourceNames" . | fromJsonArray) -}}
+{{- if not (or (eq . $v.resourceName) (eq . (printf "%s.shared" $v.resourceName)) (hasPrefix $mig .)) -}}
+{{- $out = append $out . -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* The resource names GPU sharing configs advertise, as a JSON list: for each resource of each config in
+     plugin.sharing.configs (sharing.timeSlicing and sharing.mps), its `rename`, else <name>.shared under
+     renameByDefault, else its own name; then plugin.sharing.resourceNames (configs the chart does not hold:
+     plugin.sharing.configMapName, a GPU Operator's). A config that is not YAML fails the render, naming it. */}}
+{{- define "gpu-topology.sharingResourceNames" -}}
+{{- $s := .Values.plugin.sharing -}}
+{{- $names := list -}}
+{{- range $config, $text := $s.configs -}}
+{{- $doc := fromYaml $text -}}
+{{- if hasKey $doc "Error" -}}
+{{- fail (printf "plugin.sharing.configs.%s is not YAML: %s" $config (get $doc "Error")) -}}
+{{- end -}}
+{{- $sharing := get $doc "sharing" -}}
+{{- if kindIs "map" $sharing -}}
+{{- range $strategy := list "timeSlicing" "mps" -}}
+{{- $section := get $sharing $strategy -}}
+{{- if kindIs "map" $section -}}
+{{- $resources := get $section "resources" -}}
+{{- if kindIs "slice" $resources -}}
+{{- range $resources -}}
+{{- if and (kindIs "map" .) (kindIs "string" (get . "name")) -}}
+{{- $rename := get . "rename" -}}
+{{- if and (kindIs "string" $rename) $rename -}}
+{{- $names = append $names $rename -}}
+{{- else if get $section "renameByDefault" -}}
+{{- $names = append $names (printf "%s.shared" (get . "name")) -}}
+{{- else -}}
+{{- $names = append $names (get . "name") -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson (uniq (concat $names (default list $s.resourceNames))) -}}
 {{- end -}}
 
 {{/* Arguments shared by every extender container. */}}
