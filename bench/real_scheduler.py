@@ -431,7 +431,10 @@ def run_once(cp: ControlPlane, *, run: int, pair: int, path: str, sizes: Sequenc
         stanzas = []
         if path == EXTENDER:
             ext = start_extender(cp, f"gpu-extender-{run}", extender_args, tree)
-            stanzas = [extender_stanza(f"http://127.0.0.1:{ext.port}")]
+            stanza = extender_stanza(f"http://127.0.0.1:{ext.port}")
+            if "--filter-best" in extender_args:  # as the chart configures it: filter alone scores
+                del stanza["prioritizeVerb"], stanza["weight"]
+            stanzas = [stanza]
         create_backlog(cp, namespace, sizes, SCHEDULER_NAMES[path])
         time.sleep(1.0)  # the extender's pod watch catches up with the backlog
         watched = {p.name: p.pid for p in cp.procs if p.name in ("etcd", "kube-apiserver")}

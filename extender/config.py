@@ -120,6 +120,10 @@ class ExtenderConfig(ListenerSettings):
         "0.0.0.0", description="Address of the --metrics-port listener (read-only, nothing secret: reachable for "
                                "Prometheus and the kubelet's probes).")
     log_level: LogLevel = Field("info", description="Least level logged.")
+    filter_best: bool = Field(
+        False, description="filter passes only the nodes prioritize would score best (ties kept), so the scheduler "
+                           "configuration can leave prioritizeVerb out: one round trip per pod instead of two, "
+                           "kube-scheduler's own score plugins choosing among equals (the chart sets both together).")
     answer_process: bool = Field(
         True, description="Answer filter and prioritize in a second process serving the API port, from node states "
                           "this one streams to it (extender.front); --no-answer-process: one process does all.")

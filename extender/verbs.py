@@ -100,6 +100,7 @@ class Verbs:
         self.ext = ext
         cfg = ext.config
         self._needs_args = (cfg.resource_name, cfg.keys)
+        self._best_only = bool(getattr(cfg, "filter_best", False))
         self._plan_in_thread = plan_in_thread
         self._planners = anyio.CapacityLimiter(1)  # plans are made one at a time anyway: hold no more threads
         self.host_priority_list = HostPriorityEncoder().encode
@@ -130,16 +131,18 @@ class Verbs:
         job_pod = ext.jobs.pod_of(args.pod, needs) if needs.need.resource is None else None
         if job_pod is not None:
             if not self._plan_in_thread:
-                return self._filter_answer(args, ext.jobs.filter(job_pod, args.names))
-            return self._job_filter(args, job_pod)
-        out = ext.placement.filter(args.names, needs.need, extra)
+                out = self._best(needs, extra, job_pod, ext.jobs.filter(job_pod, args.names))
+                return self._filter_answer(args, out)
+            return self._job_filter(args, needs, job_pod)
+        out = self._best(needs, extra, None, ext.placement.filter(args.names, needs.need, extra))
         nominated = nominated_node(args.pod)
         if nominated is not None and nominated in out.failed and getattr(ext, "sync", None) is not None:
             if not self._plan_in_thread:
                 return self._filter_answer(args, self._confirmed(args, needs, extra, nominated, out))
             return self._filter_confirmed(args, needs, extra, nominated, out)
         answer = self._filter_answer(args, out)
-        if extra is None and args.nodes is None and args.node_names is not None and len(out.passed) > 1:
+        if (not self._best_only and extra is None and args.nodes is None and args.node_names is not None
+                and len(out.passed) > 1):
             self._prioritize_next = (out.passed, needs)
             expected = wire.repeat_of(args.pod, out.passed)
             if expected is not None:
@@ -185,16 +188,32 @@ class Verbs:
         except (KubeApiError, KubeArgumentError) as e:
             log.warning("extender.filter.confirm_failed", node=node, error=str(e))
             return out
-        return self.ext.placement.filter(args.names, needs.need, extra) if dropped else out
+        return self._best(needs, extra, None, self.ext.placement.filter(args.names, needs.need, extra)) \
+            if dropped else out
 
     async def _filter_confirmed(self, args: wire.ExtenderArgs, needs: PodNeeds, extra: dict[str, Any] | None,
                                 node: str, out: FilterOutcome) -> dict[str, Any]:
         out = await anyio.to_thread.run_sync(self._confirmed, args, needs, extra, node, out)
         return self._filter_answer(args, out)
 
-    async def _job_filter(self, args: wire.ExtenderArgs, job_pod: JobPod) -> dict[str, Any]:
+    async def _job_filter(self, args: wire.ExtenderArgs, needs: PodNeeds, job_pod: JobPod) -> dict[str, Any]:
         out = await anyio.to_thread.run_sync(self.ext.jobs.filter, job_pod, args.names, limiter=self._planners)
-        return self._filter_answer(args, out)
+        return self._filter_answer(args, self._best(needs, None, job_pod, out))
+
+    def _best(self, needs: PodNeeds, extra: dict[str, Any] | None, job_pod: JobPod | None,
+              out: FilterOutcome) -> FilterOutcome:
+        """With --filter-best, only the passed nodes of the best score, as prioritize would score them (which
+        is not asked then). The others are left out of the answer, not failed: they are fine, just not the best,
+        and kube-scheduler only lists failures when no node is left."""
+        if not self._best_only or len(out.passed) < 2:
+            return out
+        scores = self.ext.jobs.score(job_pod, out.passed) if job_pod is not None else None
+        if scores is None:
+            scores, offer = self.ext.placement.score_offer(out.passed, needs.need, extra)
+            self.ext.explainer.remember(needs.uid, offer)  # what bind's explanation compares the chosen node with
+        top = max(scores)
+        return FilterOutcome([n for n, s in zip(out.passed, scores, strict=True) if s == top], out.failed,
+                             out.unresolvable)
 
     def _filter_answer(self, args: wire.ExtenderArgs, out: FilterOutcome) -> dict[str, Any]:
         m = self.ext.metrics.filter_nodes

@@ -121,6 +121,7 @@ CHART_VARIANTS: dict[str, ChartVariant] = {
                 "schedulerName": "topology-aware",
                 "image": {"tag": "v1.35.4"},
                 "replicas": 3,
+                "filterBest": False,  # two calls per pod: filter, then prioritize weighed against the in-tree scores
                 "weight": 10,
                 "httpTimeout": "10s",
                 "nodeCacheCapable": False,

@@ -66,10 +66,12 @@ def problems(config: dict[str, Any], *, resource_name: str, scheduler_name: str,
     found += _unknown(ext, EXTENDER_FIELDS, "extenders[0]")
     found += _unknown(ext.get("tlsConfig") or {}, TLS_FIELDS, "extenders[0].tlsConfig")
     for key, verb in VERBS.items():
+        if key == "prioritizeVerb" and key not in ext:
+            continue  # filter-best: the extender's filter passes the best nodes only, nothing to prioritize
         if ext.get(key) != verb:
             found.append(f"{key} is {ext.get(key)!r}, want {verb!r}")
     weight = ext.get("weight")
-    if not (isinstance(weight, int) and not isinstance(weight, bool) and weight > 0):
+    if "prioritizeVerb" in ext and not (isinstance(weight, int) and not isinstance(weight, bool) and weight > 0):
         found.append(f"weight must be an integer > 0 (prioritizeVerb is set), got {weight!r}")
     if ext.get("nodeCacheCapable") is not node_cache_capable:
         want = str(node_cache_capable).lower()

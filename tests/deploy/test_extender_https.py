@@ -72,7 +72,7 @@ def https_extender() -> Iterator[dict[str, Any]]:
                 value = "127.0.0.1"  # the pod's 0.0.0.0, narrowed for the test machine
             elif key == "--port":
                 value = str(port)
-            args.append(f"{key}={value}")
+            args.append(f"{key}={value}" if value else key)  # a flag without a value: a switch
         process = subprocess.Popen([str(Path(sys.executable).parent / "gpu-extender"), "serve", *args,
                                     "--inventory", str(inventory)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

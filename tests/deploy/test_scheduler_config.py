@@ -95,7 +95,12 @@ def test_chart_configuration_satisfies_the_reference(variant: str) -> None:
     assert scheduler_config.problems(config, resource_name=resource, scheduler_name=name,
                                      node_cache_capable=node_cache) == []
     ext = config["extenders"][0]
-    assert ext["weight"] == sched.get("weight", 5)
+    extender_args = next(c["args"] for c in deployment["spec"]["template"]["spec"]["containers"]
+                         if c["name"] == "extender")
+    if sched.get("filterBest", True):  # one call per pod: the extender must then pass the best nodes only
+        assert "prioritizeVerb" not in ext and "weight" not in ext and "--filter-best" in extender_args
+    else:
+        assert ext["weight"] == sched.get("weight", 5) and "--filter-best" not in extender_args
     assert ext["httpTimeout"] == sched.get("httpTimeout", "5s")
     _check_wiring(config, deployment, objects)
 
@@ -129,7 +134,8 @@ def test_default_scheduler_snippet_names_the_extender_service() -> None:
 
 BROKEN_CASES = {
     "two binders": lambda c: c["extenders"].append(copy.deepcopy(c["extenders"][0])),
-    "zero weight": lambda c: c["extenders"][0].__setitem__("weight", 0),
+    "zero weight": lambda c: c["extenders"][0].update(prioritizeVerb="prioritize", weight=0),
+    "other prioritize verb": lambda c: c["extenders"][0].__setitem__("prioritizeVerb", "score"),
     "no bind verb": lambda c: c["extenders"][0].pop("bindVerb"),
     "no node cache": lambda c: c["extenders"][0].__setitem__("nodeCacheCapable", False),
     "other resource": lambda c: c["extenders"][0].__setitem__("managedResources", [{"name": "amd.com/gpu"}]),

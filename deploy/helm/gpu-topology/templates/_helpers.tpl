@@ -88,10 +88,15 @@ imagePullSecrets:
 {{- $v := .ctx.Values -}}
 - urlPrefix: {{ .url }}
   filterVerb: filter
+  {{- if $v.scheduler.filterBest }}
+  # filter passes only the nodes of the best placement (gpu-extender --filter-best): one call per pod, and
+  # kube-scheduler's own scores choose among them.
+  {{- else }}
   prioritizeVerb: prioritize
+  weight: {{ $v.scheduler.weight }}
+  {{- end }}
   preemptVerb: preempt
   bindVerb: bind
-  weight: {{ $v.scheduler.weight }}
   nodeCacheCapable: {{ $v.scheduler.nodeCacheCapable }}
   enableHTTPS: {{ if .tls }}true{{ else }}false{{ end }}
   {{- with .tls }}
@@ -194,6 +199,9 @@ imagePullSecrets:
 - --locality={{ . }}
 {{- end }}
 - --job-owner-kinds={{ join "," .Values.extender.jobOwnerKinds }}
+{{- if .Values.scheduler.filterBest }}
+- --filter-best
+{{- end }}
 {{- range .Values.extender.extraArgs }}
 - {{ . }}
 {{- end }}
