@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from gputopo.contract import replica_parent
+from gputopo.core import allreduce_gbps, best_subset
 from gputopo.core.mig import H200_141GB
+from gputopo.discovery.loader import load_topology_file
 from tests.fixtures.mig_recordings import BALANCED_141
 from tests.helpers.controlplane import ControlPlane, Scheduler, extender_stanza, skip_reason
 from tests.helpers.kube import k8s_pod
@@ -119,26 +121,35 @@ def test_time_sliced_pods_get_the_replicas_of_exactly_their_planned_gpus(
             assert len({replica_parent(r)[0] for r in replicas}) == 2, f"{key}: replicas not on distinct GPUs"
 
 
-def test_whole_gpu_pods_of_every_size_get_exactly_their_plan(
+def test_whole_gpu_pods_of_every_size_get_exactly_their_plan_and_the_best_set(
         cluster: tuple[ControlPlane, RealExtender, Scheduler]) -> None:
-    """Pods of 1-4 GPUs in one burst on two DGX-1 nodes: plan == Allocate for every pod, no GPU twice."""
+    """Pods of 8, 4, 3, 2 and 1 GPUs created one after the other on two DGX-1 nodes (hybrid cube mesh: the choice
+    matters): each gets exactly its plan, and its plan is the best set of the GPUs its node had free."""
     cp, _, _ = cluster
     ns = "whole"
     cp.ensure_namespace(ns)
-    sizes = [1, 2, 4, 1, 2, 1, 2, 1, 2]  # 16 GPUs on two 8-GPU nodes
+    topology = load_topology_file(DGX1)
+    sizes = [8, 4, 3, 1]
     with real_gpu_node(cp, "whole-a", topology=DGX1, args=["--device-id-strategy", "index"], seed=1) as a, \
             real_gpu_node(cp, "whole-b", topology=DGX1, args=["--device-id-strategy", "index"], seed=2) as b:
         a.wait_published(GPU, 8, WAIT)
         b.wait_published(GPU, 8, WAIT)
+        taken: dict[str, set[int]] = {"whole-a": set(), "whole-b": set()}
         for i, n in enumerate(sizes):
             _create(cp, ns, f"w-{i:02d}-{n}g", n)
-        pods = _wait_settled(cp, ns, len(sizes))
-        held = {**a.admission.held(GPU), **b.admission.held(GPU)}
-        wrong = _plan_matches_allocation(pods, held)
-        assert not wrong, f"plan != Allocate: {wrong}"
-        for node in (a, b):
-            ids = [i for k, v in node.admission.held(GPU).items() for i in v]
-            assert len(ids) == len(set(ids)), f"{node.name}: a GPU given twice"
+            pods = _wait_settled(cp, ns, i + 1)
+            pod = next(p for p in pods if p["metadata"]["name"] == f"w-{i:02d}-{n}g")
+            node = pod["spec"]["nodeName"]
+            held = {**a.admission.held(GPU), **b.admission.held(GPU)}
+            assert not _plan_matches_allocation([pod], held), _plan_matches_allocation([pod], held)
+            got = [int(x) for x in held[f"{ns}/{pod['metadata']['name']}"]]
+            free = [g for g in range(8) if g not in taken[node]]
+            best = best_subset(topology, free, n)
+            assert allreduce_gbps(topology, got) == pytest.approx(allreduce_gbps(topology, best.gpus)), \
+                f"{n} GPUs on {node}: got {got}, the best of {free} is {list(best.gpus)}"
+            taken[node] |= set(got)
+        ids = [i for node in (a, b) for v in node.admission.held(GPU).values() for i in v]
+        assert len(ids) == sum(sizes)
 
 
 def test_mig_and_whole_gpu_pods_on_one_node_get_exactly_their_plan(
