@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -612,3 +612,32 @@ def _json(body: Any) -> bytes:
     import json
 
     return json.dumps(body).encode()
+
+
+CLUSTER_SCOPED = ("/api/v1/nodes", "/apis/resource.k8s.io/v1/resourceslices", "/apis/resource.k8s.io/v1/deviceclasses",
+                  "/apis/scheduling.k8s.io/v1/priorityclasses",
+                  "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations")
+
+
+@contextlib.contextmanager
+def tidied(cp: ControlPlane) -> Iterator[ControlPlane]:
+    """A control plane shared by several test modules, handed to one and left as it found it: the namespaces,
+    Nodes, ResourceSlices, DeviceClasses, PriorityClasses and webhook configurations made meanwhile are deleted (the
+    pods first, at once: no kubelet would ever confirm a graceful deletion), and every kube-scheduler started
+    meanwhile is stopped. CRDs stay: an operator's kinds are installed once per cluster."""
+    def names(path: str) -> set[str]:
+        return {o["metadata"]["name"] for o in cp.list_items(path)}
+
+    before = {path: names(path) for path in (*CLUSTER_SCOPED, "/api/v1/namespaces")}
+    schedulers = list(cp.schedulers)
+    try:
+        yield cp
+    finally:
+        for sched in [s for s in cp.schedulers if s not in schedulers]:
+            cp.stop_scheduler(sched)
+        for ns in sorted(names("/api/v1/namespaces") - before["/api/v1/namespaces"]):
+            cp.request("DELETE", f"/api/v1/namespaces/{ns}/pods", ok=(200, 404), gracePeriodSeconds=0)
+            cp.request("DELETE", f"/api/v1/namespaces/{ns}", ok=(200, 202, 404))
+        for path in CLUSTER_SCOPED:
+            for name in sorted(names(path) - before[path]):
+                cp.request("DELETE", f"{path}/{name}", ok=(200, 202, 404))

@@ -20,7 +20,7 @@ from gputopo.core import allreduce_gbps, best_subset
 from gputopo.core.mig import H200_141GB
 from gputopo.discovery.loader import load_topology_file
 from tests.fixtures.mig_recordings import BALANCED_141
-from tests.helpers.controlplane import ControlPlane, Scheduler, extender_stanza, skip_reason
+from tests.helpers.controlplane import ControlPlane, Scheduler, extender_stanza, tidied
 from tests.helpers.kube import k8s_pod
 from tests.helpers.mig import mig_recording, write_recording
 from tests.helpers.paths import SHARED
@@ -44,12 +44,10 @@ pytestmark = [pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, RealExtender, Scheduler]]:
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
+def cluster(real_control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[tuple[ControlPlane, RealExtender, Scheduler]]:
     logs = tmp_path_factory.mktemp("logs")
-    with ControlPlane() as cp:
+    with tidied(real_control_plane) as cp:
         # the operators' kinds, before the extender starts watching them (as a cluster has them installed)
         install_crd(cp, "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
         install_crd(cp, "kubeflow.org", "v2beta1", "mpijobs", "MPIJob")

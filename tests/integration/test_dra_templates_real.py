@@ -28,7 +28,7 @@ from gpuplugin.sharing.layout import resolve
 from gputopo.discovery.nvml import discover_node
 from gputopo.discovery.recording import replay_backend
 from tests.fixtures.nvml import RECORDINGS, load_json
-from tests.helpers.controlplane import ControlPlane, skip_reason
+from tests.helpers.controlplane import ControlPlane, tidied
 from tests.helpers.paths import REPO
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -65,11 +65,8 @@ def _publish(cp: ControlPlane, node: str, catalog: Catalog) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[ControlPlane]:
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    with ControlPlane(controller_manager=True) as cp:
+def cluster(real_control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    with tidied(real_control_plane) as cp:
         whole = Catalog.build(discover_node(replay_backend(load_json(WHOLE))).topology)
         for n in range(3):
             _publish(cp, f"whole-{n}", whole)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers.controlplane import ControlPlane, skip_reason
+from tests.helpers.controlplane import ControlPlane, tidied
 
 PODS = 30
 KILL_AFTER = 10
@@ -25,11 +25,8 @@ pytestmark = [pytest.mark.timeout(180)]
 
 
 @pytest.fixture(scope="module")
-def control_plane() -> Iterator[ControlPlane]:
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    with ControlPlane() as cp:
+def control_plane(real_control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    with tidied(real_control_plane) as cp:
         yield cp
 
 

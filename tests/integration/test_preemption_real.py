@@ -26,7 +26,7 @@ import pytest
 
 from gputopo.contract import DEFAULT_KEYS, parse_plan
 from gputopo.discovery.loader import load_topology_file
-from tests.helpers.controlplane import GPU, ControlPlane, ExtenderProcess, extender_stanza, skip_reason
+from tests.helpers.controlplane import GPU, ControlPlane, ExtenderProcess, extender_stanza, tidied
 from tests.helpers.paths import REPO
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -39,11 +39,8 @@ TERMINAL = ("Succeeded", "Failed")
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[tuple[ControlPlane, ExtenderProcess]]:
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    with ControlPlane() as cp:
+def cluster(real_control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, ExtenderProcess]]:
+    with tidied(real_control_plane) as cp:
         for name, value in (("low", 10), ("high", 1000)):
             cp.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", {"metadata": {"name": name},
                                                                                "value": value})

@@ -26,7 +26,7 @@ from gputopo.contract import DEFAULT_KEYS, parse_plan
 from gputopo.core import NodeState, state_to_json, topology_to_json
 from gputopo.core.codec import SharedGpu, SharedResource, Sharing
 from gputopo.discovery.loader import load_topology_file
-from tests.helpers.controlplane import ControlPlane, skip_reason, start_webhook
+from tests.helpers.controlplane import ControlPlane, start_webhook, tidied
 from tests.helpers.paths import SHARED as SHARED_DIR
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -89,12 +89,9 @@ def _bound(cp: ControlPlane, name: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[tuple[ControlPlane, dict[str, str]]]:
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
+def cluster(real_control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, dict[str, str]]]:
     objects = _chart()
-    with ControlPlane() as cp:
+    with tidied(real_control_plane) as cp:
         cp.ensure_namespace(NS)
         _shared_node(cp, "shared-0")
         extender = cp.start_extender()

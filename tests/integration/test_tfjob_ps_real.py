@@ -24,7 +24,7 @@ import yaml
 
 from gputopo.contract import DEFAULT_KEYS
 from tests.extender.jobs.conftest import DGX_A100, RACK, rated
-from tests.helpers.controlplane import ControlPlane, skip_reason, start_webhook, wait_until
+from tests.helpers.controlplane import ControlPlane, start_webhook, tidied, wait_until
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -90,12 +90,9 @@ def _operator_pod(job: dict[str, Any], rtype: str, index: int) -> dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[ControlPlane]:
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
+def cluster(real_control_plane: ControlPlane) -> Iterator[ControlPlane]:
     objects = _chart()
-    with ControlPlane() as cp:
+    with tidied(real_control_plane) as cp:
         cp.ensure_namespace(NS)
         cp.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", CRD)
         wait_until("the TFJob CRD served", lambda: cp.api().get(f"/apis/kubeflow.org/v1/namespaces/{NS}/tfjobs")
@@ -103,7 +100,11 @@ def cluster() -> Iterator[ControlPlane]:
         topo = rated(DGX_A100, 100.0)
         for i in range(NODES):
             cp.add_gpu_node(f"n{i}", topo, labels={RACK: f"r{i // PER_RACK}"})
-        extender = cp.start_extender(extra=["--job-owner-kinds", "TFJob", "--log-level", "debug"])
+        scheduler_pod = next(o for o in objects if o["kind"] == "Deployment"
+                             and o["metadata"]["name"].endswith("-scheduler"))["spec"]["template"]["spec"]
+        chart_args = next(c["args"] for c in scheduler_pod["containers"] if c["name"] == "extender")
+        best = [a for a in chart_args if a == "--filter-best"]  # the chart's stanza then has no prioritize
+        extender = cp.start_extender(extra=["--job-owner-kinds", "TFJob", "--log-level", "debug", *best])
         (cm,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-scheduler-config")]
         config = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
         (stanza,) = config["extenders"]
