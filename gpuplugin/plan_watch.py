@@ -50,6 +50,9 @@ _MISS_ORDER = (MISS_NO_PLANS, MISS_SIZE, MISS_AVAILABLE, MISS_MUST_INCLUDE)
 MISS_NOT_ADMITTING = "not_admitting"  # plans fit, but the kubelet does not list their pods: it admits another
 # How long the kubelet's PodResources List may take while the kubelet waits for GetPreferredAllocation.
 KUBELET_VIEW_TIMEOUT_S = 0.5
+# How long a question waits for this watch to deliver a pod the kubelet is already admitting (both watch the same
+# apiserver; the kubelet can be first). The kubelet waits for the answer, so this bounds a rare delay.
+WATCH_LAG_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,10 @@ class PlanWatch:
         self._kubelet_view = kubelet_view
         self._handed: dict[str, set[str]] = {}  # uid -> containers whose plan went to the kubelet
         self._view_failed = False  # so a failing List is said once per outage, not per admission
+        self._known: set[tuple[str, str]] = set()  # (namespace, name) of this node's pods the watch has delivered
+        self._given_up: set[tuple[str, str]] = set()  # listed by the kubelet, waited for once, never delivered
+        self._delivered = threading.Condition(self._lock)
+        self.watch_lag_wait_s = WATCH_LAG_WAIT_S
         self._watcher = Watcher(
             api,
             "pods",
@@ -170,7 +177,10 @@ class PlanWatch:
         available = set(available_ids)
         must = set(must_include_ids)
         pending_now = [p for p in self.pending() if p.plan.resource == resource]
-        view = self._read_kubelet_view(pending_now, resource) if pending_now else None
+        view = self._read_kubelet_view(pending_now, resource)
+        if view is not None and self._caught_up(view):
+            pending_now = [p for p in self.pending() if p.plan.resource == resource]
+            self._read_kubelet_view(pending_now, resource, view)
         furthest, fits = self._fitting(pending_now, available, must, size)
         if view is not None:
             # the kubelet lists a pod from just before its admission: an unlisted pod is not the one it admits
@@ -192,10 +202,36 @@ class PlanWatch:
         self._log.debug("plugin.plans.miss", reason=reason, size=size, available=len(available), must=len(must))
         return None
 
-    def _read_kubelet_view(self, pending_now: Sequence[PendingPlan], resource: str) -> KubeletView | None:
-        """The kubelet's PodResources List, and what it tells: a container listed with devices of `resource` is
-        done (the pod may stay Pending for minutes of image pulls). None when there is no List to read or it
-        failed; the kubelet's admission order then stands alone."""
+    def _caught_up(self, view: KubeletView) -> bool:
+        """Wait (bounded) for this watch to deliver the pods the kubelet lists holding nothing that it has not
+        delivered yet: the pod being admitted may be one of them, its plan still on the way. True when it waited
+        and something came. A listed pod that never comes (deleted from the API, still ending on the node) is
+        waited for once only."""
+        def missing() -> set[tuple[str, str]]:
+            return {key for key, containers in view.items()
+                    if key not in self._known and key not in self._given_up
+                    and not any(ids for by in containers.values() for ids in by.values())}
+
+        with self._lock:
+            self._given_up &= set(view)  # gone from the node: no longer worth remembering
+            if not missing():
+                return False
+            self._delivered.wait_for(lambda: not missing(), timeout=self.watch_lag_wait_s)
+            late = missing()
+            self._given_up |= late
+        if late:
+            self._log.info("plugin.plans.pod_not_delivered", pods=sorted(f"{ns}/{n}" for ns, n in late)[:5],
+                           waited_s=self.watch_lag_wait_s)
+        return True
+
+    def _read_kubelet_view(self, pending_now: Sequence[PendingPlan], resource: str,
+                           view: KubeletView | None = None) -> KubeletView | None:
+        """The kubelet's PodResources List (or `view`, read already), and what it tells: a container listed with
+        devices of `resource` is done (the pod may stay Pending for minutes of image pulls). None when there is no
+        List to read or it failed; the kubelet's admission order then stands alone."""
+        if view is not None:
+            self._mark_held(pending_now, resource, view)
+            return view
         if self._kubelet_view is None:
             return None
         try:
@@ -209,13 +245,16 @@ class PlanWatch:
         if self._view_failed:
             self._view_failed = False
             self._log.info("plugin.plans.kubelet_view_back")
+        self._mark_held(pending_now, resource, view)
+        return view
+
+    def _mark_held(self, pending_now: Sequence[PendingPlan], resource: str, view: KubeletView) -> None:
         with self._lock:
             for pending in pending_now:
                 containers = view.get((pending.namespace, pending.name)) or {}
                 held = {c for c, by_resource in containers.items() if by_resource.get(resource)}
                 if held and pending.uid in self._pending:
                     self._handed.setdefault(pending.uid, set()).update(held)
-        return view
 
     def _fitting(
         self, pending_now: Sequence[PendingPlan], available: set[str], must: set[str], size: int
@@ -285,6 +324,30 @@ class PlanWatch:
 
     def _on_event(self, event_type: str, obj: dict[str, Any]) -> None:
         self._follow_holding(event_type, obj)
+        try:
+            self._process(event_type, obj)
+        finally:
+            self._follow_known(event_type, obj)
+
+    def _follow_known(self, event_type: str, obj: dict[str, Any]) -> None:
+        """The pods delivered so far, by name (what PodResources names them by), for `_caught_up`."""
+        def key(pod: Any) -> tuple[str, str] | None:
+            meta = _meta(pod) if isinstance(pod, dict) else {}
+            name = meta.get("name")
+            return (str(meta.get("namespace") or "default"), name) if isinstance(name, str) else None
+
+        with self._lock:
+            if event_type == SYNC:
+                self._known = {k for pod in obj.get("items") or [] if (k := key(pod)) is not None}
+            elif (k := key(obj)) is not None:
+                if event_type == "DELETED":
+                    self._known.discard(k)
+                else:
+                    self._known.add(k)
+                    self._given_up.discard(k)
+            self._delivered.notify_all()
+
+    def _process(self, event_type: str, obj: dict[str, Any]) -> None:
         if event_type == SYNC:
             items = obj.get("items") or []
             seen = set()

@@ -8,6 +8,8 @@ order: creation time, each container once."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -174,3 +176,25 @@ def test_the_kubelet_list_names_pods_without_devices_too(kubelet: Kubelet) -> No
     kubelet.service.fail_next(grpc.StatusCode.RESOURCE_EXHAUSTED)
     with pytest.raises(Exception, match="RESOURCE_EXHAUSTED"):
         kubelet.client.pods()
+
+
+def test_a_pod_the_kubelet_admits_before_this_watch_delivers_it_still_gets_its_plan(
+        fake: FakeKubeApi, api: Any, kubelet: Kubelet) -> None:
+    """The kubelet and the plugin watch the same apiserver; the kubelet can be first. The question waits (bounded)
+    for the watch to bring the pod the kubelet lists, instead of answering without its plan."""
+    watch = start_watch(api, lambda: kubelet.client.pods(0.5))
+    try:
+        kubelet.knows("late")
+        timer = threading.Timer(0.2, lambda: fake.add_pod(planned("late", ["GPU-1", "GPU-2"])))
+        timer.start()
+        assert watch.pending_plan(GPUS, [], 2) == ["GPU-1", "GPU-2"]
+        timer.join()
+        # a pod the kubelet still lists that the apiserver no longer has is waited for once, not per question
+        watch.watch_lag_wait_s = 0.3
+        kubelet.knows("ghost")
+        started = time.monotonic()
+        assert watch.pending_plan(GPUS, [], 1) is None
+        assert watch.pending_plan(GPUS, [], 1) is None
+        assert time.monotonic() - started < 0.3 + 0.25
+    finally:
+        watch.stop()
