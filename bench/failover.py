@@ -123,7 +123,7 @@ def create_replica_pod(cp: ControlPlane, namespace: str, name: str, port: int) -
 def start_replica(cp: ControlPlane, namespace: str, name: str, log_dir: Path, *, leader_elect: bool = True,
                   extra: Sequence[str] = (), tree: Path = ROOT) -> Replica:
     """`gpu-extender serve` for Pod `name` (POD_NAME / POD_NAMESPACE set as the downward API would), its own
-    session so that a SIGKILL of the group kills its answer and bind processes too, as a container's death does."""
+    session so that a SIGKILL of the group kills its bind worker too, as a container's death does."""
     from sim.ports import free_ports
     from tests.helpers.controlplane import start_process, wait_until
 

@@ -1,5 +1,5 @@
 """Throughput behind the real kube-scheduler: `python -m bench.real_scheduler [--nodes 246] [--pods 300] [--pairs 3]
-[--seed 7] [--extender-arg=--no-answer-process ...] [--extender-tree PATH] [--out bench/results/real_scheduler]`.
+[--seed 7] [--extender-arg=--filter-best ...] [--extender-tree PATH] [--out bench/results/real_scheduler]`.
 
 etcd and kube-apiserver v1.36.2 (tests/helpers/controlplane.py; binaries from shared/kube beside the clone), `--nodes`
 simulated GPU Nodes cycling through the real topologies (bench.failover.topology_files), created as add_gpu_node
@@ -10,7 +10,8 @@ alternate, `--pairs` times: the extender path, then the plain path, each on an i
   `--extender-tree`, with every `--extender-arg`), then a kube-scheduler whose only profile is the chart's
   (schedulerName gpu-topology-scheduler, percentageOfNodesToScore 100, enableProfiling false) with the chart's
   extender entry (tests.helpers.controlplane.extender_stanza: filter, prioritize, bind, preempt, weight 5,
-  nodeCacheCapable, httpTimeout 5s, not ignorable, managedResources nvidia.com/gpu);
+  nodeCacheCapable, httpTimeout 5s, not ignorable, managedResources nvidia.com/gpu; with `--filter-best` among the
+  extender args, without prioritize and weight, as the chart sets scheduler.filterBest);
 - plain path: a kube-scheduler with no extender, profile default-scheduler, percentageOfNodesToScore 100.
 
 Both at client QPS 500 / burst 1000. The backlog (`--pods` GPU pods, 1/2/4/8 GPUs as bench.failover.burst_sizes,
@@ -173,7 +174,7 @@ def stat_cpu_seconds(stat: str, ticks: int) -> tuple[int, float]:
 
 
 def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of `pid` and its live descendants (the extender's answering process and bind worker)."""
+    """CPU seconds of `pid` and its live descendants (the extender's bind worker)."""
     ticks = os.sysconf("SC_CLK_TCK")
     procs: dict[int, tuple[int, float]] = {}
     for entry in os.listdir("/proc"):
@@ -212,11 +213,10 @@ class RunResult:
     extension_points_ms: dict[str, float] = field(default_factory=dict)  # mean per cycle, kube-scheduler plugins
     extender_ms: dict[str, float] = field(default_factory=dict)  # gpu_extender_request_seconds mean per verb
     extender_calls: dict[str, int] = field(default_factory=dict)
-    extender_answered_apart: dict[str, int] = field(default_factory=dict)
     outside_plugins_ms: float | None = None  # algorithm - (PreFilter+Filter+PreScore+Score): extender calls, misc
     extender_log: dict[str, Any] = field(default_factory=dict)  # extender_log_figures
     # CPU ms per pod bound, from kube-scheduler's start to the end of the binds (/proc; kube-scheduler's own start
-    # included; the extender's process tree: server, answering process, bind worker)
+    # included; the extender's process tree: server and bind worker)
     cpu_ms_per_pod: dict[str, float] = field(default_factory=dict)
     proof: dict[str, Any] = field(default_factory=dict)
     series: list[float] = field(default_factory=list)  # bind times, seconds since the run's first bind
@@ -246,9 +246,6 @@ def cycle_figures(result: RunResult, scheduler_metrics: str, extender_metrics: s
             if count:
                 result.extender_ms[verb] = round(1000 * total / count, 3)
                 result.extender_calls[verb] = int(count)
-            apart = metric_total(extender_metrics, "gpu_extender_answering_process_requests_total", verb=verb)
-            if apart:
-                result.extender_answered_apart[verb] = int(apart)
 
 
 def pair_ratios(results: Sequence[RunResult]) -> list[dict[str, Any]]:
@@ -574,7 +571,7 @@ def main(argv: list[str] | None = None) -> None:
                     results.append(r)
                     print(f"  bound {r.bound}/{r.pods} in {r.seconds} s = {r.pods_per_s} pods/s; algorithm "
                           f"{r.algorithm_ms} ms/pod; extension points {r.extension_points_ms}; extender "
-                          f"{r.extender_ms} {r.extender_answered_apart}; attempts {r.attempts}; proof ok "
+                          f"{r.extender_ms}; attempts {r.attempts}; proof ok "
                           f"{r.proof.get('ok')}; run took {r.wall_s} s", flush=True)
                     if not r.proof.get("ok"):
                         print(f"PROOF FAILED: {json.dumps(r.proof)[:2000]}", flush=True)

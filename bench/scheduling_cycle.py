@@ -6,7 +6,7 @@ round trip, not the handlers' own time, bounds how many pods per second the exte
 
 Three processes, as in a cluster:
 - the extender, a real `gpu-extender serve --api-server` process in cluster mode (watches, cache, binder; its
-  answering process and bind worker with it, as it starts them);
+  bind worker with it, as it starts it);
 - the cluster: the in-process fake apiserver of tests/fakes/kubeapi in a child process, with n GPU nodes (the
   fixtures' topologies in turn, 40% empty, the rest with random GPUs in use), a backlog of GPU pods (1-8 GPUs),
   the binder side of kube-scheduler (up to 300 concurrent POST /bind, each on its own keep-alive connection), and
@@ -617,8 +617,8 @@ def report(results: list[dict[str, Any]], command: str, load: str, node_churn: f
         "",
         "## The extender's CPU time",
         "",
-        "User + system CPU of the extender's processes (the server, its answering process and its bind worker, "
-        "where it has them) over each phase (/proc), per scheduled pod: less sensitive to the machine's other load "
+        "User + system CPU of the extender's processes (the server and its bind worker) over each phase (/proc), "
+        "per scheduled pod: less sensitive to the machine's other load "
         "than the round trips. Under load it includes the pod's bind, its watch events and the "
         "churn.",
         "",
@@ -681,7 +681,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=RESULTS / "scheduling-cycle.md")
     parser.add_argument("--label", default="", help="a heading for this run in the output (e.g. before, after)")
     parser.add_argument("--extender-flags", default="", help="more `gpu-extender serve` flags, space-separated "
-                        "(e.g. --no-answer-process)")
+                        "(e.g. --island-penalty=0)")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     results = []

@@ -1,9 +1,9 @@
-"""The Bindings' POSTs, made by a worker process of their own so that the answering process keeps its GIL.
+"""The Bindings' POSTs, made by a worker process of their own so that the serving process keeps its GIL.
 
 Why (issue 24): kube-scheduler waits for filter and prioritize one pod at a time while up to ~300 binds of earlier
 pods are out. Each POST through the kubernetes client costs about 0.9 ms of Python (its models, urllib3,
 http.client), and the threads that made them took the GIL from the event loop exactly while filter and prioritize
-were waiting for it. The bind verb still chooses and reserves in the answering process, under the node lock
+were waiting for it. The bind verb still chooses and reserves in the serving process, under the node lock
 (reservations keep one owner); only the POST of the Binding it decided on comes here, with its annotations.
 
 - Framing: a 4-byte big-endian length and orjson, over two socket pairs (requests: non-blocking on our side,
@@ -12,7 +12,7 @@ were waiting for it. The bind verb still chooses and reserves in the answering p
   result, after which the apiserver may still apply it (ApiUnavailable, applied unknown: the reservation stays
   until the pod is seen bound or gone, or it times out).
 - The worker makes its client from the parent's make_api_client arguments (sent in the first frame, never on its
-  command line), posts from `threads` threads at a lower CPU priority than the answering process, and exits when
+  command line), posts from `threads` threads at a lower CPU priority than the serving process, and exits when
   its request stream ends.
 - A worker that dies is seen by its result stream ending: the POSTs it held answer ApiUnavailable with applied
   unknown (it may have sent them), POSTs asked for until it is back answer ApiUnavailable unsent (the reservation is
@@ -49,7 +49,7 @@ log = structlog.get_logger(__name__)
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 1 << 20  # one Binding with its annotations is a few kB; a longer frame is a broken stream
-WORKER_NICE = 0  # on a 2-core node the answering process gets the CPU first; binds are in kube-scheduler's background
+WORKER_NICE = 0  # on a 2-core node the serving process gets the CPU first; binds are in kube-scheduler's background
 
 
 class BindPostError(Exception):

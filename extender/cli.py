@@ -72,16 +72,7 @@ def serve(config: ExtenderConfig) -> None:
         from extender.forkserver import start_early
 
         start_early()  # the bind worker's forkserver imports the client beside this process's own imports
-    if not config.answer_process:
-        _serve(config)
-        return
-    from extender.front import spawn
-
-    spawn.start_early()  # the answering process imports beside this one too
-    try:
-        _serve(config)
-    finally:
-        spawn.cancel_early()  # unless the answering process was taken into service: serve failed before
+    _serve(config)
 
 
 def _stop_on_lost_lease() -> None:
@@ -146,14 +137,7 @@ def _serve(config: ExtenderConfig) -> None:
     log.info("extender.server.listening", host=config.host, port=sock.getsockname()[1], mode=ext.mode, tls=tls,
              mutual_tls=config.tls_client_ca is not None, metrics_port=config.metrics_port or None,
              max_connections=limits.max_connections, header_timeout_s=limits.header_timeout_s,
-             body_timeout_s=limits.body_timeout_s, answer_process=config.answer_process)
-    if config.answer_process:
-        from extender.front.link import serve_state_process
-
-        code = serve_state_process(ext, create_app(ext, manage_lifecycle=False), sock, metrics_server, metrics_sock)
-        if code:
-            sys.exit(code)
-        return
+             body_timeout_s=limits.body_timeout_s)
     api_config = api_server_config(create_app(ext), config, metrics, lifespan="on")
     main_server = uvicorn.Server(api_config)
 

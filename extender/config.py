@@ -124,9 +124,6 @@ class ExtenderConfig(ListenerSettings):
         False, description="filter passes only the nodes prioritize would score best (ties kept), so the scheduler "
                            "configuration can leave prioritizeVerb out: one round trip per pod instead of two, "
                            "kube-scheduler's own score plugins choosing among equals (the chart sets both together).")
-    answer_process: bool = Field(
-        True, description="Answer filter and prioritize in a second process serving the API port, from node states "
-                          "this one streams to it (extender.front); --no-answer-process: one process does all.")
 
     leader_elect: bool = Field(
         False, description="Run for a Lease (coordination.k8s.io) so that several replicas can run: only the holder "

@@ -27,9 +27,6 @@ class ExtenderMetrics:
                                 ["verb", "code"], registry=r)
         self.latency = Histogram(f"{PREFIX}_request_seconds", "Time to answer an extender verb.", ["verb"],
                                  buckets=_LATENCY_BUCKETS, registry=r)
-        self.answered_apart = Counter(f"{PREFIX}_answering_process_requests_total",
-                                      "Verbs the answering process answered itself, from its copy of the node "
-                                      "states (extender.front); the rest it passed on.", ["verb"], registry=r)
         self.filter_nodes = Counter(f"{PREFIX}_filter_nodes_total",
                                     "Nodes judged by filter: passed, failed or unresolvable.", ["result"], registry=r)
         self.binds = Counter(f"{PREFIX}_bind_total", "Bind outcomes.", ["outcome"], registry=r)

@@ -1,4 +1,4 @@
-"""kube-scheduler's four verbs over one Extender: decoded JSON in, the answer out as plain data (or ready bytes).
+"""kube-scheduler's four verbs over one Extender: decoded JSON in, the answer out as plain data.
 
 A pod of a job (extender.jobs.membership) is filtered and prioritized by its job's plan (extender.jobs.plans),
 every other pod by extender.placement.engine. Nothing here knows about HTTP: extender.http.answers reads and
@@ -9,11 +9,10 @@ publishes the verbs. The answer shapes are the Go structs of k8s.io/kube-schedul
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 import anyio
-import orjson
 import structlog
 
 from extender import wire
@@ -25,10 +24,6 @@ from extender.state.pods import PodNeeds, PodSpecError, nominated_node, pod_need
 from gputopo.kube import KubeApiError, KubeArgumentError
 
 log = structlog.get_logger(__name__)
-
-_SCORE_TAIL = [b',"Score":%d},' % s for s in range(11)]
-_LAST_TAIL = [b',"Score":%d}]' % s for s in range(11)]
-HOST_HEADS = 50_000  # node names whose encoded '{"Host":"name"' is kept (twice the largest cluster measured)
 
 
 def filter_result(passed: list[str] | None, nodes: dict[str, Any] | None, failed: dict[str, str],
@@ -42,53 +37,9 @@ def meta_victims(candidates: dict[str, NodeVictims]) -> dict[str, Any]:
             for node, nv in candidates.items()}
 
 
-class HostPriorityEncoder:
-    """HostPriorityList JSON by C-level joins, no Python code per node: each name's '{"Host":"name"' is encoded
-    once and kept, the scores' tails are constants, and the pieces are interleaved by slice assignment. The heads
-    of the last list of names are kept too (prioritize sees the same list object pod after pod: extender.wire), and
-    the last body with the scores list it encodes (Placement hands out the same list only for the same names and
-    the same answers). At 5,000 nodes: 1.2 ms per answer by chained iterators; so, 0.25 ms for the last list of
-    names, 0.62 ms p50 for a new list of 2,500 in node order (0.7-2 ms in random order).
-
-    Shared by the verbs' callers, which may be threads: each field is replaced whole."""
-
-    def __init__(self, limit: int = HOST_HEADS) -> None:
-        self.limit = limit
-        self._heads: dict[str, bytes] = {}
-        self._last_heads: tuple[list[str] | None, list[bytes]] = (None, [])
-        self._last_body: tuple[list[int] | None, list[str] | None, bytes] = (None, None, b"")
-
-    def encode(self, names: list[str], scores: list[int]) -> bytes:
-        if not names:
-            return b"[]"
-        last_scores, last_names, body = self._last_body
-        if last_scores is scores and last_names is names:
-            return body
-        parts: list[bytes] = [b""] * (2 * len(names))
-        parts[::2] = self._heads_of(names)
-        parts[1::2] = map(_SCORE_TAIL.__getitem__, scores)
-        parts[0] = b"[" + parts[0]
-        parts[-1] = _LAST_TAIL[scores[-1]]
-        body = b"".join(parts)
-        self._last_body = (scores, names, body)
-        return body
-
-    def _heads_of(self, names: list[str]) -> list[bytes]:
-        last_names, heads = self._last_heads
-        if last_names is names:
-            return heads
-        table = self._heads
-        try:
-            heads = list(map(table.__getitem__, names))
-        except KeyError:
-            if len(table) + len(names) > self.limit:
-                table = self._heads = {}
-            for name in names:
-                if name not in table:
-                    table[name] = b'{"Host":' + orjson.dumps(name)
-            heads = list(map(table.__getitem__, names))
-        self._last_heads = (names, heads)
-        return heads
+def host_priority_list(names: list[str], scores: list[int]) -> list[dict[str, Any]]:
+    """kube-scheduler's HostPriorityList: one {"Host", "Score"} per node, in the request's order."""
+    return [{"Host": name, "Score": score} for name, score in zip(names, scores, strict=True)]
 
 
 class Verbs:
@@ -103,10 +54,6 @@ class Verbs:
         self._best_only = bool(getattr(cfg, "filter_best", False))
         self._plan_in_thread = plan_in_thread
         self._planners = anyio.CapacityLimiter(1)  # plans are made one at a time anyway: hold no more threads
-        self.host_priority_list = HostPriorityEncoder().encode
-        self._prioritize_next: tuple[list[str], PodNeeds] | None = None  # filter's passed nodes, for prepare_prioritize
-        # the prioritize body that would repeat the last filter's pod with the nodes it passed, and its arguments
-        self._repeat: tuple[bytes, wire.ExtenderArgs, PodNeeds] | None = None
 
     def filter(self, data: Any) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """The answer, or for a pod of a job an awaitable of it: planning a job may take tens of milliseconds on a
@@ -119,15 +66,8 @@ class Verbs:
         except PodSpecError as e:
             return filter_result(None if args.node_names is None else [], None if args.nodes is None else
                                  {**args.nodes, "items": []}, {}, {}, f"pod cannot be placed: {e}")
-        return self.filter_pod(args, needs, extra)
-
-    def filter_pod(self, args: wire.ExtenderArgs, needs: PodNeeds, extra: dict[str, Any] | None = None
-                   ) -> dict[str, Any] | Awaitable[dict[str, Any]]:
-        """filter past the parsing: the answering process (extender.front) parses a body once to decide whether
-        it may answer it, then answers here."""
         ext = self.ext
         ext.recent.remember(needs)
-        self._prioritize_next = self._repeat = None
         job_pod = ext.jobs.pod_of(args.pod, needs) if needs.need.resource is None else None
         if job_pod is not None:
             if not self._plan_in_thread:
@@ -140,41 +80,7 @@ class Verbs:
             if not self._plan_in_thread:
                 return self._filter_answer(args, self._confirmed(args, needs, extra, nominated, out))
             return self._filter_confirmed(args, needs, extra, nominated, out)
-        answer = self._filter_answer(args, out)
-        if (not self._best_only and extra is None and args.nodes is None and args.node_names is not None
-                and len(out.passed) > 1):
-            self._prioritize_next = (out.passed, needs)
-            expected = wire.repeat_of(args.pod, out.passed)
-            if expected is not None:
-                self._repeat = (expected, wire.ExtenderArgs(args.pod, out.passed, out.passed, None, None), needs)
-        return answer
-
-    def follow_up(self, verb: str) -> Callable[[], Awaitable[None]] | None:
-        """What to run once the verb's answer has left (extender.http.answers.answer's `then`)."""
-        return self.prepare_prioritize if verb == "filter" else None
-
-    def shortcut(self, verb: str) -> Callable[[bytes], bytes | None] | None:
-        """What to try on the verb's body before decoding it (extender.http.answers.answer's `shortcut`)."""
-        return self.prioritize_repeated if verb == "prioritize" else None
-
-    async def prepare_prioritize(self) -> None:
-        self.prepare_prioritize_now()
-
-    def prepare_prioritize_now(self) -> None:
-        """After a filter's answer has left: its pod's prioritize over the nodes that passed, worked out while
-        kube-scheduler reads the answer and writes the next request (issue 24). It comes with exactly that list
-        (kube-scheduler skips it for a single node), which extender.wire hands over as the same object, so the
-        placement's last answer and the encoder's last body are found, patched only by what changed meanwhile.
-        Nothing is remembered for the pod: that is prioritize's own business, if it comes."""
-        prepared, self._prioritize_next = self._prioritize_next, None
-        if prepared is None:
-            return
-        names, needs = prepared
-        try:
-            scores, _ = self.ext.placement.score_offer(names, needs.need)
-            self.host_priority_list(names, scores)
-        except Exception:  # the answer has left: prioritize, if it comes, works it out and answers the error
-            log.exception("extender.prioritize.prepare_failed")
+        return self._filter_answer(args, out)
 
     def _confirmed(self, args: wire.ExtenderArgs, needs: PodNeeds, extra: dict[str, Any] | None, node: str,
                    out: FilterOutcome) -> FilterOutcome:
@@ -229,40 +135,21 @@ class Verbs:
         return filter_result(out.passed if args.node_names is not None else None, nodes, out.failed,
                              out.unresolvable, "")
 
-    def repeated(self, body: bytes) -> tuple[wire.ExtenderArgs, PodNeeds] | None:
-        """A prioritize body that is byte for byte the last filter's, with the nodes that passed as its NodeNames
-        (as kube-scheduler sends it): its arguments and the pod's needs without decoding or checking it again, since
-        it decodes to what that filter's did. At 246 nodes reading prioritize's body and the pod's needs took about
-        a third of its time under bind load (issue 24, cProfile)."""
-        found = self._repeat
-        if found is None or not wire.repeats(body, found[0]):
-            return None
-        return found[1], found[2]
-
-    def prioritize_repeated(self, body: bytes) -> bytes | None:
-        """prioritize's answer for a body that `repeated` recognises, else None (answers.answer's `shortcut`)."""
-        found = self.repeated(body)
-        return self.prioritize_pod(*found) if found is not None else None
-
-    def prioritize(self, data: Any) -> bytes:
+    def prioritize(self, data: Any) -> list[dict[str, Any]]:
         args = wire.extender_args(data)
         extra = self._extra_entries(args)
         try:
             needs = pod_needs(args.pod, *self._needs_args, self._shared_names(extra))
         except PodSpecError as e:
             log.info("extender.prioritize.bad_pod", error=str(e))
-            return self.host_priority_list(args.names, [0] * len(args.names))
-        return self.prioritize_pod(args, needs, extra)
-
-    def prioritize_pod(self, args: wire.ExtenderArgs, needs: PodNeeds, extra: dict[str, Any] | None = None) -> bytes:
-        """prioritize past the parsing (see filter_pod)."""
+            return host_priority_list(args.names, [0] * len(args.names))
         self.ext.recent.remember(needs)
         job_pod = self.ext.jobs.pod_of(args.pod, needs) if needs.need.resource is None else None
         scores = self.ext.jobs.score(job_pod, args.names) if job_pod is not None else None
         if scores is None:
             scores, offer = self.ext.placement.score_offer(args.names, needs.need, extra)
             self.ext.explainer.remember(needs.uid, offer)  # what bind's explanation compares the chosen node with
-        return self.host_priority_list(args.names, scores)
+        return host_priority_list(args.names, scores)
 
     async def bind(self, data: Any) -> dict[str, Any]:
         req = wire.binding_args(data)

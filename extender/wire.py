@@ -96,7 +96,6 @@ _last_names: list[list[str]] = []
 _NAMES_KEY = b'"NodeNames":['
 _last_texts: dict[bytes, list[str]] = {}
 _read: tuple[bytes, Any] | None = None  # the last body's NodeNames text and the list decoded from it
-_head: tuple[bytes, Any] | None = None  # the last body's text before its NodeNames array, and what it decoded to
 
 
 def _names_text(body: bytes) -> tuple[int, bytes] | None:
@@ -117,9 +116,8 @@ def decode(body: bytes) -> Any:
     """The body's JSON value, as bodies.decode; a trailing NodeNames array that is a kept list's text is not parsed:
     the rest is, with null in its place (the same document otherwise, so the same errors), then the kept list is
     put there. The spliced document ends `"NodeNames":null}`, so that null is the root object's last member."""
-    global _read, _head
+    global _read
     found = _names_text(body)
-    _head = None
     if found is not None:
         start, text = found
         kept = _last_texts.get(text)
@@ -127,12 +125,9 @@ def decode(body: bytes) -> Any:
             data = bodies.decode(body[:start] + b"null}")
             if isinstance(data, dict) and "NodeNames" in data and data["NodeNames"] is None:
                 data["NodeNames"] = kept
-                _head = (body[:start], data)
                 return data
     data = bodies.decode(body)
     _read = (found[1], data.get("NodeNames")) if found is not None and isinstance(data, dict) else None
-    if found is not None and isinstance(data, dict):
-        _head = (body[:found[0]], data)
     return data
 
 
@@ -153,23 +148,6 @@ def known_valid(names: list[str], *, written: bool = False) -> None:
         kept = {t: n for t, n in _last_texts.items() if any(n is m for m in _last_names)}
         kept[text] = names
         _last_texts = kept
-
-
-def repeat_of(pod: Any, names: list[str]) -> bytes | None:
-    """The body of a request that repeats the last one decoded, whose Pod is `pod`, but for its NodeNames, which
-    are `names` (a list kept with the text an answer wrote it as): kube-scheduler's prioritize after its filter sends
-    the same Pod with the nodes that passed. None when that body did not end with a NodeNames array, `pod` is not
-    what it decoded to, or `names` has no text."""
-    head = _head
-    if head is None or head[1].get("Pod") is not pod:
-        return None
-    text = next((t for t, kept in _last_texts.items() if kept is names), None)
-    return head[0] + text + b"}" if text is not None else None
-
-
-def repeats(body: bytes, expected: bytes) -> bool:
-    """`body` is `expected` byte for byte (trailing whitespace aside), so it decodes to what `expected` does."""
-    return body.startswith(expected) and not body[len(expected):].strip()
 
 
 @dataclass

@@ -20,7 +20,6 @@ import orjson
 import structlog
 from fastapi import Request
 from fastapi.responses import Response
-from starlette.background import BackgroundTask
 
 from extender import wire
 from extender.http.bodies import read_body
@@ -52,11 +51,6 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
-class NotHere(Exception):
-    """Raised by a verb's `run` in the answering process (extender.front) for a request it leaves to the state
-    process: answer() lets it through, and the caller passes the body it kept on."""
-
-
 def encode_answer(result: Any) -> bytes:
     """orjson writes at most 255 levels of nesting; filter echoes Node objects, which may be deeper than that."""
     try:
@@ -76,21 +70,6 @@ def error_answer(verb: str, message: str) -> Any:
     if verb == "preempt":
         return {"NodeNameToMetaVictims": None}
     return {"Error": message}
-
-
-def settle(verb: str, body: bytes, run: Callable[[Any], Any], shortcut: Callable[[bytes], bytes | None] | None
-           ) -> bytes | Awaitable[Any]:
-    """The synchronous part of a verb: `shortcut` on the body as read, else decode and `run`; the answer's bytes,
-    or what `run` returned to be awaited (bind, a job pod's filter). Raises what they raise (BadRequest, NotHere,
-    anything unexpected), for `failure` to map."""
-    with _no_cyclic_gc():  # the decoded body and the answer are freed by refcount before the collector is back
-        result = shortcut(body) if shortcut is not None else None
-        if result is None:
-            result = run(wire.decode(body))
-        del body
-        if isinstance(result, Awaitable):
-            return result
-        return result if isinstance(result, bytes) else encode_answer(result)
 
 
 def failure(verb: str, error: Exception, ext: Extender) -> tuple[int, bytes]:
@@ -125,30 +104,25 @@ async def standby_answer(request: Request, verb: str, ext: Extender, started: fl
     return Response(orjson.dumps({"Error": ext.leadership.standby_reason()}), status_code=503, media_type=JSON)
 
 
-async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Extender,
-                 keep: list[bytes] | None = None, then: Callable[[], Awaitable[None]] | None = None,
-                 shortcut: Callable[[bytes], bytes | None] | None = None) -> Response:
+async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Extender) -> Response:
     """Read, decode, run and encode one verb, mapping every failure to a kube-scheduler-shaped answer, and count
-    it. `run` takes the decoded body and returns the answer as data, as ready bytes, or (bind) an awaitable.
-    `keep` receives the body as read, for a `run` that raises NotHere (nothing is counted then). `then` runs on
-    the event loop once a 200 answer has been sent (Verbs.follow_up). `shortcut` is tried on the body as read
-    first: the answer's bytes for a body it recognises (Verbs.prioritize_repeated), else None."""
+    it. `run` takes the decoded body and returns the answer as data, or (bind, a job pod's filter) an awaitable."""
     started = time.perf_counter()
     code = 200
     if ext.leadership is not None and not ext.leadership.leading:
         return await standby_answer(request, verb, ext, started)
     try:
         body = await read_body(request, ext.config.max_body_bytes)
-        if keep is not None:
-            keep.append(body)
-        settled = settle(verb, body, run, shortcut)
-        del body
-        # bind (the apiserver), a job pod's filter (its plan): awaited, collector running
-        content = settled if isinstance(settled, bytes) else encode_answer(await settled)
-    except NotHere:
-        raise
+        with _no_cyclic_gc():
+            result = run(wire.decode(body))
+            del body
+            pending = result if isinstance(result, Awaitable) else None
+            if pending is None:
+                content = encode_answer(result)
+            del result  # the decoded body and the answer are freed by refcount before the collector is back
+        if pending is not None:  # bind (the apiserver), a job pod's filter (its plan): awaited, collector running
+            content = encode_answer(await pending)
     except Exception as e:
         code, content = failure(verb, e, ext)
     counted(verb, code, started, ext)
-    background = BackgroundTask(then) if then is not None and code == 200 else None
-    return Response(content, status_code=code, media_type=JSON, background=background)
+    return Response(content, status_code=code, media_type=JSON)

@@ -37,8 +37,7 @@ class ExtenderAPI(FastAPI):
             verb = VERB_PATHS.get(scope["path"])
             verbs: Verbs | None = getattr(self.state, "verbs", None)
             if verb is not None and verbs is not None:
-                response = await answer(Request(scope, receive), verb, getattr(verbs, verb), verbs.ext,
-                                        then=verbs.follow_up(verb), shortcut=verbs.shortcut(verb))
+                response = await answer(Request(scope, receive), verb, getattr(verbs, verb), verbs.ext)
                 await response(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)

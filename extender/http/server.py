@@ -24,11 +24,8 @@ listener:
   Content-Length (RFC 9112 6.3: its length is ambiguous, the classic request-smuggling shape), which llhttp refuses
   itself; and a chunk-size line announcing more than the body limit, refused at that line (the parser would
   otherwise wait for every byte it announced, 2^64-1 of them, until the body deadline).
+- an answer's head held back until its body's first write, so that an answer leaves in one send (HeadWithBody).
 - a second, read-only listener (metrics, probes) run beside the main one in the same loop (`serve_beside`).
-- a lane (optional, per listener): requests it claims by their head are answered in the protocol once their body
-  is in, without uvicorn's request cycle, task and ASGI messages (about 55 us of the 100 a request cost; issue 24).
-  The answering process's filter and prioritize go this way (extender.front.answering.FrontLane); whatever the
-  lane declines goes to the app as usual, with the body as received.
 
 Both binaries that serve HTTP use it: `gpu-extender serve` and `gpu-extender webhook`.
 """
@@ -44,7 +41,7 @@ import socket
 import ssl
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, NoReturn, Protocol
 
@@ -53,7 +50,7 @@ import httptools
 import structlog
 import uvicorn
 from prometheus_client import Counter, Gauge
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from extender.config import ListenerSettings
 
@@ -86,21 +83,6 @@ class HttpMetrics(Protocol):
 
     http_connections: Gauge
     http_connections_closed: Counter
-
-
-LaneAnswer = tuple[int, bytes, Callable[[], None] | None]  # status, JSON body, what to run once it is written
-
-
-class Lane(Protocol):
-    """Requests a listener answers in its protocol, past the app (see the module docstring)."""
-
-    def claims(self, scope: dict[str, Any]) -> bool:
-        """At the end of a request's head: answer this one here once its body is in?"""
-
-    def __call__(self, scope: dict[str, Any], body: bytes) -> LaneAnswer | Awaitable[LaneAnswer] | None:
-        """The status and JSON body to answer, and what to run once it has been written, or an awaitable of them
-        (the request is answered when it is done); None to leave the request to the app (the lane may note in
-        `scope` why). Neither may raise."""
 
 
 class ListenError(Exception):
@@ -226,11 +208,9 @@ class GuardedProtocol(HttpToolsProtocol):
     body limit (see the module docstring)."""
 
     guard: ClassVar[Guard]
-    lane: ClassVar[Lane | None] = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._held: tuple[RequestResponseCycle, Any] | None = None  # a request for the lane, its body coming
         self._timer: asyncio.TimerHandle | None = None
         self._phase: str | None = None
         self._phase_cycle: object = None
@@ -254,7 +234,6 @@ class GuardedProtocol(HttpToolsProtocol):
         if not self._made:
             return  # refused at the cap: uvicorn never saw it
         self._made = False
-        self._held = None
         self._disarm()
         self.guard.lost()
         super().connection_lost(exc)
@@ -301,9 +280,7 @@ class GuardedProtocol(HttpToolsProtocol):
                             for name, value in self.headers)
         self._line = b""
         if self._phase == HEAD:
-            # The head came in time. A request whole in one read, answered by the lane within that read, leaves no
-            # other point where the phase moves on: the next head's deadline must start at its answer.
-            self._disarm()
+            self._disarm()  # the head came in time: the next head's deadline starts at its answer
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and self.scope.get("method") != "HEAD":
@@ -326,86 +303,6 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._chunked = False
         super().on_message_complete()
-        held = self._held
-        if held is not None and held[0] is self.cycle and not held[0].more_body:
-            self._answer_held()
-
-    # -- the lane ----------------------------------------------------------------------------------------------
-
-    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        """Where uvicorn starts the app for a request (at its head, or when a pipelined one's turn comes): a
-        request the lane claims is held until its body is in (a pipelined one may be whole already)."""
-        lane = self.lane
-        if lane is not None and app is self.app and not cycle.waiting_for_100_continue and lane.claims(cycle.scope):
-            self._held = (cycle, app)
-            if not cycle.more_body:
-                self._answer_held()
-            return
-        super()._start_asgi_task(cycle, app)
-
-    def on_body(self, body: bytes) -> None:
-        held = self._held
-        if held is None or held[0] is not self.cycle:
-            super().on_body(body)
-            return
-        # uvicorn's own would pause reading past 64 kB for the app to read it: nobody else reads a held body
-        cycle = held[0]
-        cycle.body += body
-        limit = self.guard.limits.max_body_bytes
-        if limit is not None and len(cycle.body) > limit:
-            self._held = None
-            cycle.message_event.set()
-            super()._start_asgi_task(*held)  # the app reads it, and answers 413
-
-    def _answer_held(self) -> None:
-        assert self._held is not None and self.lane is not None
-        cycle, app = self._held
-        self._held = None
-        try:
-            answered = self.lane(cycle.scope, bytes(cycle.body))
-        except Exception:  # a lane must not raise: the app answers instead
-            log.exception("extender.server.lane_failed", path=cycle.scope.get("path"))
-            answered = None
-        if answered is None:
-            super()._start_asgi_task(cycle, app)
-            return
-        cycle.body = bytearray()
-        if isinstance(answered, tuple):
-            self._respond(cycle, answered)
-            return
-        task = self.loop.create_task(self._respond_later(cycle, answered))
-        task.add_done_callback(self.tasks.discard)
-        self.tasks.add(task)  # uvicorn's shutdown waits for these
-
-    async def _respond_later(self, cycle: RequestResponseCycle, answered: Awaitable[LaneAnswer]) -> None:
-        try:
-            result = await answered
-        except Exception:
-            log.exception("extender.server.lane_failed", path=cycle.scope.get("path"))
-            result = (500, b'{"Error":"gpu-extender internal error"}', None)
-        if self.transport.is_closing():
-            return  # the client went away meanwhile
-        self._respond(cycle, result)
-
-    def _respond(self, cycle: RequestResponseCycle, answered: LaneAnswer) -> None:
-        status, content, then = answered
-        cycle.response_started = cycle.response_complete = True
-        head = [STATUS_LINE[status]]
-        for name, value in cycle.default_headers:
-            head += (name, b": ", value, b"\r\n")
-        head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(content))
-        if not cycle.keep_alive:
-            head.append(b"connection: close\r\n")
-        head += (b"\r\n", content)
-        self.transport.write(b"".join(head))
-        if not cycle.keep_alive:
-            self.transport.close()
-        cycle.on_response()
-        if then is not None:
-            try:
-                then()
-            except Exception:
-                log.exception("extender.server.lane_follow_up_failed", path=cycle.scope.get("path"))
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -452,9 +349,9 @@ class GuardedProtocol(HttpToolsProtocol):
             self.transport.abort()
 
 
-def protocol_class(guard: Guard, lane: Lane | None = None) -> type[GuardedProtocol]:
+def protocol_class(guard: Guard) -> type[GuardedProtocol]:
     """The protocol class for one listener's uvicorn.Config(http=...)."""
-    return type("GuardedProtocol", (GuardedProtocol,), {"guard": guard, "lane": lane})
+    return type("GuardedProtocol", (GuardedProtocol,), {"guard": guard})
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -500,27 +397,24 @@ def listen_failed(error: ListenError) -> NoReturn:
 
 
 def server_config(app: Any, listener: str, host: str, port: int, *, log_level: str, limits: ConnectionLimits,
-                  metrics: HttpMetrics, keep_alive_s: float, lifespan: str = "off", lane: Lane | None = None,
-                  **tls: Any) -> uvicorn.Config:
-    """uvicorn's settings for one of our listeners: its guard (and lane), our backlog, no access log, uvicorn's own
+                  metrics: HttpMetrics, keep_alive_s: float, lifespan: str = "off", **tls: Any) -> uvicorn.Config:
+    """uvicorn's settings for one of our listeners: its guard, our backlog, no access log, uvicorn's own
     lines through our structured logging (gputopo.logs); `tls` are uvicorn's ssl_* settings."""
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=None, access_log=False,
-                          lifespan=lifespan, http=protocol_class(Guard(listener, limits, metrics), lane), loop="uvloop",
+                          lifespan=lifespan, http=protocol_class(Guard(listener, limits, metrics)), loop="uvloop",
                           ws="none", proxy_headers=False,  # kube-scheduler calls it directly: no proxy to trust
                           backlog=limits.backlog,
                           timeout_keep_alive=keep_alive_s, **tls)  # type: ignore[arg-type]
 
 
-def api_server_config(app: Any, config: Any, metrics: HttpMetrics, *, lifespan: str = "off",
-                      lane: Lane | None = None) -> uvicorn.Config:
+def api_server_config(app: Any, config: Any, metrics: HttpMetrics, *, lifespan: str = "off") -> uvicorn.Config:
     """The API listener's settings from the extender's config (extender.config.ExtenderConfig): its limits, and
-    HTTPS with client certificates required where a client CA is set. One builder for whichever process serves the
-    API port (gpu-extender serve itself, or its answering process: extender.front)."""
+    HTTPS with client certificates required where a client CA is set."""
     mutual_tls = config.tls_client_ca is not None
     return server_config(
         app, "api", config.host, config.port, log_level=config.log_level,
         limits=connection_limits(config, config.max_body_bytes, "api"), metrics=metrics,
-        keep_alive_s=config.keep_alive_timeout_s, lifespan=lifespan, lane=lane,
+        keep_alive_s=config.keep_alive_timeout_s, lifespan=lifespan,
         ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key,
         ssl_ca_certs=str(config.tls_client_ca) if mutual_tls else None,
         ssl_cert_reqs=ssl.CERT_REQUIRED if mutual_tls else ssl.CERT_NONE,

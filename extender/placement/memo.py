@@ -101,10 +101,6 @@ class PlacementMemo:
         self._fits[key] = fit
         return fit
 
-    def known_fit(self, topo: Topology, free: int, need: Need) -> Fit | None:
-        """The fit if it was worked out already, else None (for a guess that must stay cheap)."""
-        return self._fits.get((topo.fingerprint, free, need_key(need)))
-
     def verdicts(self, need: Need) -> dict[Any, Any]:
         """Filter's table for this need: node state -> True or the typed reason."""
         return self._table(self._verdicts, need)

@@ -261,11 +261,13 @@ def test_each_half_runs_after_the_other_is_dropped(built: dict[str, Path], compo
 
 
 def test_prune_check_fails_on_a_module_that_exits_when_imported(built: dict[str, Path], tmp_path: Path) -> None:
-    """The check the build relies on is live: a module calling its main at import (as extender.front.__main__ once
-    did) fails it, naming the module's complaint."""
+    """The check the build relies on is live: a module calling its main at import (as a `python -m` module of the
+    extender once did) fails it, naming the module's complaint."""
     venv = tmp_path / "venv"
     site = _copy_venv(built, venv)
-    (site / "extender" / "front" / "__main__.py").write_text("from extender.front.answering import main\n\nmain()\n")
+    (site / "extender" / "main_at_import.py").write_text(
+        "import argparse\n\nparser = argparse.ArgumentParser()\nparser.add_argument('--channel-fd', required=True)\n"
+        "parser.parse_args([])\n")
     with pytest.raises(prune.CheckFailed, match="the following arguments are required: --channel-fd"):
         prune.check_imports(venv, prune.COMPONENTS["extender"], absent=False)
 

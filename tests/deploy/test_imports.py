@@ -89,7 +89,7 @@ def test_every_module_of_every_component_imports(imported: Imported) -> None:
     assert seen["failures"] == {}, "\n".join(f"{name}: {why}" for name, why in seen["failures"].items())
     # Every package really walked, the directories without __init__.py too (gpuplugin.sharing).
     assert {name.split(".")[0] for name in seen["modules"]} == set(PRODUCT_PACKAGES)
-    assert len(seen["modules"]) > 150 and "extender.front.__main__" in seen["modules"]
+    assert len(seen["modules"]) > 150 and "extender.cli" in seen["modules"]
 
 
 def test_importing_prints_nothing_and_exits_nothing(imported: Imported) -> None:

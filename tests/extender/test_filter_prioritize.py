@@ -154,8 +154,8 @@ def test_multi_container_and_init_container_pods_are_counted_as_the_kubelet_does
 
 
 def test_prioritize_after_a_change_since_its_filter_scores_the_change(standalone) -> None:
-    """filter works out the pod's prioritize once its answer has left (Verbs.prepare_prioritize): a node that
-    changed in between is scored as it is now, and the answer is the one a cold extender gives."""
+    """prioritize over the nodes its filter passed, after one of them changed in between (placement patches its
+    last answers by the nodes that changed): the node is scored as it is now, the answer a cold extender gives."""
     nodes = [{"name": "a", "topology": A100}, {"name": "b", "topology": A100}, {"name": "c", "topology": PCIE}]
     pod, other = pod_json("p", gpus=4, uid="uid-p"), pod_json("q", gpus=8, uid="uid-q")
     with standalone(nodes) as (_, client):

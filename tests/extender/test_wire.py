@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from extender.http import models
 from tests.extender.conftest import A100, PCIE, topo
@@ -269,35 +267,6 @@ def test_a_list_made_from_a_valid_one_is_kept_and_the_others_still_checked() -> 
         wire.extender_args({"Pod": {}, "NodeNames": ["p", 1]})
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.text(max_size=12), st.integers(0, 10)), max_size=30, unique_by=lambda t: t[0]),
-       st.integers(1, 40))
-def test_the_host_priority_list_encoder_writes_what_json_would(hosts: list[tuple[str, int]], limit: int) -> None:
-    """Any names (commas, quotes, any unicode), over a kept table of any size, again for the same objects and for
-    equal new ones: the same JSON as the plain encoding, never a body kept for other scores or names."""
-    from extender.verbs import HostPriorityEncoder
-
-    encoder = HostPriorityEncoder(limit)
-    names, scores = [h for h, _ in hosts], [s for _, s in hosts]
-
-    def plain(ns: list[str], ss: list[int]) -> list[dict[str, object]]:
-        return [{"Host": n, "Score": s} for n, s in zip(ns, ss, strict=True)]
-
-    assert json.loads(encoder.encode(names, scores)) == plain(names, scores)
-    assert json.loads(encoder.encode(names, scores)) == plain(names, scores)  # kept body
-    other = [(s + 1) % 11 for s in scores]
-    assert json.loads(encoder.encode(names, other)) == plain(names, other)  # same names, new scores
-    again = [n + "," for n in names]
-    assert json.loads(encoder.encode(again, other)) == plain(again, other)  # new names, the scores object seen
-    assert json.loads(encoder.encode(list(names), scores)) == plain(names, scores)
-    from extender import wire
-
-    written = list(names)  # kept with its JSON text (filter's passed list): split, unless a name has a comma
-    wire.known_valid(written, written=True)
-    assert json.loads(encoder.encode(written, scores)) == plain(names, scores)
-    assert json.loads(encoder.encode(written, other)) == plain(names, other)
-
-
 KEPT = ["n-1", "n-2", "n-3"]
 KEPT_TEXT = json.dumps(KEPT, separators=(",", ":"))
 # bodies that end as kube-scheduler's do (NodeNames last), some with the kept array's text in other places
@@ -351,68 +320,3 @@ def test_prioritize_finds_filters_passed_list_by_its_text() -> None:
     assert wire.decode(body)["NodeNames"] is passed
     assert wire.extender_args(wire.decode(body)).names is passed
     assert wire.decode(b'{"Pod":{},"Nodes":null,"NodeNames":["p-1","p-2","p-3"]}')["NodeNames"] is not passed
-
-
-JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=6),
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
-                                                                                        max_size=3), max_leaves=8)
-
-
-@settings(max_examples=200, deadline=None)
-@given(extra=st.dictionaries(st.text(max_size=5), JSON_VALUES, max_size=4),
-       names=st.lists(st.text(min_size=1, max_size=8), min_size=2, max_size=8, unique=True),
-       cut=st.integers(0, 6))
-def test_a_body_repeats_the_last_filter_only_byte_for_byte(extra: dict, names: list[str], cut: int) -> None:
-    """wire.repeat_of: the prioritize body kube-scheduler writes after a filter (its Pod, the nodes that passed) is
-    recognised exactly, and no other body is."""
-    import orjson
-
-    from extender import wire
-
-    pod = {"metadata": {"name": "p", "uid": "u"}, "spec": {"containers": []}, **extra}
-    body = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})
-    args = wire.extender_args(wire.decode(body))
-    passed = list(args.names[cut % len(names):])
-    wire.known_valid(passed, written=True)
-    expected = wire.repeat_of(args.pod, passed)
-    prioritize = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": passed})
-    assert expected == prioritize
-    assert wire.repeats(prioritize, expected) and wire.repeats(prioritize + b" \n", expected)
-    other_pod = orjson.dumps({"Pod": {**pod, "metadata": {"name": "q", "uid": "u"}}, "Nodes": None,
-                              "NodeNames": passed})
-    assert not wire.repeats(other_pod, expected)
-    assert not wire.repeats(orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": passed[1:]}), expected)
-    assert not wire.repeats(prioritize[:-1] + b',"x":1}', expected)
-    assert wire.repeat_of(dict(args.pod), passed) is None  # an equal pod that is not what that body decoded to
-    wire.decode(other_pod)
-    assert wire.repeat_of(args.pod, passed) is None  # the head kept is the last body's
-
-
-def test_prioritize_repeating_its_filter_is_answered_as_a_fresh_one(tmp_path) -> None:
-    """Verbs.prioritize_repeated: for the body a prioritize repeats its filter with, the same answer as decoding
-    it; for any other body, nothing (it is decoded)."""
-    import orjson
-
-    from extender import wire
-    from extender.service import Extender
-    from extender.verbs import Verbs
-    from tests.extender.conftest import write_inventory
-
-    nodes = [{"name": "a100", "topology": A100, "replicas": 3}, {"name": "pcie", "topology": PCIE, "replicas": 2},
-             {"name": "busy", "topology": A100, "used": [0, 1, 2, 3, 4, 5]}]
-    ext = Extender.standalone(write_inventory(tmp_path / "inventory.yaml", nodes))
-    verbs, fresh = Verbs(ext), Verbs(ext)
-    names = ["a100-0", "a100-1", "a100-2", "pcie-0", "pcie-1", "busy"]
-    for gpus in (1, 2, 4, 8):
-        pod = pod_json(gpus=gpus)
-        out = verbs.filter(wire.decode(orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})))
-        passed = out["NodeNames"]
-        body = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": passed})
-        if len(passed) < 2:
-            assert verbs.prioritize_repeated(body) is None  # kube-scheduler skips prioritize for one node
-            continue
-        other = orjson.dumps({"Pod": pod_json(gpus=gpus + 1), "Nodes": None, "NodeNames": passed})
-        assert verbs.prioritize_repeated(other) is None
-        answer = verbs.prioritize_repeated(body)
-        assert answer is not None and answer == fresh.prioritize(wire.decode(body))
-        assert verbs.prioritize_repeated(body) == answer  # again, until the next filter

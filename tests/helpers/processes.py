@@ -52,15 +52,6 @@ def stop_process(process: subprocess.Popen[Any], timeout: float = 20.0, log: Pat
                              f"{_text(out)}{_log_tail(log, 12000)}") from None
 
 
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie (an orphan's parent may not have reaped it yet)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def accepts(port: int) -> bool:
     """Something accepts TCP connections on 127.0.0.1:`port`."""
     try:
@@ -129,11 +120,6 @@ class ExtenderProcess:
         text = self.log.read_text(errors="replace")
         m = re.search(r'"port": (\d+),[^\n]*"event": "extender.server.listening"', text)
         return m.group(1) if m else None
-
-    def answering_pids(self) -> list[int]:
-        """The answering processes it started, in order (extender.front.link logs each)."""
-        text = self.log.read_text(errors="replace")
-        return [int(p) for p in re.findall(r'"pid": (\d+), "starts": \d+[^\n]*"event": "extender.front.started"', text)]
 
     def gauge(self, name: str) -> float:
         """A sample's value, `name` with its labels as /metrics writes them (0 when absent)."""

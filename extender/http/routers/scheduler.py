@@ -44,14 +44,14 @@ def _body(model: str) -> dict[str, Any]:
              responses={200: {"model": models.ExtenderFilterResult}, **_ERRORS}, response_class=Response)
 async def filter_(request: Request) -> Response:
     verbs: Verbs = request.app.state.verbs
-    return await answer(request, "filter", verbs.filter, verbs.ext, then=verbs.follow_up("filter"))
+    return await answer(request, "filter", verbs.filter, verbs.ext)
 
 
 @router.post("/prioritize", summary="Score nodes 0-10 for a GPU pod", openapi_extra=_body("ExtenderArgs"),
              responses={200: {"model": models.HostPriorityList}, **_ERRORS}, response_class=Response)
 async def prioritize(request: Request) -> Response:
     verbs: Verbs = request.app.state.verbs
-    return await answer(request, "prioritize", verbs.prioritize, verbs.ext, shortcut=verbs.shortcut("prioritize"))
+    return await answer(request, "prioritize", verbs.prioritize, verbs.ext)
 
 
 @router.post("/bind", summary="Bind a pod with its GPU plan", openapi_extra=_body("ExtenderBindingArgs"),
