@@ -45,6 +45,17 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
     return "\n".join(lines)
 
 
+def keep_logs(dest: Path | None, *sources: Path) -> None:
+    """Copy the logs of a run (the `*.log` files of each source folder, a control plane's or a run's own) to `dest`,
+    when a `--keep-logs` asked for them."""
+    if dest is None:
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    for source in sources:
+        for f in source.glob("*.log"):
+            shutil.copy(f, dest)
+
+
 def machine_line() -> str:
     import os
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from bench.common import RESULTS, ROOT, machine_line, markdown_table
+from bench.common import RESULTS, ROOT, keep_logs, machine_line, markdown_table
 
 if TYPE_CHECKING:  # the harness is imported lazily, so that --help works anywhere
     from tests.helpers.controlplane import ControlPlane, Proc
@@ -605,12 +605,7 @@ def main(argv: list[str] | None = None) -> None:
                         if not r.proof["ok"]:
                             print(f"PROOF FAILED: {json.dumps(r.proof)[:2000]}", flush=True)
             finally:
-                if opts.keep_logs is not None:
-                    import shutil
-
-                    shutil.copytree(log_dir, opts.keep_logs, dirs_exist_ok=True)
-                    for f in cp.dir.glob("*.log"):
-                        shutil.copy(f, opts.keep_logs)
+                keep_logs(opts.keep_logs, log_dir, cp.dir)
     except RuntimeError as e:  # a component that would not start or serve: one line, then what was measured
         failure = str(e)
         print(f"bench.failover: failed: {failure.splitlines()[0]}", file=sys.stderr)

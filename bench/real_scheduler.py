@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from bench.common import RESULTS, ROOT, machine_line, markdown_table
+from bench.common import RESULTS, ROOT, keep_logs, machine_line, markdown_table
 
 if TYPE_CHECKING:  # the harness is imported lazily, so that --help and the tests of the pure parts work anywhere
     from tests.helpers.controlplane import ControlPlane, Proc
@@ -575,12 +575,7 @@ def main(argv: list[str] | None = None) -> None:
                           f"{r.proof.get('ok')}; run took {r.wall_s} s", flush=True)
                     if not r.proof.get("ok"):
                         print(f"PROOF FAILED: {json.dumps(r.proof)[:2000]}", flush=True)
-            if opts.keep_logs is not None:
-                import shutil
-
-                opts.keep_logs.mkdir(parents=True, exist_ok=True)
-                for f in cp.dir.glob("*.log"):
-                    shutil.copy(f, opts.keep_logs)
+            keep_logs(opts.keep_logs, cp.dir)
     except RuntimeError as e:  # a component that would not start or serve: one line, then what was measured
         failure = str(e)
         print(f"bench.real_scheduler: failed: {failure.splitlines()[0]}", file=sys.stderr)

@@ -22,6 +22,7 @@ from gputopo.settings import (
     Port,
     ReadableFile,
     SettingsLoader,
+    comma_list,
     lease_timing_problem,
 )
 
@@ -173,15 +174,11 @@ class ExtenderConfig(ListenerSettings):
     @field_validator("job_owner_kinds", mode="before")
     @classmethod
     def _job_owner_kinds(cls, v: Any) -> Any:
-        if isinstance(v, str):  # a flag or env value: "PyTorchJob,MPIJob"; "" (the chart's empty list): none
-            v = v.split(",")
-        if not isinstance(v, (list, tuple)) or not all(isinstance(k, str) for k in v):
-            raise ValueError(f"must be a comma-separated list of kinds, got {v!r:.80}")
-        v = tuple(k.strip() for k in v if k.strip())
-        unknown = [k for k in v if k not in OWNER_KINDS]
+        kinds = comma_list(v, "kinds")
+        unknown = [k for k in kinds if k not in OWNER_KINDS]
         if unknown:
             raise ValueError(f"unknown owner kind {unknown[0]!r:.80}; known: {', '.join(OWNER_KINDS)}")
-        return tuple(dict.fromkeys(v))
+        return kinds
 
     @field_validator("locality")
     @classmethod

@@ -76,6 +76,16 @@ class SettingsError(ValueError):
         super().__init__(message)
 
 
+def comma_list(value: Any, what: str) -> tuple[str, ...]:
+    """A list setting as a flag or environment variable gives it ("a,b"; "" as the chart's empty list: none) or a
+    config file does (a YAML list): its items stripped, empty ones dropped, each once, in order."""
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
+        raise ValueError(f"must be a comma-separated list of {what}, got {value!r:.80}")
+    return tuple(dict.fromkeys(item.strip() for item in value if item.strip()))
+
+
 def _readable_file(path: Path) -> Path:
     if not path.exists():
         raise ValueError(f"file {str(path)!r} does not exist")

@@ -17,6 +17,7 @@ from gputopo.settings import (
     Port,
     ReadableFile,
     SettingsLoader,
+    comma_list,
 )
 
 DEFAULT_SCHEDULER_NAME = "gpu-topology-scheduler"
@@ -71,11 +72,7 @@ class WebhookConfig(ListenerSettings):
     @field_validator("extra_resources", mode="before")
     @classmethod
     def _extra_resources(cls, v: Any) -> Any:
-        if isinstance(v, str):  # a flag or env value: "a.example/x,b.example/y"; "" (the chart's empty list): none
-            v = v.split(",")
-        if not isinstance(v, (list, tuple)) or not all(isinstance(n, str) for n in v):
-            raise ValueError(f"must be a comma-separated list of resource names, got {v!r:.80}")
-        names = tuple(dict.fromkeys(n.strip() for n in v if n.strip()))
+        names = comma_list(v, "resource names")
         for name in names:
             problem = extended_resource_problem(name)
             if problem:
