@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from gputopo.contract import replica_parent
+from gputopo.contract import DEFAULT_KEYS, replica_parent
 from gputopo.core import allreduce_gbps, best_subset
 from gputopo.core.mig import H200_141GB
 from gputopo.discovery.loader import load_topology_file
+from tests.extender.jobs.conftest import kubeflow_pod
 from tests.fixtures.mig_recordings import BALANCED_141
 from tests.helpers.controlplane import ControlPlane, Scheduler, extender_stanza, tidied
 from tests.helpers.kube import k8s_pod
@@ -240,3 +241,27 @@ def test_kubeflow_jobs_created_interleaved_each_land_whole_on_one_node(
         assert all(len(v) == 1 for v in by_job.values()), f"a job split across nodes: {by_job}"
         held = {k: v for n in (n0, n1, n2) for k, v in n.admission.held(GPU).items()}
         assert not _plan_matches_allocation(pods, held), _plan_matches_allocation(pods, held)
+
+
+def test_each_pod_of_a_job_of_unknown_size_says_the_job_so_far_truly(
+        cluster: tuple[ControlPlane, RealExtender, Scheduler]) -> None:
+    """Pods the training operator would make, with no ownerReference (so no owner to read and no size), bound one
+    after another: each placement explanation states the job so far with that pod, never "not seen yet" of an owner
+    the pod does not have."""
+    cp, _, _ = cluster
+    ns = "unknown-size"
+    cp.ensure_namespace(ns)
+    with real_gpu_node(cp, "jobs-unknown", topology=DGX1, args=["--device-id-strategy", "index"]) as node:
+        node.wait_published(GPU, 8, WAIT)
+        texts = []
+        for i in range(3):
+            pod = kubeflow_pod("train", i, 2, namespace=ns, pod_group=False)
+            pod["spec"].pop("schedulerName")  # this tier's kube-scheduler serves the default name
+            cp.request("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+            (placed,) = [p for p in _wait_settled(cp, ns, i + 1) if p["metadata"]["name"] == f"train-worker-{i}"]
+            texts.append((placed["metadata"].get("annotations") or {}).get(DEFAULT_KEYS.placement, ""))
+    for i, text in enumerate(texts):
+        # (a long note gives way in its middle, never in its figure: extender.placement.explain)
+        assert "(size unknown, no ownerReference; label " in text and f"PyTorchJob {ns}/train seen" in text, text
+        assert "not readable" not in text and "not seen yet" not in text, text
+        assert f"job so far, with this pod: {i + 1} of ? workers on " in text, text
