@@ -176,11 +176,13 @@ class PlanWatch:
     ) -> list[str] | None:
         available = set(available_ids)
         must = set(must_include_ids)
+        view = self._read_kubelet_view()
+        if view is not None:
+            self._caught_up(view)
+        # read after the kubelet's List: every pod it lists as being admitted is in it, or was waited for
         pending_now = [p for p in self.pending() if p.plan.resource == resource]
-        view = self._read_kubelet_view(pending_now, resource)
-        if view is not None and self._caught_up(view):
-            pending_now = [p for p in self.pending() if p.plan.resource == resource]
-            self._read_kubelet_view(pending_now, resource, view)
+        if view is not None:
+            self._mark_held(pending_now, resource, view)
         furthest, fits = self._fitting(pending_now, available, must, size)
         if view is not None:
             # the kubelet lists a pod from just before its admission: an unlisted pod is not the one it admits
@@ -202,11 +204,11 @@ class PlanWatch:
         self._log.debug("plugin.plans.miss", reason=reason, size=size, available=len(available), must=len(must))
         return None
 
-    def _caught_up(self, view: KubeletView) -> bool:
+    def _caught_up(self, view: KubeletView) -> None:
         """Wait (bounded) for this watch to deliver the pods the kubelet lists holding nothing that it has not
-        delivered yet: the pod being admitted may be one of them, its plan still on the way. True when it waited
-        and something came. A listed pod that never comes (deleted from the API, still ending on the node) is
-        waited for once only."""
+        delivered yet: the pod being admitted may be one of them, its plan still on the way. A listed pod that
+        never comes (deleted from the API, still ending on the node) is waited for once only."""
+
         def missing() -> set[tuple[str, str]]:
             return {key for key, containers in view.items()
                     if key not in self._known and key not in self._given_up
@@ -215,23 +217,17 @@ class PlanWatch:
         with self._lock:
             self._given_up &= set(view)  # gone from the node: no longer worth remembering
             if not missing():
-                return False
+                return
             self._delivered.wait_for(lambda: not missing(), timeout=self.watch_lag_wait_s)
             late = missing()
             self._given_up |= late
         if late:
             self._log.info("plugin.plans.pod_not_delivered", pods=sorted(f"{ns}/{n}" for ns, n in late)[:5],
                            waited_s=self.watch_lag_wait_s)
-        return True
 
-    def _read_kubelet_view(self, pending_now: Sequence[PendingPlan], resource: str,
-                           view: KubeletView | None = None) -> KubeletView | None:
-        """The kubelet's PodResources List (or `view`, read already), and what it tells: a container listed with
-        devices of `resource` is done (the pod may stay Pending for minutes of image pulls). None when there is no
-        List to read or it failed; the kubelet's admission order then stands alone."""
-        if view is not None:
-            self._mark_held(pending_now, resource, view)
-            return view
+    def _read_kubelet_view(self) -> KubeletView | None:
+        """The kubelet's PodResources List, or None when there is none to read or it failed (said once per
+        outage); the kubelet's admission order then stands alone."""
         if self._kubelet_view is None:
             return None
         try:
@@ -245,10 +241,11 @@ class PlanWatch:
         if self._view_failed:
             self._view_failed = False
             self._log.info("plugin.plans.kubelet_view_back")
-        self._mark_held(pending_now, resource, view)
         return view
 
     def _mark_held(self, pending_now: Sequence[PendingPlan], resource: str, view: KubeletView) -> None:
+        """What the List tells of the pending pods: a container listed with devices of `resource` is done (the pod
+        may stay Pending for minutes of image pulls, and a restarted plugin has no memory of what it handed)."""
         with self._lock:
             for pending in pending_now:
                 containers = view.get((pending.namespace, pending.name)) or {}
