@@ -51,7 +51,7 @@ class Verbs:
         self.ext = ext
         cfg = ext.config
         self._needs_args = (cfg.resource_name, cfg.keys)
-        self._best_only = bool(getattr(cfg, "filter_best", False))
+        self._best_only = cfg.filter_best
         self._plan_in_thread = plan_in_thread
         self._planners = anyio.CapacityLimiter(1)  # plans are made one at a time anyway: hold no more threads
 
@@ -113,10 +113,7 @@ class Verbs:
         and kube-scheduler only lists failures when no node is left."""
         if not self._best_only or len(out.passed) < 2:
             return out
-        scores = self.ext.jobs.score(job_pod, out.passed) if job_pod is not None else None
-        if scores is None:
-            scores, offer = self.ext.placement.score_offer(out.passed, needs.need, extra)
-            self.ext.explainer.remember(needs.uid, offer)  # what bind's explanation compares the chosen node with
+        scores = self._scores(out.passed, needs, extra, job_pod)
         top = max(scores)
         return FilterOutcome([n for n, s in zip(out.passed, scores, strict=True) if s == top], out.failed,
                              out.unresolvable)
@@ -145,11 +142,17 @@ class Verbs:
             return host_priority_list(args.names, [0] * len(args.names))
         self.ext.recent.remember(needs)
         job_pod = self.ext.jobs.pod_of(args.pod, needs) if needs.need.resource is None else None
-        scores = self.ext.jobs.score(job_pod, args.names) if job_pod is not None else None
+        return host_priority_list(args.names, self._scores(args.names, needs, extra, job_pod))
+
+    def _scores(self, names: list[str], needs: PodNeeds, extra: dict[str, Any] | None,
+                job_pod: JobPod | None) -> list[int]:
+        """prioritize's scores of `names`, as filter --filter-best ranks them too: a job pod's by its job's plan,
+        else the placement's, whose best offer bind's explanation compares the chosen node with."""
+        scores = self.ext.jobs.score(job_pod, names) if job_pod is not None else None
         if scores is None:
-            scores, offer = self.ext.placement.score_offer(args.names, needs.need, extra)
-            self.ext.explainer.remember(needs.uid, offer)  # what bind's explanation compares the chosen node with
-        return host_priority_list(args.names, scores)
+            scores, offer = self.ext.placement.score_offer(names, needs.need, extra)
+            self.ext.explainer.remember(needs.uid, offer)
+        return scores
 
     async def bind(self, data: Any) -> dict[str, Any]:
         req = wire.binding_args(data)
