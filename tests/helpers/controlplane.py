@@ -623,18 +623,22 @@ CLUSTER_SCOPED = ("/api/v1/nodes", "/apis/resource.k8s.io/v1/resourceslices", "/
 def tidied(cp: ControlPlane) -> Iterator[ControlPlane]:
     """A control plane shared by several test modules, handed to one and left as it found it: the namespaces,
     Nodes, ResourceSlices, DeviceClasses, PriorityClasses and webhook configurations made meanwhile are deleted (the
-    pods first, at once: no kubelet would ever confirm a graceful deletion), and every kube-scheduler started
-    meanwhile is stopped. CRDs stay: an operator's kinds are installed once per cluster."""
+    pods first, at once: no kubelet would ever confirm a graceful deletion), and every process started meanwhile
+    (kube-schedulers, extenders, webhooks) is stopped. CRDs stay: an operator's kinds are installed once per
+    cluster."""
     def names(path: str) -> set[str]:
         return {o["metadata"]["name"] for o in cp.list_items(path)}
 
     before = {path: names(path) for path in (*CLUSTER_SCOPED, "/api/v1/namespaces")}
-    schedulers = list(cp.schedulers)
+    schedulers, procs = list(cp.schedulers), list(cp.procs)
     try:
         yield cp
     finally:
         for sched in [s for s in cp.schedulers if s not in schedulers]:
             cp.stop_scheduler(sched)
+        for proc in [p for p in cp.procs if p not in procs]:
+            proc.stop()
+            cp.procs.remove(proc)
         for ns in sorted(names("/api/v1/namespaces") - before["/api/v1/namespaces"]):
             cp.request("DELETE", f"/api/v1/namespaces/{ns}/pods", ok=(200, 404), gracePeriodSeconds=0)
             cp.request("DELETE", f"/api/v1/namespaces/{ns}", ok=(200, 202, 404))

@@ -26,7 +26,7 @@ from sim.admission import KubeletAdmission
 from sim.kubelet import KubeletSimulator
 from sim.podresources import PodResourcesServer
 from sim.ports import free_port
-from tests.helpers.controlplane import ControlPlane, start_process, wait_until
+from tests.helpers.controlplane import ControlPlane, wait_until
 from tests.helpers.paths import short_dir
 from tests.helpers.processes import stop_process
 
@@ -86,35 +86,6 @@ def real_gpu_node(cp: ControlPlane, name: str, *, topology: Path | None = None, 
             stop_process(process, log=log)
             api.close()
             cp.request("DELETE", f"/api/v1/nodes/{name}", ok=(200, 202, 404))
-
-
-@dataclass
-class RealExtender:
-    port: int
-    metrics_port: int
-    proc: Any
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
-@contextmanager
-def real_extender(cp: ControlPlane, log_dir: Path, *, extra: Sequence[str] = ()) -> Iterator[RealExtender]:
-    """`gpu-extender serve` on the control plane's apiserver (one replica, no leader election)."""
-    import httpx
-
-    port, mport = free_port(), free_port()
-    argv = [sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(cp.kubeconfig), "--port", str(port),
-            "--metrics-port", str(mport), "--metrics-host", "127.0.0.1", "--log-level", "info", *extra]
-    proc = start_process("gpu-extender", argv, log_dir / "gpu-extender.log",
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        wait_until("gpu-extender /healthz", lambda: httpx.get(f"http://127.0.0.1:{mport}/healthz", timeout=2)
-                   .status_code == 200, 90, proc, 0.2)
-        yield RealExtender(port, mport, proc)
-    finally:
-        proc.stop()
 
 
 def plan_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:

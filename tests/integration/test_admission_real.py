@@ -21,11 +21,11 @@ from gputopo.core.mig import H200_141GB
 from gputopo.discovery.loader import load_topology_file
 from tests.extender.jobs.conftest import kubeflow_pod
 from tests.fixtures.mig_recordings import BALANCED_141
-from tests.helpers.controlplane import ControlPlane, Scheduler, extender_stanza, tidied
+from tests.helpers.controlplane import ControlPlane, ExtenderProcess, Scheduler, extender_stanza, tidied
 from tests.helpers.kube import k8s_pod
 from tests.helpers.mig import mig_recording, write_recording
 from tests.helpers.paths import SHARED
-from tests.helpers.realnode import RealExtender, install_crd, plan_of, real_extender, real_gpu_node
+from tests.helpers.realnode import install_crd, plan_of, real_gpu_node
 
 GPU = "nvidia.com/gpu"
 MIG_1G = "nvidia.com/mig-1g.18gb"
@@ -45,17 +45,15 @@ pytestmark = [pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def cluster(real_control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[tuple[ControlPlane, RealExtender, Scheduler]]:
-    logs = tmp_path_factory.mktemp("logs")
+def cluster(real_control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, ExtenderProcess, Scheduler]]:
     with tidied(real_control_plane) as cp:
         # the operators' kinds, before the extender starts watching them (as a cluster has them installed)
         install_crd(cp, "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
         install_crd(cp, "kubeflow.org", "v2beta1", "mpijobs", "MPIJob")
-        with real_extender(cp, logs) as ext:
-            stanza = extender_stanza(ext.url)
-            stanza["managedResources"] += [{"name": n, "ignoredByScheduler": False} for n in MIG_NAMES]
-            yield cp, ext, cp.start_scheduler([stanza])
+        ext = cp.start_extender()
+        stanza = extender_stanza(ext.url)
+        stanza["managedResources"] += [{"name": n, "ignoredByScheduler": False} for n in MIG_NAMES]
+        yield cp, ext, cp.start_scheduler([stanza])
 
 
 def _create(cp: ControlPlane, ns: str, name: str, gpus: int, resource: str = GPU) -> dict[str, Any]:
@@ -93,7 +91,7 @@ def _wait_settled(cp: ControlPlane, ns: str, count: int, timeout: float = WAIT) 
 
 
 def test_time_sliced_pods_get_the_replicas_of_exactly_their_planned_gpus(
-        cluster: tuple[ControlPlane, RealExtender, Scheduler], tmp_path: Path) -> None:
+        cluster: tuple[ControlPlane, ExtenderProcess, Scheduler], tmp_path: Path) -> None:
     """12 two-replica pods on a time-sliced DGX-1 (4 replicas per GPU): 6 created one by one, then 6 at once.
     Admitted pods stay Pending for 2 s (image pulls), so their plans still fit later questions."""
     cp, _, _ = cluster
@@ -121,7 +119,7 @@ def test_time_sliced_pods_get_the_replicas_of_exactly_their_planned_gpus(
 
 
 def test_whole_gpu_pods_of_every_size_get_exactly_their_plan_and_the_best_set(
-        cluster: tuple[ControlPlane, RealExtender, Scheduler]) -> None:
+        cluster: tuple[ControlPlane, ExtenderProcess, Scheduler]) -> None:
     """Pods of 8, 4, 3, 2 and 1 GPUs created one after the other on two DGX-1 nodes (hybrid cube mesh: the choice
     matters): each gets exactly its plan, and its plan is the best set of the GPUs its node had free."""
     cp, _, _ = cluster
@@ -152,7 +150,7 @@ def test_whole_gpu_pods_of_every_size_get_exactly_their_plan_and_the_best_set(
 
 
 def test_mig_and_whole_gpu_pods_on_one_node_get_exactly_their_plan(
-        cluster: tuple[ControlPlane, RealExtender, Scheduler], tmp_path: Path) -> None:
+        cluster: tuple[ControlPlane, ExtenderProcess, Scheduler], tmp_path: Path) -> None:
     """An H200 node under the mixed strategy (GPU 4 as seven 1g.18gb, GPU 5 balanced, six whole GPUs), replayed
     from a recording: 1g.18gb pods and whole-GPU pods created at once each get exactly the instances or GPUs
     their plan names."""
@@ -211,7 +209,7 @@ def _operator_pod(cp: ControlPlane, job: dict[str, Any], role: str, index: int, 
 
 
 def test_kubeflow_jobs_created_interleaved_each_land_whole_on_one_node(
-        cluster: tuple[ControlPlane, RealExtender, Scheduler]) -> None:
+        cluster: tuple[ControlPlane, ExtenderProcess, Scheduler]) -> None:
     """Two PyTorchJobs and an MPIJob (real kinds, pods with the operators' labels and ownerReferences), 8 GPUs each,
     their pods created interleaved, on three 8-GPU nodes: each job fits one node only if none is split, and every
     pod gets exactly its plan."""
@@ -244,7 +242,7 @@ def test_kubeflow_jobs_created_interleaved_each_land_whole_on_one_node(
 
 
 def test_each_pod_of_a_job_of_unknown_size_says_the_job_so_far_truly(
-        cluster: tuple[ControlPlane, RealExtender, Scheduler]) -> None:
+        cluster: tuple[ControlPlane, ExtenderProcess, Scheduler]) -> None:
     """Pods the training operator would make, with no ownerReference (so no owner to read and no size), bound one
     after another: each placement explanation states the job so far with that pod, never "not seen yet" of an owner
     the pod does not have."""
