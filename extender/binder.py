@@ -127,13 +127,14 @@ class Binder:
         with self._idle:
             return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
 
-    async def bind(self, req: BindRequest) -> str:
-        """Bind the pod; returns "" on success or the Error text for kube-scheduler."""
+    async def bind(self, req: BindRequest, *, planned: bool = True) -> str:
+        """Bind the pod; returns "" on success or the Error text for kube-scheduler. planned=False: a node whose
+        GPUs kube-scheduler's DRA plugin already allocated (extender.dra_verbs): the Binding carries no plan."""
         started = time.perf_counter()
         with self._idle:
             self._in_flight += 1
         try:
-            outcome = await self._bind(req)
+            outcome = await (self._bind(req) if planned else self._bind_unplanned(req))
         except BindFailed as e:
             self.metrics.binds.labels(e.outcome).inc()
             log.info("extender.bind.failed", pod=req.key, node=req.node, outcome=e.outcome, error=e.message)
@@ -148,6 +149,14 @@ class Binder:
         return ""
 
     # -- steps ------------------------------------------------------------------------------------------------
+
+    async def _bind_unplanned(self, req: BindRequest) -> str:
+        if self.inventory is not None:
+            return BOUND
+        if not self.may_bind():
+            raise BindFailed("standby", f"pod {req.key} not bound: this gpu-extender replica no longer holds the "
+                                        "leader election Lease")
+        return await self._post_binding(req, None, None)
 
     async def _bind(self, req: BindRequest) -> str:
         needs = await self._needs(req)

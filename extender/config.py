@@ -27,7 +27,7 @@ from gputopo.settings import (
 )
 
 DEFAULT_BODY_LIMIT = 10 * 1024 * 1024
-DEFAULT_RESERVATION_TIMEOUT_S = 300.0
+DEFAULT_RESERVATION_TIMEOUT_S = 60.0
 # See extender.placement.engine.island_values; chosen with bench/placement.py.
 DEFAULT_ISLAND_PENALTY = 1.0
 DEFAULT_ISLAND_SPARE = 4
@@ -121,10 +121,21 @@ class ExtenderConfig(ListenerSettings):
         "0.0.0.0", description="Address of the --metrics-port listener (read-only, nothing secret: reachable for "
                                "Prometheus and the kubelet's probes).")
     log_level: LogLevel = Field("info", description="Least level logged.")
+    consolidate: bool = Field(
+        True, description="Among placements of equal value, prefer nodes whose GPUs are already mostly in use, then "
+                          "lightly used ones, then empty ones and those an autoscaler marked for removal, so that "
+                          "node autoscalers can empty and remove nodes; bandwidth and large free islands still "
+                          "come first.")
     filter_best: bool = Field(
         False, description="filter passes only the nodes prioritize would score best (ties kept), so the scheduler "
                            "configuration can leave prioritizeVerb out: one round trip per pod instead of two, "
                            "kube-scheduler's own score plugins choosing among equals (the chart sets both together).")
+
+    dra_driver: str = Field(
+        "gpu-topology.io",
+        description="DRA driver whose ResourceSlices and ResourceClaims are watched to rank DRA nodes (pods with "
+                    "GPU claims, and the configured resource served through a DeviceClass's "
+                    "extendedResourceName); empty: not watched, DRA nodes are not ranked.")
 
     leader_elect: bool = Field(
         False, description="Run for a Lease (coordination.k8s.io) so that several replicas can run: only the holder "

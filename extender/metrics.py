@@ -67,6 +67,9 @@ class ExtenderMetrics:
         self.leader = Gauge(f"{PREFIX}_leader", "1 while this replica answers the verbs: it holds the leader "
                             "election Lease, or runs without election; 0 on a standby.", registry=r)
         self.leader.set(1)
+        self.requeued = Counter(f"{PREFIX}_requeued_pods_total",
+                                "Refused pods touched so kube-scheduler retries them after a hold ended by time "
+                                "(extender.requeue), by outcome: touched, gone, failed.", ["outcome"], registry=r)
         self.job_slots = Gauge(f"{PREFIX}_job_slots", "Reserved slots of job plans no pod has taken yet.", registry=r)
         self.watch = WatchMetrics(r, PREFIX)
 

@@ -19,17 +19,22 @@ from extender.leadership import Leadership
 from extender.metrics import ExtenderMetrics
 from extender.placement.engine import Placement
 from extender.placement.explain import Explainer
+from extender.requeue import Requeue
 from extender.state.cache import NodeCache
 from extender.state.cluster import ClusterSync
 from extender.state.inventory import Inventory, load_inventory
 from extender.state.pods import RecentPods
 from extender.state.reservations import Reservations
+from extender.state.slices import DraView
 from gputopo.contract import Plan
 from gputopo.workers import Worker
 
 log = structlog.get_logger(__name__)
 
 POSTS_READY_TIMEOUT_S = 30.0
+# Reservation ends that come with no cluster event kube-scheduler would retry a refused pod on (extender.requeue):
+# a timeout, and a job's slots given up when it was planned again.
+TIMED_ENDS = frozenset({"timeout", "replanned"})
 
 
 class ReservationExpiry(Worker):
@@ -84,13 +89,16 @@ class Extender:
             cache = NodeCache(config, Reservations(config.reservation_timeout_s, clock))
         self.cache = cache
         self.reservations = self.cache.reservations
-        self.cache.on_reservation_end = lambda why, n: self.metrics.reservations_ended.labels(why).inc(n)
+        self.requeue = Requeue(api, config.keys, self.metrics.requeued) if api is not None else None
+        self.cache.on_reservation_end = self._reservation_ended
         self.placement = Placement(self.cache)
         self.jobs = JobPlans(self.cache, self.metrics)
         self.recent = RecentPods()
         self.explainer = Explainer(lambda topo, size: self.placement.memo.facts(topo).best_empty(size))
         self.inventory = inventory
-        sync_options = {"metrics": self.metrics.watch, **(sync_options or {})}
+        # DRA nodes ranked from our driver's slices and the claims (cluster mode; extender.placement.dra)
+        self.dra = DraView(config.dra_driver) if config.dra_driver and api is not None else None
+        sync_options = {"metrics": self.metrics.watch, "dra": self.dra, **(sync_options or {})}
         self.sync = ClusterSync(api, self.cache, **sync_options) if api is not None else None
         self.posts = bind_posts(api, config, self.metrics) if api is not None else None
         self.binder = Binder(config, self.cache, self.placement, self.metrics, self.recent, api=api,
@@ -104,6 +112,8 @@ class Extender:
             self.binder.may_bind = self.leading
         self.expiry_interval_s = expiry_interval_s or max(0.05, min(5.0, config.reservation_timeout_s / 4))
         self._expiry = ReservationExpiry(self.cache, self.jobs, self.expiry_interval_s)
+        if self.requeue is not None:
+            self.jobs.on_idle = self.requeue.ended
         self.metrics.bind_gauges(
             reservations=lambda: float(self.reservations.count()),
             nodes=lambda: float(len(self.cache.nodes)),
@@ -136,6 +146,8 @@ class Extender:
         if self.leadership is not None:
             self.leadership.start()  # campaigns once ready: a replica that cannot answer yet never takes the Lease
         self._expiry.start()
+        if self.requeue is not None:
+            self.requeue.start()
         log.info("extender.service.started", mode=self.mode, nodes=len(self.cache.nodes))
         return self
 
@@ -147,7 +159,14 @@ class Extender:
         if self.posts is not None:
             self.posts.stop()
         self._expiry.stop()
+        if self.requeue is not None:
+            self.requeue.stop()
         log.info("extender.service.stopped", mode=self.mode)
+
+    def _reservation_ended(self, why: str, count: int) -> None:
+        self.metrics.reservations_ended.labels(why).inc(count)
+        if self.requeue is not None and why in TIMED_ENDS:
+            self.requeue.ended(why, count)
 
     def ready(self) -> bool:
         """Able to answer: every replica under election is ready once synced, so that a disruption budget counts

@@ -16,6 +16,7 @@ import anyio
 import structlog
 
 from extender import wire
+from extender.dra_verbs import DraVerbs
 from extender.jobs.plans import JobPod
 from extender.placement.engine import FilterOutcome
 from extender.preempt import NodeVictims, keep_victims
@@ -54,6 +55,7 @@ class Verbs:
         self._best_only = cfg.filter_best
         self._plan_in_thread = plan_in_thread
         self._planners = anyio.CapacityLimiter(1)  # plans are made one at a time anyway: hold no more threads
+        self._dra = DraVerbs(ext, self._scores, filter_best=cfg.filter_best)  # pods served by our DRA driver
 
     def filter(self, data: Any) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """The answer, or for a pod of a job an awaitable of it: planning a job may take tens of milliseconds on a
@@ -69,6 +71,9 @@ class Verbs:
         ext = self.ext
         ext.recent.remember(needs)
         job_pod = ext.jobs.pod_of(args.pod, needs) if needs.need.resource is None else None
+        dra = self._dra.ask(args, needs) if job_pod is None else None
+        if dra is not None:
+            return self._filter_answer(args, self._dra.filter(args.names, needs, extra, *dra))
         if job_pod is not None:
             if not self._plan_in_thread:
                 out = self._best(needs, extra, job_pod, ext.jobs.filter(job_pod, args.names))
@@ -119,6 +124,11 @@ class Verbs:
                              out.unresolvable)
 
     def _filter_answer(self, args: wire.ExtenderArgs, out: FilterOutcome) -> dict[str, Any]:
+        requeue = self.ext.requeue
+        if requeue is not None and not out.passed and (out.failed or out.unresolvable):
+            meta = args.pod.get("metadata") or {}
+            requeue.refused(str(meta.get("uid") or ""), str(meta.get("namespace") or "default"),
+                            str(meta.get("name") or ""))
         m = self.ext.metrics.filter_nodes
         m.labels("passed").inc(len(out.passed))
         m.labels("failed").inc(len(out.failed))
@@ -142,6 +152,9 @@ class Verbs:
             return host_priority_list(args.names, [0] * len(args.names))
         self.ext.recent.remember(needs)
         job_pod = self.ext.jobs.pod_of(args.pod, needs) if needs.need.resource is None else None
+        dra = self._dra.ask(args, needs) if job_pod is None else None
+        if dra is not None:
+            return host_priority_list(args.names, self._dra.scores(args.names, needs, extra, *dra))
         return host_priority_list(args.names, self._scores(args.names, needs, extra, job_pod))
 
     def _scores(self, names: list[str], needs: PodNeeds, extra: dict[str, Any] | None,
@@ -156,7 +169,9 @@ class Verbs:
 
     async def bind(self, data: Any) -> dict[str, Any]:
         req = wire.binding_args(data)
-        return {"Error": await self.ext.binder.bind(req)}
+        if self.ext.requeue is not None:
+            self.ext.requeue.placed(req.uid)
+        return {"Error": await self.ext.binder.bind(req, planned=not self._dra.serves(req.node))}
 
     def preempt(self, data: Any) -> dict[str, Any]:
         args = wire.preemption_args(data, self.ext.config.keys.plan)

@@ -11,11 +11,11 @@ import click
 
 from gputopo import extras
 
-_BUILTIN = ("topo", "plan", "run", "record", "slices", "dra", "mps-control")
+_BUILTIN = ("topo", "plan", "run", "record", "slices", "dra", "mps-control", "node-template")
 ENTRY_POINT_GROUP = "gpuplugin.commands"
 # The extra each subcommand needs beyond the base install (topo and plan need none). `demo` is the simulator's.
 _NEEDS = {"run": "plugin", "record": "plugin", "slices": "plugin", "dra": "plugin", "mps-control": "plugin",
-          "demo": "demo"}
+          "node-template": "plugin", "demo": "demo"}
 
 
 def _extensions() -> dict[str, str]:
@@ -54,7 +54,7 @@ def _missing_extra(name: str, extra: str, module: str) -> click.Command:
                                                                                  "allow_extra_args": True})
 
 
-@click.group(cls=_LazyGroup)
+@click.group(cls=_LazyGroup, context_settings={"terminal_width": 100})  # a missing extra's line stays whole
 @click.version_option(package_name="gpu-topology-scheduling")
 def main() -> None:
     """Topology-aware GPU device plugin: discovery, placement and the kubelet device plugin server."""

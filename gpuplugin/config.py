@@ -18,7 +18,7 @@ from gpuplugin.deviceplugin.lifecycle import DEFAULT_RESOURCE_NAME, DEFAULT_SOCK
 from gpuplugin.sharing.config import DEFAULT_CONFIG_LABEL
 from gpuplugin.sharing.mig_strategy import MigStrategy
 from gpuplugin.sharing.mps import DEFAULT_CONTROL, DEFAULT_MPS_ROOT
-from gputopo.contract import DEFAULT_PREFIX, Keys
+from gputopo.contract import CA_GPU_UTILIZATION_THRESHOLD, DEFAULT_PREFIX, Keys
 from gputopo.settings import (
     AnnotationPrefix,
     Cli,
@@ -121,6 +121,13 @@ class PluginConfig(BaseModel):
                                  "mps-control`, from the desired-state file this plugin writes on --mps-root).")
     mps_probe_interval: float = Field(5.0, description="Seconds between probes of each MPS control daemon (its "
                                                        "replicas are unhealthy while it does not answer).")
+    autoscaler_busy_threshold: Annotated[float, Cli(metavar="SHARE")] = Field(
+        CA_GPU_UTILIZATION_THRESHOLD,
+        description="On a node with shared (time-slicing, MPS) or MIG GPUs, whose GPU request ratio the Cluster "
+                    "Autoscaler misreads: while this share (0-1) of its physical GPUs or more is in use, annotate the "
+                    "Node so neither the Cluster Autoscaler (scale-down-disabled) nor Karpenter (do-not-disrupt) "
+                    "removes it; below it, remove what the plugin set (never an annotation set by someone else). "
+                    "Needs publication. 0 turns it off.")
 
     @field_validator("socket_name")
     @classmethod
@@ -156,6 +163,13 @@ class PluginConfig(BaseModel):
     def _probe_interval(cls, v: float) -> float:
         if not v > 0:
             raise ValueError(f"{v} must be a positive number of seconds")
+        return v
+
+    @field_validator("autoscaler_busy_threshold")
+    @classmethod
+    def _share(cls, v: float) -> float:
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"{v} must be a share from 0 to 1 (0: off)")
         return v
 
     @field_validator("health_recovery")

@@ -8,7 +8,16 @@ What is written (prefix configurable, default gpu-topology.io; see docs/contract
   continuing from the value already on the Node, so it only ever grows across plugin restarts; with `mig=` (issue
   23) also the MIG GPUs and their instances, advertised or not, and which pods hold (gpuplugin.mig_publication);
 - labels `<prefix>/fabric` (nvswitch|nvlink|pcie), `<prefix>/gpu-model` (sanitised to a label value),
-  `<prefix>/gpu-count`.
+  `<prefix>/gpu-count`, and `<prefix>/allreduce-gbps-<k>` for k = 2..gpu-count: the best all-reduce GB/s (rounded
+  down) of k GPUs on the empty node (the extender's `best_possible_gbps`). Node autoscalers never call the extender
+  and re-run only the in-tree filters, so the webhook turns `min-allreduce-gbps` and `require-nvlink` into node
+  affinity on these labels, which real nodes and node-group templates (`gpuplugin node-template`) both carry. All
+  of them are removed on a node without whole GPUs, and sizes above the count are removed when it shrinks;
+- label `<prefix>/free-gpus.<resource>` per shared resource (time-slicing, MPS): how many of its GPUs have a free
+  replica now. A pod asking k replicas needs k distinct GPUs, which the replica count does not say; the webhook
+  turns that into node affinity on this label, so kube-scheduler's filter and node autoscalers read it;
+- with `autoscaler_hold`, the Cluster Autoscaler's and Karpenter's "do not remove" annotations while the node is
+  busy by physical GPUs and their own GPU ratio would misread it (gpuplugin.autoscaler_hold says when and whose).
 
 Why it behaves as it does:
 - "used" comes from the kubelet's PodResources API on every poll, never from memory: after a restart the state is
@@ -39,6 +48,7 @@ RBAC it needs (the smallest that works; resourceNames cannot name "my own node" 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import threading
 import time
@@ -48,8 +58,10 @@ from typing import Any, Protocol, Self
 import kubernetes.client
 import structlog
 
+from gpuplugin.autoscaler_hold import DEFAULT_THRESHOLD, AutoscalerHold, GpuUsage, gpu_usage, parse_owned
 from gpuplugin.podresources import PodResourcesError
 from gputopo.contract import Keys
+from gputopo.core.allocator import best_possible_gbps
 from gputopo.core.codec import Mig, NodeState, Sharing, state_from_json, state_to_json, topology_to_json
 from gputopo.core.errors import TopologyFormatError
 from gputopo.core.topology import Topology
@@ -71,6 +83,39 @@ def sanitize_label_value(value: str) -> str:
     """A valid label value: runs of other characters become '-', ends trimmed to alphanumerics, at most 63."""
     text = _LABEL_VALUE_BAD.sub("-", value.strip())[:_LABEL_VALUE_MAX]
     return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", text)
+
+
+def allreduce_labels(keys: Keys, topology: Topology) -> dict[str, str]:
+    """`<prefix>/allreduce-gbps-<k>` for k = 2..size: the empty node's best all-reduce GB/s, rounded down, so a
+    requirement `Gt min-1` on an integer label never admits a node below the pod's floor."""
+    return {keys.allreduce_label(k): str(math.floor(best_possible_gbps(topology, k)))
+            for k in range(2, topology.size + 1)}
+
+
+def topology_labels(keys: Keys, topology: Topology) -> dict[str, str]:
+    """Every label a node of `topology` carries (no model label when NVML names no model): what the publisher
+    keeps on the Node and what `gpuplugin node-template` prints for node-group templates, from one function."""
+    models = {g.model for g in topology.gpus if g.model}
+    model = sanitize_label_value(models.pop()) if len(models) == 1 else ("mixed" if models else "")
+    return {
+        keys.fabric_label: topology.fabric,
+        **({keys.model_label: model} if model else {}),
+        keys.count_label: str(topology.size),
+        **allreduce_labels(keys, topology),
+    }
+
+
+def replica_labels(keys: Keys, state: NodeState) -> dict[str, str]:
+    """Per shared resource, how many of its healthy GPUs have a free replica (Keys.free_gpus_label): changes as
+    pods come and go, unlike the topology labels."""
+    if state.sharing is None:
+        return {}
+    out = {}
+    for res in state.sharing.resources:
+        key = keys.free_gpus_label(res.name)
+        if key is not None:
+            out[key] = str(sum(1 for g in res.gpus if g.used < g.replicas and g.gpu not in state.unhealthy))
+    return out
 
 
 def relabel(topology: Topology, device_ids: Sequence[str]) -> Topology:
@@ -108,6 +153,7 @@ class NodePublisher(Worker):
         sharing: Callable[[], Sharing | None] | None = None,
         extra_labels: Callable[[], Mapping[str, str | None]] | None = None,
         mig: Callable[[], Mig | None] | None = None,
+        autoscaler_hold: AutoscalerHold | None = None,
     ) -> None:
         if not node_name:
             raise ValueError("node name is required to publish (set NODE_NAME from the downward API)")
@@ -132,6 +178,9 @@ class NodePublisher(Worker):
         self._sharing = sharing  # the state's "sharing" member, from PodResources (issue 22)
         self._extra_labels = extra_labels  # the GFD labels of the shared layout
         self._mig = mig  # the state's "mig" member (gpuplugin.mig_publication.mig_block), issue 23
+        self._hold = autoscaler_hold
+        # every size's label is this stem + the size: stale sizes on the Node are found by it
+        self._allreduce_stem = keys.allreduce_label(1).removesuffix("1")
 
         self.topology_key = keys.topology
         self.state_key = keys.state
@@ -139,6 +188,9 @@ class NodePublisher(Worker):
         self._labels = self._desired_labels()
 
         self._observed: dict[str, str | None] | None = None  # our keys as the Node last carried them
+        self._observed_allreduce: frozenset[str] = frozenset()  # allreduce-gbps-<k> labels the Node carries
+        self._observed_replicas: frozenset[str] = frozenset()  # free-gpus.<resource> labels the Node carries
+        self._observed_rv: str | None = None
         self._observed_at = 0.0
         self._last_patch_at: float | None = None
         self._state: NodeState | None = None
@@ -149,13 +201,13 @@ class NodePublisher(Worker):
     def _desired_labels(self) -> dict[str, str | None]:
         if self.topology is None:  # no whole GPU: the whole-GPU labels do not apply
             return {self.keys.fabric_label: None, self.keys.model_label: None, self.keys.count_label: None}
-        models = {g.model for g in self.topology.gpus if g.model}
-        model = sanitize_label_value(models.pop()) if len(models) == 1 else ("mixed" if models else "")
-        return {
-            self.keys.fabric_label: self.topology.fabric,
-            self.keys.model_label: model or None,
-            self.keys.count_label: str(self.topology.size),
-        }
+        labels: dict[str, str | None] = {self.keys.model_label: None}
+        labels.update(topology_labels(self.keys, self.topology))  # static: computed once, here
+        return labels
+
+    def _is_allreduce_label(self, key: str) -> bool:
+        size = key.removeprefix(self._allreduce_stem)
+        return size != key and size.isdigit()
 
     def _ids(self, provider: IdsProvider, what: str) -> frozenset[str]:
         out, foreign = set(), []
@@ -193,7 +245,12 @@ class NodePublisher(Worker):
 
     def _all_labels(self) -> dict[str, str | None]:
         extra = dict(self._extra_labels()) if self._extra_labels is not None else {}
-        return {**self._labels, **extra}
+        # sizes the Node carries from an earlier layout (more whole GPUs, or any before every GPU went MIG)
+        stale = {k: None for k in self._observed_allreduce if k not in self._labels}
+        return {**stale, **self._labels, **extra}
+
+    def _usage(self, state: NodeState) -> GpuUsage:
+        return gpu_usage(state, self.topology.ids if self.topology is not None else ())
 
     # --- one step -----------------------------------------------------------------------------------------------
 
@@ -205,25 +262,50 @@ class NodePublisher(Worker):
             self.topology_key: annotations.get(self.topology_key),
             self.state_key: annotations.get(self.state_key),
         }
+        if self._hold is not None:
+            observed.update({k: annotations.get(k) for k in self._hold.annotation_keys})
+        self._observed_allreduce = frozenset(k for k in labels if self._is_allreduce_label(k))
+        self._observed_replicas = frozenset(k for k in labels if self.keys.is_free_gpus_label(k))
+        observed.update({k: labels.get(k) for k in self._observed_replicas})
         observed.update({k: labels.get(k) for k in self._all_labels()})
         self._observed = observed
         self._observed_at = self._clock()
+        self._observed_rv = meta.get("resourceVersion")
+
+    def _plan(self) -> tuple[NodeState, dict[str, str | None], dict[str, str | None], dict[str, str | None]]:
+        """The state, and what differs from the Node: our annotations, our labels, the autoscaler hold's."""
+        assert self._observed is not None
+        observed = self._observed
+        state_json, state = self._desired_state(observed.get(self.state_key))
+        annotations = {self.topology_key: self._topology_json, self.state_key: state_json}
+        ann_diff = {k: v for k, v in annotations.items() if observed.get(k) != v}
+        replicas = replica_labels(self.keys, state)
+        labels = {**self._all_labels(), **{k: None for k in self._observed_replicas}, **replicas}
+        label_diff = {k: v for k, v in labels.items() if observed.get(k) != v}
+        hold = self._hold.desired(self._usage(state), observed) if self._hold is not None else {}
+        hold_diff = {k: v for k, v in hold.items() if observed.get(k) != v}
+        return state, ann_diff, label_diff, hold_diff
 
     def publish_once(self) -> bool:
         """Bring the Node up to date; True when a patch was sent. Raises KubeApiError or PodResourcesError."""
+        fresh = False
         if self._observed is None or self._clock() - self._observed_at >= self._resync:
             self._observe(get_node(self._api, self.node_name))
-        assert self._observed is not None
-        state_json, state = self._desired_state(self._observed.get(self.state_key))
-        annotations = {self.topology_key: self._topology_json, self.state_key: state_json}
-        ann_diff = {k: v for k, v in annotations.items() if self._observed.get(k) != v}
-        label_diff = {k: v for k, v in self._all_labels().items() if self._observed.get(k) != v}
-        if not ann_diff and not label_diff:
+            fresh = True
+        state, ann_diff, label_diff, hold_diff = self._plan()
+        if hold_diff and not fresh:
+            # The autoscaler annotations are shared with people: decide on the Node as it is now, not as the last
+            # patch reply showed it, and send the change conditional on that version (a 409 re-reads and retries).
+            self._observe(get_node(self._api, self.node_name))
+            state, ann_diff, label_diff, hold_diff = self._plan()
+        if not ann_diff and not label_diff and not hold_diff:
             self._set_state(state)
             return False
+        held_before = parse_owned(self._observed.get(self._hold.owner_key)) if self._hold is not None else None
         try:
             node = patch_node_metadata(
-                self._api, self.node_name, annotations=ann_diff or None, labels=label_diff or None
+                self._api, self.node_name, annotations={**ann_diff, **hold_diff} or None,
+                labels=label_diff or None, resource_version=self._observed_rv if hold_diff else None,
             )
         except KubeApiError:
             self._observed = None  # re-read before the next try: the Node may have changed or gone
@@ -231,15 +313,29 @@ class NodePublisher(Worker):
         self._last_patch_at = self._clock()
         self._observe(node)
         self._set_state(state)
+        if self._hold is not None and held_before is not None:
+            self._log_hold(state, held_before, parse_owned(self._observed.get(self._hold.owner_key)))
         log.info(
             "plugin.publish.done",
             node=self.node_name,
             generation=state.generation,
             used=len(state.used),
             unhealthy=sorted(state.unhealthy),
-            keys=sorted([*ann_diff, *label_diff]),
+            keys=sorted([*ann_diff, *label_diff, *hold_diff]),
         )
         return True
+
+    def _log_hold(self, state: NodeState, before: frozenset[str], after: frozenset[str]) -> None:
+        if bool(before) == bool(after):
+            return
+        assert self._hold is not None
+        usage = self._usage(state)
+        fields = {"node": self.node_name, "share": round(usage.share, 3), "busy_gpus": usage.busy,
+                  "gpus": usage.total, "threshold": self._hold.threshold, "annotations": sorted(after or before)}
+        if after:
+            log.info("plugin.autoscaler_hold.set", **fields)
+        else:
+            log.info("plugin.autoscaler_hold.lifted", **fields)
 
     def _set_state(self, state: NodeState) -> None:
         with self._cond:
@@ -392,7 +488,8 @@ def start_publisher(
 ) -> Publication | None:
     """Publication for `gpuplugin run`; None (said once in the log) when no API client can be made. `manager`
     None: a node without whole GPUs, publishing its state (the `mig=` member) without a topology. `unhealthy`: the
-    unhealthy ids when more than the manager's (MIG UUIDs)."""
+    unhealthy ids when more than the manager's (MIG UUIDs). The autoscaler hold runs at the settings'
+    `autoscaler_busy_threshold` (0: off, lifting a hold this plugin set)."""
     from gpuplugin.podresources import PodResourcesClient
     from gputopo.kube.client import KubeConfigError, make_api_client
 
@@ -407,6 +504,9 @@ def start_publisher(
     pods = PodResourcesClient(str(cfg.pod_resources_socket))
     closers.append(pods.close)
     resource = cfg.resource_name
+    # settings objects of tests and older callers may lack it: the hold is then on at CA's own threshold
+    threshold = getattr(cfg, "autoscaler_busy_threshold", DEFAULT_THRESHOLD)
+    options.setdefault("autoscaler_hold", AutoscalerHold(cfg.keys, threshold))
     publisher = NodePublisher(
         api,
         cfg.node_name or "",

@@ -89,6 +89,23 @@ class Keys:
     def state(self) -> str:
         return self._key("state")
 
+    def free_gpus_label(self, resource: str) -> str | None:
+        """Node label: how many GPUs have a free replica of the shared resource `resource` now. A pod asking k
+        replicas needs k distinct GPUs, which no count of replicas says; the webhook turns that into node
+        affinity on this label (Gt k-1), so kube-scheduler's own filter and node autoscalers read it. None when
+        the resource's name is too long for a label key."""
+        name = f"free-gpus.{resource.rpartition('/')[2]}"
+        return self._key(name) if len(name) <= 63 else None
+
+    def is_free_gpus_label(self, key: str) -> bool:
+        return key.startswith(self._key("free-gpus."))
+
+    @property
+    def autoscaler_hold(self) -> str:
+        """Node annotation: the autoscaler annotations (CA_SCALE_DOWN_DISABLED, KARPENTER_DO_NOT_DISRUPT) the plugin
+        set itself, comma-separated, so it lifts only those (gpuplugin.autoscaler_hold)."""
+        return self._key("autoscaler-hold")
+
     # Node labels (for humans and selectors).
     @property
     def fabric_label(self) -> str:
@@ -102,6 +119,13 @@ class Keys:
     def count_label(self) -> str:
         return self._key("gpu-count")
 
+    def allreduce_label(self, size: int) -> str:
+        """Node label: the best all-reduce GB/s (an integer, rounded down) of `size` GPUs on the empty node, one per
+        size from 2 to the node's GPU count. Autoscalers re-run only the in-tree filters, so a pod's
+        `min-allreduce-gbps` reaches them as required node affinity on this label (Gt), which node-group templates
+        can carry for scale from zero."""
+        return self._key(f"allreduce-gbps-{size}")
+
     # Pod annotations written by the extender at bind, and by the plugin at Allocate.
     @property
     def plan(self) -> str:
@@ -114,6 +138,12 @@ class Keys:
     @property
     def gpus(self) -> str:
         return self._key("gpus")
+
+    @property
+    def requeued(self) -> str:
+        """When the extender last touched a pod it had refused, so that kube-scheduler retries it: a refusal of
+        ours that ended by time alone comes with no cluster event (extender.requeue)."""
+        return self._key("requeued")
 
     @property
     def placement(self) -> str:
@@ -154,6 +184,24 @@ class Keys:
 
 
 DEFAULT_KEYS = Keys()
+
+# Fabric label values whose GPUs have NVLink between them: what a pod's require-nvlink becomes as node affinity.
+NVLINK_FABRICS = ("nvswitch", "nvlink")
+
+
+# -- node autoscalers (docs/reference/autoscaling.md) --------------------------------------------------------------
+# Taints the Cluster Autoscaler and Karpenter put on nodes they are removing, or may remove: nothing new is placed
+# on the first kind, and the soft kind is passed over among equally good nodes so the node can empty.
+CA_TO_BE_DELETED_TAINT = "ToBeDeletedByClusterAutoscaler"
+CA_DELETION_CANDIDATE_TAINT = "DeletionCandidateOfClusterAutoscaler"
+KARPENTER_DISRUPTED_TAINT = "karpenter.sh/disrupted"
+REMOVAL_TAINTS = (CA_TO_BE_DELETED_TAINT, KARPENTER_DISRUPTED_TAINT)
+SOFT_REMOVAL_TAINTS = (CA_DELETION_CANDIDATE_TAINT,)
+# Node annotations each autoscaler reads as "do not remove this node voluntarily".
+CA_SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+# CA's default --scale-down-gpu-utilization-threshold: a GPU node whose GPU request ratio is below it may go.
+CA_GPU_UTILIZATION_THRESHOLD = 0.5
 
 
 # -- replicas of shared GPUs (time-slicing, MPS) ------------------------------------------------------------------

@@ -144,6 +144,8 @@ class JobPlans:
         self.max_jobs = max_jobs
         self._no_place = (None,) * len(self.locality.levels)
         self._states: dict[str, JobState] = {}
+        # (why, how many) when sweep forgets idle jobs: what they held ends with no cluster event (extender.requeue)
+        self.on_idle: Callable[[str, int], None] = lambda why, n: None
         self._plan_lock = threading.RLock()
         self._state_lock = threading.Lock()
         self._recent: OrderedDict[str, str] = OrderedDict()  # pod uid -> job key, from requests (bind reads it)
@@ -404,6 +406,8 @@ class JobPlans:
             idle = [k for k, s in self._states.items() if s.touched <= cutoff and not any(map(self._open, s.slots))]
             for key in idle:
                 del self._states[key]
+        if idle:
+            self.on_idle("job_idle", len(idle))  # a job of unknown size no longer holds room for its next pods
 
     def describe(self, uid: str) -> str | None:
         """The job's part of a bound pod's placement explanation (`<prefix>/placement`); None for a pod of no job.

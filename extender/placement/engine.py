@@ -48,7 +48,7 @@ class NoFit(Exception):
 class Placement:
     def __init__(self, cache: NodeCache) -> None:
         self.cache = cache
-        self.memo = PlacementMemo()
+        self.memo = PlacementMemo(consolidate=cache.config.consolidate)
         cache.on_state_change.append(self.memo.forget)
         # the configured resource and its domain (the config is frozen): what route() compares with
         self._resource = cache.config.resource_name
@@ -183,7 +183,9 @@ class Placement:
         if st is None or st.problem is not None or st.total < need.size or st.free.bit_count() < need.size:
             return NO_FIT
         fit = self._state_fit(st, need)
-        return self.memo.value_class(fit) if fit.alloc is not None else NO_FIT
+        if fit.alloc is None:
+            return NO_FIT
+        return self.memo.value_class(policy.draining(fit) if st.draining else fit)
 
     def score(self, names: Iterable[str], need: Need, extra: Mapping[str, NodeEntry] | None = None) -> list[int]:
         """Scores 0-10 aligned with `names`."""

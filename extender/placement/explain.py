@@ -63,6 +63,9 @@ class Offer:
     top_score: int
     # (size, GB/s) of scarce larger free islands the fastest node's set would break, when that ranked it down
     kept: tuple[tuple[int, float], ...] = ()
+    # a node as fast as the top-scored ones, ranked below them because fewer of its GPUs are in use (or an
+    # autoscaler marked it for removal): left so it can empty (policy.drain_class)
+    emptier: str = ""
 
 
 def offer(names: Sequence[str], fits: Sequence[Fit], ranking: policy.Ranking, penalty: float, spare: int
@@ -85,7 +88,20 @@ def offer(names: Sequence[str], fits: Sequence[Fit], ranking: policy.Ranking, pe
     if score < top and best.islands and penalty > 0:
         kept = tuple((s, before) for s, before, after in policy.scarce_islands(ranking.counts, best, spare)
                      if before - after > _EPS)  # an island it leaves whole was not the reason
-    return Offer(len(names), ranking.counts.total(), fastest, names[i], score, top, kept)
+    return Offer(len(names), ranking.counts.total(), fastest, names[i], score, top, kept,
+                 _emptier(names, fits, ranking, top))
+
+
+def _emptier(names: Sequence[str], fits: Sequence[Fit], ranking: policy.Ranking, top: int) -> str:
+    """The first node as fast as the top-scored states but of a lower drain class, or ""."""
+    by_fit = ranking.by_fit
+    tops = [f for f in ranking.counts if by_fit[f] == top]
+    gbps = max(f.gbps for f in tops)
+    drain = max(map(policy.drain_of, tops))
+    passed = {f for f in ranking.counts if by_fit[f] < top and f.gbps >= gbps - _EPS and policy.drain_of(f) < drain}
+    if not passed:
+        return ""
+    return names[next(compress(count(), map(passed.__contains__, fits)))]
 
 
 class Explainer:
@@ -124,6 +140,9 @@ class Explainer:
         rest = []
         if size > 1 and (job is None or known):  # a job's pod: its node came from the job's plan; ranked too if known
             rest.append(_comparison(found, known, node, gbps))
+        if found is not None and found.emptier and found.emptier != node:
+            rest.append(f"passed over {elided(found.emptier, NAME_SHOWN)}, as fast but with fewer GPUs in use, "
+                        "so it can empty for the autoscaler")
         constraints = (["require-nvlink"] if need.require_nvlink else []) + (
             [f"min-allreduce {need.min_gbps:g} GB/s"] if need.min_gbps > 0 else [])
         if constraints:

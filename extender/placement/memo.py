@@ -72,8 +72,9 @@ class LastAnswer:
 
 
 class PlacementMemo:
-    def __init__(self, limit: int = MEMO_LIMIT) -> None:
+    def __init__(self, limit: int = MEMO_LIMIT, consolidate: bool = True) -> None:
         self.limit = limit
+        self.consolidate = consolidate
         self._facts: dict[str, TopologyFacts] = {}
         self._fits: dict[tuple[str, int, NeedKey], Fit] = {}
         self._verdicts: dict[NeedKey, dict[Any, Any]] = {}
@@ -95,7 +96,7 @@ class PlacementMemo:
         hit = self._fits.get(key)
         if hit is not None:
             return hit
-        fit = compute_fit(self.facts(topo), free, need)
+        fit = compute_fit(self.facts(topo), free, need, self.consolidate)
         if len(self._fits) >= self.limit:
             self._fits.clear()
         self._fits[key] = fit

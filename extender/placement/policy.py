@@ -3,11 +3,17 @@
 Everything here is a function of (topology, free GPU set, pod need); extender.placement.memo remembers the answers
 and extender.placement.engine asks the questions for each node.
 
-Packing value of a choice (higher is better, in [0, 1]):
+Packing value of a choice (higher is better, in [0, 5]):
     loss  = sum over common sizes s in (2, 4, 8), s <= node size, of
             s * (best ring of s GPUs the free set can form - the same after taking the choice) / (best on empty node)
     tight = 1 - GPUs left free after the choice / node size
-    packing = 0.85 * (1 - min(loss, 14) / 14) + 0.15 * tight
+    packing = 2 x drain class + 0.85 * (1 - min(loss, 14) / 14) + 0.15 * tight
+Drain class (with consolidate, else 0): 2 when at least half the node's GPUs were in use before the choice, 1 when
+fewer, 0 when none (or, set by the engine, when an autoscaler marked the node as a removal candidate). Node
+autoscalers remove a GPU node whose GPU requests stay under half its GPUs (the Cluster Autoscaler's default
+threshold) and whose pods fit elsewhere, so among placements of equal value new pods go where GPUs are already busy
+and lightly used nodes are left to empty. The class only orders nodes within one value band (scoring), so
+bandwidth and the islands kept for larger pods still come first.
 Loss is weighted by size because a large free island is rarer and more valuable than a small one: taking 1 GPU
 from a whole free 8-GPU NVSwitch node loses the node's 8-GPU capability (loss 8), while taking the last free GPU of
 another node loses nothing; taking 2 GPUs out of 3 free loses less than breaking a node's only free pair.
@@ -28,11 +34,12 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from extender.placement import reasons
 from extender.placement.scoring import band_levels, band_of, priority_scores
 from extender.state.pods import Need
+from gputopo.contract import CA_GPU_UTILIZATION_THRESHOLD
 from gputopo.core import Allocation, Topology, best_possible_gbps, best_subset, efficiency_ratio
 from gputopo.core.bitset import bits, mask_of
 
@@ -82,7 +89,7 @@ class TopologyFacts:
         return value
 
 
-def compute_fit(facts: TopologyFacts, free: int, need: Need) -> Fit:
+def compute_fit(facts: TopologyFacts, free: int, need: Need, consolidate: bool = True) -> Fit:
     """Best subset of `free` for the need on a node of this topology, with its packing value, or why there is none."""
     topo = facts.topo
     size = need.size
@@ -97,7 +104,27 @@ def compute_fit(facts: TopologyFacts, free: int, need: Need) -> Fit:
             return Fit(None, gbps, 0.0, problem[0], problem[1])
     rings = _rings(topo, free, alloc)
     islands = tuple((s, before, after) for s, before, after in rings if s > size and s <= free_count)
-    return Fit(alloc, gbps, _packing(facts, free_count - size, rings), islands=islands)
+    drain = drain_class(facts.topo.size - free_count, facts.topo.size) if consolidate else 0
+    return Fit(alloc, gbps, 2 * drain + _packing(facts, free_count - size, rings), islands=islands)
+
+
+def drain_class(in_use: int, size: int) -> int:
+    """2: at least CA's threshold share of the node's GPUs in use; 1: some; 0: none (module docstring)."""
+    if in_use <= 0:
+        return 0
+    return 2 if in_use >= CA_GPU_UTILIZATION_THRESHOLD * size else 1
+
+
+def drain_of(fit: Fit) -> int:
+    """The drain class a fit's packing carries."""
+    return int(fit.packing // 2)
+
+
+def draining(fit: Fit) -> Fit:
+    """The fit as on a node an autoscaler marked as a removal candidate: drain class 0, same packing otherwise."""
+    if fit.alloc is None or fit.packing < 2:
+        return fit
+    return replace(fit, packing=round(fit.packing - 2 * drain_of(fit), PACKING_DIGITS))
 
 
 def _rings(topo: Topology, free: int, alloc: Allocation) -> list[tuple[int, float, float]]:

@@ -12,8 +12,9 @@ only the order within one request matters, and there are only 11 integer levels.
    Bands never overlap, so the score is monotone in value across bands. For nodes of one topology GB/s orders them
    exactly as placement efficiency does, since the denominator is shared; across topologies the absolute figure
    is what the job gets, so that is what is compared.
-2. Packing within a band: the node's packing value (placement.Fit.packing, higher is better: little lost
-   capability of the node's remainder for the common sizes, weighted by size, then a tight fit) ranked among the
+2. Packing within a band: the node's packing value (placement.Fit.packing, higher is better: first its drain
+   class, how busy the node already is, so nodes can empty for autoscalers; then little lost capability of the
+   node's remainder for the common sizes, weighted by size, then a tight fit) ranked among the
    distinct values in the band: the best gets the band's top level, the next one level lower, and so on; with more
    distinct values than levels, ranks share levels proportionally. So among equally good nodes, the one that keeps
    its remainder best shaped and fits most tightly always scores strictly higher when the band has room.
@@ -30,7 +31,7 @@ BANDS: tuple[tuple[float, int, int], ...] = ((0.999, 6, 5), (0.5, 3, 3), (0.0, 0
 
 
 def priority_scores(values: Sequence[tuple[float, float] | None]) -> list[int]:
-    """values[i] = (value, packing in [0, 1]) for node i, or None when the pod does not fit there.
+    """values[i] = (value, packing) for node i, or None when the pod does not fit there.
     Packing values are compared as given (round them first: equal packings must be equal floats)."""
     best = max((v[0] for v in values if v is not None), default=0.0)
     bands: list[int] = []

@@ -42,7 +42,14 @@ from extender.state.mig import NodeMig, node_mig
 from extender.state.pods import PodNeeds, PodSpecError, parse_quantity, pod_needs
 from extender.state.reservations import JOB, POD, Reservation, Reservations
 from extender.state.sharing import NodeSharing, fell, node_sharing, thresholds
-from gputopo.contract import Plan, PlanFormatError, is_mig_resource, parse_plan
+from gputopo.contract import (
+    REMOVAL_TAINTS,
+    SOFT_REMOVAL_TAINTS,
+    Plan,
+    PlanFormatError,
+    is_mig_resource,
+    parse_plan,
+)
 from gputopo.core import Topology, TopologyError, state_from_json, topology_from_json
 from gputopo.core.bitset import mask_of
 from gputopo.core.locality import Place
@@ -84,6 +91,9 @@ class NodeEntry:
     place: Place = ()  # where it sits in the network (--locality levels from its labels)
     sharing: NodeSharing | None = None  # GPUs shared as replicas (extender.state.sharing); never offered whole
     mig: NodeMig | None = None  # MIG GPUs and their instances (extender.state.mig); never offered whole
+    # an autoscaler's taint on the node (autoscaler_taint): a removal one makes it unschedulable too; the soft
+    # one ranks it last among equally good nodes, so it can empty
+    removal: str = ""
 
     def serves_mig(self, resource: str) -> bool:
         return self.mig is not None and self.mig.serves(resource)
@@ -124,27 +134,50 @@ class PlacementState:
     """Everything filter and prioritize depend on for one node. Interned by NodeCache (equal states are one
     object), so the verbs memoise on it with identity hashing: a pointer hash instead of a tuple's per lookup."""
 
-    __slots__ = ("fingerprint", "free", "key", "problem", "reserved", "total", "unhealthy", "used")
+    __slots__ = ("draining", "fingerprint", "free", "key", "problem", "reserved", "total", "unhealthy", "used")
 
     def __init__(self, key: tuple[Any, ...]) -> None:
         self.key = key
         if key[0] == UNUSABLE:
             self.problem: str | None = key[1]
             self.fingerprint, self.free, self.total, self.used, self.unhealthy, self.reserved = "", 0, 0, 0, 0, 0
+            self.draining = False
         else:
             self.problem = None
-            self.fingerprint, self.free, self.total, self.used, self.unhealthy, self.reserved = key
+            (self.fingerprint, self.free, self.total, self.used, self.unhealthy, self.reserved,
+             self.draining) = key
 
 
 def state_key(entry: NodeEntry, reserved: int) -> tuple[Any, ...]:
-    """(fingerprint, free, total, used, unhealthy, reserved) for a usable node, (UNUSABLE, why) otherwise."""
+    """(fingerprint, free, total, used, unhealthy, reserved, draining) for a usable node, (UNUSABLE, why)
+    otherwise; draining: an autoscaler marked it as a removal candidate."""
     if entry.topo is None:
         return (UNUSABLE, entry.problem or "publishes no GPU topology")
     if entry.unschedulable:
-        return (UNUSABLE, CORDONED)
+        return (UNUSABLE, being_removed(entry.removal) if entry.removal in REMOVAL_TAINTS else CORDONED)
     reserved &= entry.base_free
     return (entry.fingerprint, entry.base_free & ~reserved, entry.total, entry.used_mask, entry.unhealthy_mask,
-            reserved)
+            reserved, entry.removal in SOFT_REMOVAL_TAINTS)
+
+
+def being_removed(taint: str) -> str:
+    return f"node is being removed by an autoscaler (taint {taint})"
+
+
+def autoscaler_taint(spec: Mapping[str, Any]) -> str:
+    """The key of the autoscaler taint on a Node's spec that matters most: one that removes the node
+    (CA's ToBeDeletedByClusterAutoscaler, Karpenter's karpenter.sh/disrupted) over CA's soft deletion-candidate
+    taint; "" for none. Read from the Node, never from a pod's tolerations: a pod tolerating every taint would
+    otherwise be placed on a node about to go."""
+    found = ""
+    taints = spec.get("taints")
+    for t in taints if isinstance(taints, list) else ():
+        key = t.get("key") if isinstance(t, dict) else None
+        if key in REMOVAL_TAINTS:
+            return str(key)
+        if key in SOFT_REMOVAL_TAINTS:
+            found = str(key)
+    return found
 
 
 def make_entry(
@@ -161,13 +194,14 @@ def make_entry(
     place: Place = (),
     sharing: NodeSharing | None = None,
     mig: NodeMig | None = None,
+    removal: str = "",
 ) -> NodeEntry:
     """Build an entry; ids the topology does not know are dropped (logged by the caller). Shared GPUs are neither
     free nor counted in the total for whole-GPU pods: they are offered only as replicas."""
     used_ids, unhealthy_ids = frozenset(used), frozenset(unhealthy)
     if topo is None:
         return NodeEntry(name, None, problem or "publishes no GPU topology", {}, used_ids, unhealthy_ids, 0, 0, 0, 0,
-                         unschedulable, generation, "", place, None, mig)
+                         unschedulable, generation, "", place, None, mig, removal)
     idx = index if index is not None else {g.id: g.index for g in topo.gpus}
     used_mask = mask_of(idx[i] for i in used_ids if i in idx)
     bad_mask = mask_of(idx[i] for i in unhealthy_ids if i in idx)
@@ -177,7 +211,7 @@ def make_entry(
     total = whole if allocatable is None else min(whole, allocatable)
     return NodeEntry(name, topo, problem, idx, used_ids, unhealthy_ids, used_mask, bad_mask,
                      full & ~used_mask & ~bad_mask, total, unschedulable, generation, topo.fingerprint, place,
-                     sharing, mig)
+                     sharing, mig, removal)
 
 
 def without_used(entry: NodeEntry, ids: Iterable[str]) -> NodeEntry:
@@ -327,7 +361,8 @@ class NodeCache:
         ann = _dict(meta.get("annotations"))
         place = self.locality.place(_dict(meta.get("labels")))
         spec, status = _dict(node.get("spec")), _dict(node.get("status"))
-        unschedulable = spec.get("unschedulable") is True
+        removal = autoscaler_taint(spec)
+        unschedulable = spec.get("unschedulable") is True or removal in REMOVAL_TAINTS
         allocatable: int | None = None
         raw_alloc = _dict(status.get("allocatable")).get(self.config.resource_name)
         if raw_alloc is not None:
@@ -337,13 +372,14 @@ class NodeCache:
                 allocatable = None
         text = ann.get(self.config.keys.topology)
         if not isinstance(text, str) or not text:
-            entry = make_entry(name, None, unschedulable=unschedulable, place=place, **self._mig_only(name, ann))
+            entry = make_entry(name, None, unschedulable=unschedulable, place=place, removal=removal,
+                               **self._mig_only(name, ann))
             self._report(f"node/{name}", None)
             return entry
         topo, index, problem = self.parse_topology(text)
         if topo is None:
             self._report(f"node/{name}", problem)
-            return make_entry(name, None, problem=problem, unschedulable=unschedulable, place=place)
+            return make_entry(name, None, problem=problem, unschedulable=unschedulable, place=place, removal=removal)
         used: frozenset[str] = frozenset()
         unhealthy: frozenset[str] = frozenset()
         sharing: NodeSharing | None = None
@@ -371,9 +407,10 @@ class NodeCache:
             problem = f"GPU state annotation {self.config.keys.state} is not a string"
         self._report(f"node/{name}", problem)
         if problem is not None:
-            return make_entry(name, None, problem=problem, unschedulable=unschedulable, place=place)
+            return make_entry(name, None, problem=problem, unschedulable=unschedulable, place=place, removal=removal)
         return make_entry(name, topo, index=index, used=used, unhealthy=unhealthy, allocatable=allocatable,
-                          unschedulable=unschedulable, generation=generation, place=place, sharing=sharing, mig=mig)
+                          unschedulable=unschedulable, generation=generation, place=place, sharing=sharing, mig=mig,
+                          removal=removal)
 
     def _mig_only(self, name: str, ann: Mapping[str, Any]) -> dict[str, Any]:
         """A node without a topology may still offer MIG instances (every GPU MIG): its state's "mig" member, used

@@ -11,6 +11,7 @@ import structlog
 
 from extender.jobs.groups import GROUP_RESOURCES
 from extender.state.cache import NodeCache
+from extender.state.slices import CLAIMS, SLICES, DraView
 from gputopo.kube import SYNC, Watcher
 from gputopo.kube.fetching import ApiResource, list_pods
 from gputopo.kube.watching import WatchMetrics
@@ -33,6 +34,7 @@ class ClusterSync:
         backoff_max_s: float = 30.0,
         metrics: WatchMetrics | None = None,
         group_retry_s: float = 300.0,
+        dra: DraView | None = None,
     ) -> None:
         self.api = api
         self.cache = cache
@@ -43,6 +45,14 @@ class ClusterSync:
                             **common)
         self.groups = [Watcher(api, r, self._group_callback(r), name=f"extender-{r.plural}-{r.group}",
                                absent_retry_s=group_retry_s, **common) for r in GROUP_RESOURCES]
+        # DRA nodes (extender.state.slices): our driver's ResourceSlices and every ResourceClaim, where served and
+        # granted (absent otherwise, like the groups)
+        self.dra: list[Watcher] = []
+        if dra is not None:
+            self.dra = [Watcher(api, SLICES, self._dra_callback(dra.sync_slices, dra.apply_slice),
+                                name="extender-resourceslices", absent_retry_s=group_retry_s, **common),
+                        Watcher(api, CLAIMS, self._dra_callback(dra.sync_claims, dra.apply_claim),
+                                name="extender-resourceclaims", absent_retry_s=group_retry_s, **common)]
         self.owners: list[Watcher] = []  # the job owner kinds chosen (--job-owner-kinds), absent like the groups
         for r in cache.owners.resources:
             self.owners.append(Watcher(api, r, self._owner_callback(r, len(self.owners)),
@@ -52,18 +62,19 @@ class ClusterSync:
     def start(self) -> None:
         self.nodes.start()
         self.pods.start()
-        for w in self.groups + self.owners:
+        for w in self.groups + self.owners + self.dra:
             w.start()
 
     def stop(self) -> None:
-        for w in self.groups + self.owners:
+        for w in self.groups + self.owners + self.dra:
             w.stop()
         self.pods.stop()
         self.nodes.stop()
 
     @property
     def synced(self) -> bool:
-        """Nodes and pods listed (group sizes are not waited for: a kind may never be served)."""
+        """Nodes and pods listed (group sizes are not waited for: a kind may never be served; nor the DRA kinds,
+        whose view fills in within moments of the start: until then DRA nodes take the paths of other nodes)."""
         return self.nodes.synced and self.pods.synced
 
     def wait_synced(self, timeout: float | None = None) -> bool:
@@ -105,6 +116,16 @@ class ClusterSync:
                 self.cache.groups.apply(resource, event_type, obj)
 
         return on_group
+
+    @staticmethod
+    def _dra_callback(sync: Any, apply: Any) -> Any:
+        def on_dra(event_type: str, obj: dict[str, Any]) -> None:
+            if event_type == SYNC:
+                sync(obj.get("items") or [])
+            else:
+                apply(event_type, obj)
+
+        return on_dra
 
     def _owner_callback(self, resource: ApiResource, i: int) -> Any:
         def on_owner(event_type: str, obj: dict[str, Any]) -> None:

@@ -307,7 +307,8 @@ class Inventory:
             mig = with_held(entry.mig, plan.ids, sign > 0)
             return make_entry(entry.name, entry.topo, problem=entry.problem, index=entry.index or None,
                               used=entry.used_ids, unhealthy=entry.unhealthy_ids, unschedulable=entry.unschedulable,
-                              generation=entry.generation + 1, place=entry.place, sharing=entry.sharing, mig=mig)
+                              generation=entry.generation + 1, place=entry.place, sharing=entry.sharing, mig=mig,
+                              removal=entry.removal)
         assert entry.topo is not None
         used, sharing = entry.used_ids, entry.sharing
         if entry.shares(plan.resource):
@@ -318,7 +319,7 @@ class Inventory:
             used = used | plan.ids if sign > 0 else used - plan.ids
         return make_entry(entry.name, entry.topo, index=entry.index, used=used, unhealthy=entry.unhealthy_ids,
                           unschedulable=entry.unschedulable, generation=entry.generation + 1, place=entry.place,
-                          sharing=sharing, mig=entry.mig)
+                          sharing=sharing, mig=entry.mig, removal=entry.removal)
 
     def snapshot(self) -> dict[str, Any]:
         nodes = []

@@ -96,6 +96,12 @@ def _annotation_gbps(value: Any, key: str) -> float:
     return gbps
 
 
+def constraints(annotations: Mapping[str, Any], keys: Keys) -> tuple[bool, float]:
+    """(require-nvlink, min-allreduce-gbps) from a pod's annotations. Raises PodSpecError on an unreadable one."""
+    return (_annotation_flag(annotations.get(keys.require_nvlink), keys.require_nvlink),
+            _annotation_gbps(annotations.get(keys.min_gbps), keys.min_gbps))
+
+
 def _shared_ask(pod: Mapping[str, Any], resource: str, size: int, shared: frozenset[str]
                 ) -> tuple[str, tuple[ContainerNeed, ...], int] | None:
     """The shared resource (other than `resource`) the pod asks replicas of, if any. A pod asking for two kinds is
@@ -172,13 +178,8 @@ def pod_needs(pod: Any, resource: str, keys: Keys, shared: frozenset[str] = froz
     mig = _mig_ask(pod, resource, 0 if ask is not None else size, asked)
     if mig is not None:
         asked, containers, size = mig
-    ann = _dict(meta.get("annotations"))
-    need = Need(
-        size=size,
-        require_nvlink=_annotation_flag(ann.get(keys.require_nvlink), keys.require_nvlink),
-        min_gbps=_annotation_gbps(ann.get(keys.min_gbps), keys.min_gbps),
-        resource=asked,
-    )
+    require_nvlink, min_gbps = constraints(_dict(meta.get("annotations")), keys)
+    need = Need(size=size, require_nvlink=require_nvlink, min_gbps=min_gbps, resource=asked)
     return PodNeeds(
         uid=str(meta.get("uid") or ""),
         namespace=str(meta.get("namespace") or "default"),

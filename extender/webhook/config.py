@@ -50,6 +50,10 @@ class WebhookConfig(ListenerSettings):
         False, description="Also manage the pods of a Kubeflow job (label training.kubeflow.org/job-name) that ask no "
                            "GPUs, such as a TFJob's parameter servers: the extender puts them in the rack of the "
                            "job's workers.")
+    topology_affinity: bool = Field(
+        True, description="Add a pod's require-nvlink and min-allreduce-gbps annotations as required node affinity "
+                          "on the plugin's node labels (<prefix>/fabric, <prefix>/allreduce-gbps-<k>), so node "
+                          "autoscalers, which skip the extender, add the right nodes for it.")
     max_body_bytes: int = Field(DEFAULT_WEBHOOK_BODY_LIMIT, description="Requests larger than this get 413.")
     certificate_check_s: Annotated[float, Cli(flag="certificate-check-interval")] = Field(
         10.0, description="Seconds between checks of --tls-cert/--tls-key for a renewed certificate.")

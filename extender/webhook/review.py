@@ -7,7 +7,10 @@ counted as the kubelet counts it, init containers included (gputopo.podspec), an
 (none, "" or "default-scheduler") gets
 `spec.schedulerName` set to the topology-aware scheduler; with `--whole-jobs`, so does a pod of a Kubeflow job
 (label `training.kubeflow.org/job-name`) that asks none, such as a TFJob's parameter server, so that the extender
-places it in the rack of the job's workers. Anything else is answered `allowed: true` with no patch:
+places it in the rack of the job's workers. A pod it gives the scheduler, or that already names it, also gets its
+`require-nvlink` and `min-allreduce-gbps` annotations as required node affinity on the plugin's node labels
+(extender.webhook.affinity), so that node autoscalers, which skip the extender, see them. Anything else is
+answered `allowed: true` with no patch:
 another scheduler's pod, a pod without GPUs, a pod labelled `<prefix>/webhook: disabled`, a pod already bound
 (`spec.nodeName`), an operation or kind it does not manage. The webhook never refuses a pod: what it cannot read it
 leaves alone, with a warning the client sees (`kubectl` prints it), since the API server then validates the pod.
@@ -27,7 +30,8 @@ from typing import Any
 import orjson
 
 from extender.jobs.membership import KUBEFLOW_JOB
-from gputopo.contract import is_mig_resource
+from extender.webhook.affinity import topology_affinity
+from gputopo.contract import DEFAULT_KEYS, Keys, is_mig_resource
 from gputopo.podspec import PodSpecError, pod_device_count
 
 API_VERSION = "admission.k8s.io/v1"
@@ -67,6 +71,8 @@ class Policy:
     opt_out_label: str
     whole_jobs: bool = False  # also the pods of a Kubeflow job that ask no GPUs (a TFJob's parameter servers)
     extra_resources: tuple[str, ...] = ()  # names sharing configs advertise under `rename`
+    keys: Keys = DEFAULT_KEYS  # the constraint annotations and node labels of extender.webhook.affinity
+    topology_affinity: bool = True  # constraints as node affinity (extender.webhook.affinity)
 
     @property
     def resources(self) -> tuple[str, ...]:
@@ -144,7 +150,10 @@ def decide(request: Mapping[str, Any], policy: Policy) -> Decision:
         return Decision(UNREADABLE_POD, warning=warning(f"{LEFT}: the pod has no spec object"))
     scheduler = spec.get("schedulerName")
     if scheduler == policy.scheduler_name:
-        return Decision(ALREADY_OURS)
+        if spec.get("nodeName") or _dict(_dict(pod.get("metadata")).get("labels")).get(policy.opt_out_label) == OPT_OUT:
+            return Decision(ALREADY_OURS)
+        ops, problem = _affinity(pod, policy)
+        return Decision(ALREADY_OURS, tuple(ops), warning=problem)
     if scheduler is not None and not (isinstance(scheduler, str) and scheduler in DEFAULT_SCHEDULERS):
         return Decision(OTHER_SCHEDULER)  # never override another scheduler (a string or not: not ours to fix)
     labels = _dict(_dict(pod.get("metadata")).get("labels"))
@@ -158,8 +167,23 @@ def decide(request: Mapping[str, Any], policy: Policy) -> Decision:
         return Decision(UNREADABLE_POD, warning=warning(f"{LEFT}: {e}"))
     if gpus == 0 and not (policy.whole_jobs and isinstance(labels.get(KUBEFLOW_JOB), str)):
         return Decision(NO_GPUS)
-    patch = ({"op": "add", "path": "/spec/schedulerName", "value": policy.scheduler_name},)
-    return Decision(PATCHED, patch, gpus=gpus)
+    ops, problem = _affinity(pod, policy)
+    patch = ({"op": "add", "path": "/spec/schedulerName", "value": policy.scheduler_name}, *ops)
+    return Decision(PATCHED, patch, warning=problem, gpus=gpus)
+
+
+def _affinity(pod: Mapping[str, Any], policy: Policy) -> tuple[list[dict[str, Any]], str | None]:
+    """The affinity operations for the pod's whole GPUs, and a warning when its constraint annotations are
+    unreadable (the pod is still given the scheduler, whose extender refuses it with the same words)."""
+    if not policy.topology_affinity:
+        return [], None
+    try:
+        whole = pod_device_count(pod, policy.resource)
+        replicas = {name: pod_device_count(pod, name) for name in policy.resources if name != policy.resource}
+    except PodSpecError:
+        return [], None  # counted above with the other names: nothing more to say
+    ops, problem = topology_affinity(pod, whole, policy.keys, replicas)
+    return ops, warning(f"gpu-topology webhook added no node affinity: {problem}") if problem else None
 
 
 def mig_resources(spec: Mapping[str, Any], resource: str) -> list[str]:

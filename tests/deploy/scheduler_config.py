@@ -57,8 +57,10 @@ def problems(config: dict[str, Any], *, resource_name: str, scheduler_name: str,
     if own_scheduler and config.get("enableProfiling") is not False:
         found.append("enableProfiling must be false (no /debug/pprof on the scheduler's secure port)")
     extenders = config.get("extenders") or []
-    if len(extenders) != 1:
-        return [*found, f"want exactly one extender, found {len(extenders)}"]
+    if len(extenders) not in (1, 2):
+        return [*found, f"want one extender (two with DRA nodes ranked), found {len(extenders)}"]
+    if len(extenders) == 2:
+        found += dra_entry_problems(extenders[1], extenders[0])
     binders = [e for e in extenders if e.get("bindVerb")]
     if len(binders) != 1:
         found.append(f"want exactly one binder extender, found {len(binders)}")
@@ -107,4 +109,26 @@ def problems(config: dict[str, Any], *, resource_name: str, scheduler_name: str,
             found.append("an HTTPS extender needs tlsConfig.caFile/caData to verify the server")
     elif not re.match(r"^http://(127\.0\.0\.1|localhost|\[::1\])(:\d+)?/?$", url):
         found.append(f"plain HTTP is only for the loopback sidecar, got {url!r}")
+    return found
+
+
+def dra_entry_problems(dra: dict[str, Any], main: dict[str, Any]) -> list[str]:
+    """The second entry (the chart's gpu-topology.draExtenderEntry, dra.enabled): the same extender asked about
+    every pod, so that pods with GPU claims are ranked too; it must not bind, preempt or block scheduling."""
+    found = _unknown(dra, EXTENDER_FIELDS, "extenders[1]")
+    for key in ("bindVerb", "preemptVerb", "managedResources"):
+        if key in dra:
+            found.append(f"extenders[1] (DRA nodes) must not set {key}")
+    if dra.get("filterVerb") != "filter":
+        found.append(f"extenders[1].filterVerb is {dra.get('filterVerb')!r}, want 'filter'")
+    if ("prioritizeVerb" in dra) != ("prioritizeVerb" in main):
+        found.append("extenders[1] must prioritize exactly when extenders[0] does (filter-best or not)")
+    if "prioritizeVerb" in dra and (dra.get("prioritizeVerb") != "prioritize"
+                                    or dra.get("weight") != main.get("weight")):
+        found.append("extenders[1] must prioritize at /prioritize with extenders[0]'s weight")
+    if dra.get("ignorable") is not True:
+        found.append("extenders[1].ignorable must be true (pods with claims are placed without it while it is away)")
+    for key in ("urlPrefix", "enableHTTPS", "tlsConfig", "nodeCacheCapable", "httpTimeout"):
+        if dra.get(key) != main.get(key):
+            found.append(f"extenders[1].{key} {dra.get(key)!r} differs from extenders[0]'s {main.get(key)!r}")
     return found

@@ -147,7 +147,7 @@ class _Absent(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, _Absent())
 """
 # What each subcommand needs beyond the base install (gpuplugin/cli.py, extender/cli.py).
-NEEDS = {("gpuplugin", c): "plugin" for c in ("run", "record", "slices", "dra", "mps-control")} | {
+NEEDS = {("gpuplugin", c): "plugin" for c in ("run", "record", "slices", "dra", "mps-control", "node-template")} | {
     ("gpuplugin", "demo"): "demo", ("gpu-extender", "serve"): "extender", ("gpu-extender", "webhook"): "extender"}
 
 

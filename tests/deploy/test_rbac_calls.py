@@ -26,7 +26,7 @@ from sim.ports import free_port
 from tests.deploy.rendering import DEPLOY
 from tests.extender.conftest import topo
 from tests.fakes.gpunode import GpuNode, gpu_node
-from tests.fakes.kubeapi import FakeKubeApi, RecordedRequest
+from tests.fakes.kubeapi import FakeDraKubeApi, FakeKubeApi, RecordedRequest
 from tests.fakes.kubeapi.groups import RESOURCES as GROUP_RESOURCES
 from tests.fakes.kubeapi.jobs import JOB_RESOURCES, MPIJOB_V1, FakeJobsKubeApi
 from tests.helpers.kube import k8s_node, k8s_pod
@@ -206,10 +206,14 @@ def test_plugin_calls_exactly_its_declared_api(plugin_node: GpuNode) -> None:
 
 
 
+class _FakeJobsDraKubeApi(FakeJobsKubeApi, FakeDraKubeApi):
+    """The group and job owner kinds, and resource.k8s.io/v1 (the extender's DRA node view)."""
+
+
 @pytest.fixture
 def extender_cluster() -> Iterator[dict[str, Any]]:
     """`gpu-extender serve --api-server <fake>` on a free loopback port, with one DGX-1 node published."""
-    with short_dir("rbac-ext-") as root, FakeJobsKubeApi() as fake:  # group and job owner kinds installed
+    with short_dir("rbac-ext-") as root, _FakeJobsDraKubeApi() as fake:  # group, job owner and DRA kinds
         fake.add_node(k8s_node("n1", topo(DGX1)))
         port = free_port()
         with open(root / "extender.log", "wb") as out:
@@ -255,6 +259,8 @@ def test_extender_calls_exactly_its_declared_api(extender_cluster: dict[str, Any
             assert fake.wait_for_watches(1, timeout=WAIT, resource=f"{plural}.{version}.{group}"), plural
         for group, version, plural in set(JOB_RESOURCES) - {MPIJOB_V1}:  # and each owner kind installed
             assert fake.wait_for_watches(1, timeout=WAIT, resource=f"{plural}.{version}.{group}"), plural
+        for plural in ("resourceslices", "resourceclaims"):  # DRA nodes: our driver's slices and the claims
+            assert fake.wait_for_watches(1, timeout=WAIT, resource=plural), plural
     except AssertionError as e:
         raise AssertionError(f"{e}\n{extender_cluster['log'].read_text()[-4000:]}") from None
     stop_process(extender_cluster["process"])

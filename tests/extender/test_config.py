@@ -51,7 +51,7 @@ def test_defaults() -> None:
     cfg = _resolved([])
     assert cfg["host"] == "127.0.0.1" and cfg["port"] == 8888
     assert cfg["resource_name"] == "nvidia.com/gpu" and cfg["annotation_prefix"] == "gpu-topology.io"
-    assert cfg["reservation_timeout"] == 300.0
+    assert cfg["reservation_timeout"] == 60.0
     assert cfg["max_body_bytes"] == 10 * 1024 * 1024
     assert cfg["island_penalty"] == 1.0 and cfg["island_spare"] == 4
     assert cfg["allow_insecure_remote"] is False

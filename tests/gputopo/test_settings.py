@@ -74,7 +74,7 @@ HELP_SHOWS = {
         "--port INTEGER", "--reservation-timeout FLOAT", "--kubeconfig FILE", "--inventory FILE", "--tls-cert FILE",
         "--island-spare INTEGER", "--log-level [debug|info|warning|error]",
         "--allow-insecure-remote / --no-allow-insecure-remote",
-        "[env var: GPU_EXTENDER_RESERVATION_TIMEOUT; default: 300.0]", "default: 10485760]",
+        "[env var: GPU_EXTENDER_RESERVATION_TIMEOUT; default: 60.0]", "default: 10485760]",
         "[env var: GPU_EXTENDER_CONFIG]",
     ],
 }

@@ -46,14 +46,19 @@ def decoded_patch(answer: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def apply_patch(document: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
-    """RFC 6902 `add` to object members (the only operation the webhook sends): the API server's job, redone here
-    to show what the stored pod becomes."""
+    """RFC 6902 `add` (the only operation the webhook sends), to object members and arrays (an index inserts, `-`
+    appends): the API server's job, redone here to show what the stored pod becomes."""
     out = copy.deepcopy(document)
     for op in patch:
         assert op["op"] == "add", op
         *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
-        target = out
+        target: Any = out
         for part in parents:
-            target = target[part]
-        target[last] = op["value"]
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        value = copy.deepcopy(op["value"])
+        if isinstance(target, list):
+            assert last == "-" or 0 <= int(last) <= len(target), op
+            target.insert(len(target) if last == "-" else int(last), value)
+        else:
+            target[last] = value
     return out

@@ -119,6 +119,30 @@ imagePullSecrets:
   {{- end }}
 {{- end -}}
 
+{{/* The second extender entry, with dra.enabled: the same extender, asked about every pod of the scheduler (no
+     managedResources: a pod whose GPUs come through resource claims names no extended resource, and kube-scheduler
+     asks an extender listing resources only about pods naming one), so that DRA nodes are ranked by the best free
+     GPU set (extender.placement.dra). It never binds or preempts, and is ignorable: while the extender is away such
+     pods are placed as kube-scheduler alone would. Pods without GPU claims are answered at once (filter passes
+     every node, prioritize scores 0). */}}
+{{- define "gpu-topology.draExtenderEntry" -}}
+{{- $v := .ctx.Values -}}
+- urlPrefix: {{ .url }}
+  filterVerb: filter
+  {{- if not $v.scheduler.filterBest }}
+  prioritizeVerb: prioritize
+  weight: {{ $v.scheduler.weight }}
+  {{- end }}
+  nodeCacheCapable: {{ $v.scheduler.nodeCacheCapable }}
+  enableHTTPS: {{ if .tls }}true{{ else }}false{{ end }}
+  {{- with .tls }}
+  tlsConfig:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  httpTimeout: {{ $v.scheduler.httpTimeout }}
+  ignorable: true
+{{- end -}}
+
 {{/* Every extended resource name a GPU pod may ask, as a JSON list, each once, in this order: resourceName, the MIG
      names (scheduler.migResources under resourceName's domain), the shared name NVIDIA's renameByDefault gives each
      of them (<name>.shared), then the names of sharing configs (gpu-topology.sharingResourceNames) and

@@ -1,0 +1,119 @@
+"""A pod's NVLink and bandwidth floor as required node affinity, so node autoscalers see them.
+
+The Cluster Autoscaler and Karpenter never call the extender: they re-run kube-scheduler's in-tree filters on
+existing nodes and node-group templates (docs/reference/autoscaling.md, 1.2 and 2). A pod asking `require-nvlink`
+that the extender refuses on PCIe servers looked to them as if it fitted there, so no NVLink node was ever added.
+The plugin labels each node with its fabric and, per size k, the best all-reduce GB/s of k GPUs on the empty node
+(gputopo.contract.Keys.allreduce_label); here the pod's annotations become required node affinity on those labels:
+
+    require-nvlink            -> <prefix>/fabric In [nvswitch, nvlink]
+    min-allreduce-gbps: X     -> <prefix>/allreduce-gbps-<k> Gt ceil(X) - 1     (k: the pod's GPU count)
+
+A pod asking k replicas of a shared resource (time-slicing, MPS) needs k distinct GPUs with a free replica, which
+the node's replica count does not say: the plugin labels each such node with how many GPUs have one
+(`<prefix>/free-gpus.<resource>`, Keys.free_gpus_label), and the pod gets `Gt k-1` on it. That label follows the
+pods, so kube-scheduler re-reads it at each attempt (and retries the pod when it changes), as autoscalers do.
+Only names that are always replicas get it (`<name>.shared`, a sharing config's `rename`): a pod asking the
+unrenamed resource may be a whole-GPU pod, and affinity on a label whole-GPU nodes lack would keep it off them.
+
+The labels are integers rounded down, so a node whose best set is within 1 GB/s above X is left out: the
+affinity never admits a node the extender would refuse for good. What it cannot say is the node's current free
+set: on a node whose NVLink joins only some GPUs, the extender may still refuse while the linked ones are busy.
+
+Node affinity's terms are ORed and the expressions of a term ANDed, so the expressions are added to every term the
+pod already has (or one term is made). An expression already there is not added twice (a pod re-created from a
+template that went through here keeps its affinity).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from extender.state.pods import PodSpecError, constraints
+from gputopo.contract import NVLINK_FABRICS, Keys
+
+_AFFINITY = "/spec/affinity"
+_NODE = "nodeAffinity"
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def expressions(annotations: Mapping[str, Any], gpus: int, keys: Keys) -> list[dict[str, Any]]:
+    """The node selector requirements the pod's constraint annotations mean for a pod of `gpus` whole GPUs (none
+    for fewer than 2: a single GPU has no all-reduce). Raises PodSpecError on an unreadable annotation."""
+    if gpus < 2:
+        return []
+    require_nvlink, min_gbps = constraints(annotations, keys)
+    out: list[dict[str, Any]] = []
+    if require_nvlink:
+        out.append({"key": keys.fabric_label, "operator": "In", "values": list(NVLINK_FABRICS)})
+    if min_gbps > 0:
+        out.append({"key": keys.allreduce_label(gpus), "operator": "Gt", "values": [str(math.ceil(min_gbps) - 1)]})
+    return out
+
+
+def replica_expressions(counts: Mapping[str, int], keys: Keys) -> list[dict[str, Any]]:
+    """`counts`: replicas the pod asks per shared-only resource name; one requirement per name asked twice or
+    more."""
+    out = []
+    for name, k in sorted(counts.items()):
+        key = keys.free_gpus_label(name) if k >= 2 else None
+        if key is not None:
+            out.append({"key": key, "operator": "Gt", "values": [str(k - 1)]})
+    return out
+
+
+def affinity_patch(spec: Mapping[str, Any], exprs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """JSONPatch operations adding `exprs` to the pod's required node affinity (module docstring). None when they
+    are all there already, or when the pod's affinity has a shape the API server would refuse anyway."""
+    if not exprs:
+        return []
+    term = {"matchExpressions": exprs}
+    affinity = spec.get("affinity")
+    if affinity is None:
+        return [{"op": "add", "path": _AFFINITY, "value": {_NODE: {_REQUIRED: {"nodeSelectorTerms": [term]}}}}]
+    if not isinstance(affinity, dict):
+        return []
+    node = affinity.get(_NODE)
+    if node is None:
+        return [{"op": "add", "path": f"{_AFFINITY}/{_NODE}", "value": {_REQUIRED: {"nodeSelectorTerms": [term]}}}]
+    if not isinstance(node, dict):
+        return []
+    required = node.get(_REQUIRED)
+    if required is None:
+        return [{"op": "add", "path": f"{_AFFINITY}/{_NODE}/{_REQUIRED}", "value": {"nodeSelectorTerms": [term]}}]
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if not isinstance(terms, list) or not terms or not all(isinstance(t, dict) for t in terms):
+        return []
+    ops: list[dict[str, Any]] = []
+    base = f"{_AFFINITY}/{_NODE}/{_REQUIRED}/nodeSelectorTerms"
+    for i, t in enumerate(terms):
+        have = t.get("matchExpressions")
+        if have is None:
+            ops.append({"op": "add", "path": f"{base}/{i}/matchExpressions", "value": exprs})
+        elif isinstance(have, list):
+            ops.extend({"op": "add", "path": f"{base}/{i}/matchExpressions/-", "value": e}
+                       for e in exprs if e not in have)
+        else:
+            return []
+    return ops
+
+
+def topology_affinity(pod: Mapping[str, Any], gpus: int, keys: Keys, replicas: Mapping[str, int] | None = None
+                      ) -> tuple[list[dict[str, Any]], str | None]:
+    """(patch operations, the problem when the annotations cannot be read) for a pod of `gpus` whole GPUs and
+    `replicas` per shared-only name. The extender refuses a pod with unreadable annotations in the same words;
+    the webhook then adds only the replicas' requirement."""
+    meta = pod.get("metadata")
+    ann = meta.get("annotations") if isinstance(meta, dict) else None
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return [], None
+    exprs = replica_expressions(replicas or {}, keys)
+    problem = None
+    try:
+        exprs = expressions(ann if isinstance(ann, dict) else {}, gpus, keys) + exprs
+    except PodSpecError as e:
+        problem = str(e)
+    return affinity_patch(spec, exprs), problem

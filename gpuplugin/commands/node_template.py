@@ -1,0 +1,185 @@
+"""`gpuplugin node-template`: what a node-group template must declare so node autoscalers simulate our GPU nodes
+correctly at zero nodes.
+
+At zero nodes the Cluster Autoscaler and Karpenter know a group only from its template: the labels our plugin
+writes and the extended resources it advertises exist only once a node runs it (docs/reference/autoscaling.md 1.4,
+2). A pod whose topology needs became required node affinity on our labels (the webhook), or that asks for shared
+replicas or MIG devices, would otherwise look unschedulable on every group, and nothing would scale up. This prints
+the same labels the publisher computes (gpuplugin.publisher) and the same resource counts the plugin advertises
+(gpuplugin.sharing.layout, gpuplugin.sharing.mig_strategy), in the spellings the reference gives:
+
+- `labels`: `key=value` lines (kwok templates, NodePool labels, anything else);
+- `aws`: ASG tags `k8s.io/cluster-autoscaler/node-template/label/<k>=<v>` and `.../resources/<r>=<count>`;
+- `capi`: Cluster API annotations `capacity.cluster-autoscaler.kubernetes.io/labels` (comma-joined k=v),
+  `.../gpu-type` (the resource name) and `.../gpu-count`. The format names one GPU resource: with several (whole
+  and shared, MIG profiles), the others cannot be declared, and stderr says which.
+
+A Karpenter NodeOverlay is not offered: the reference gives its apiVersion and `spec.capacity`, not how it names
+the instance types it applies to, and this command prints only spellings the reference gives.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
+from gputopo.core import CoreError, Topology
+
+FORMATS = ("labels", "aws", "capi")
+AWS_LABEL_TAG = "k8s.io/cluster-autoscaler/node-template/label/"
+AWS_RESOURCE_TAG = "k8s.io/cluster-autoscaler/node-template/resources/"
+CAPI_PREFIX = "capacity.cluster-autoscaler.kubernetes.io/"
+MIG_STRATEGIES = ("none", "single", "mixed")
+
+
+class _ExitTwo(click.ClickException):
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class NodeTemplate:
+    """The labels and extended resources (name -> count) of one node of the group."""
+
+    labels: dict[str, str]
+    resources: dict[str, int]
+
+
+def _read_node(path: str) -> tuple[Topology | None, tuple[Any, ...]]:
+    """The whole GPUs' topology (None: every GPU is MIG) and the MIG GPUs of a topology file. Only an NVML
+    recording knows about MIG: it is replayed through discovery, as `gpuplugin run` would see the node; the other
+    forms give whole GPUs only."""
+    from gputopo.discovery.loader import RECORDING_FORMAT, load_topology_file
+
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+        data = json.loads(text) if text.lstrip().startswith("{") else None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        data = None  # not a recording: the loader says what is wrong with it
+    gpus = data.get("gpus") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not (data.get("format") == RECORDING_FORMAT or (
+            isinstance(gpus, list) and gpus and all(isinstance(g, dict) for g in gpus))):
+        return load_topology_file(path), ()
+    from gputopo.discovery.nvml import DiscoveryError, discover_node
+    from gputopo.discovery.nvml_backend import NvmlError
+    from gputopo.discovery.recording import replay_backend
+
+    try:
+        found = discover_node(replay_backend(data))
+    except DiscoveryError as e:
+        if any(m.enabled for m in e.mig):
+            return None, e.mig
+        raise _ExitTwo(f"{path}: NVML recording gives no usable topology: {e}") from None
+    except NvmlError as e:
+        raise _ExitTwo(f"{path}: NVML recording cannot be replayed: {e}") from None
+    except CoreError as e:
+        raise _ExitTwo(f"{path}: {e}" if path not in str(e) else str(e)) from None
+    return found.topology, tuple(found.mig)
+
+
+def build(topology: Topology | None, mig_gpus: tuple[Any, ...], *, keys: Keys, resource_name: str,
+          sharing_config: str | None, mig_strategy: str | None) -> NodeTemplate:
+    """The template of a node of this topology, as the plugin would label and advertise it."""
+    from gpuplugin.publisher import topology_labels
+
+    labels: dict[str, str] = {}
+    resources: dict[str, int] = {}
+    config = None
+    if sharing_config is not None:
+        from gpuplugin.sharing.config import read_config
+
+        config = read_config(Path(sharing_config))
+    if topology is not None:
+        labels.update(topology_labels(keys, topology))
+        if config is not None:
+            from gpuplugin.sharing.layout import advertised_counts, resolve
+
+            layout = resolve(config, topology, resource_name)
+            resources.update(advertised_counts(layout, resource_name))
+            for shared in layout.shared:  # an empty node: every shared GPU has a free replica
+                key = keys.free_gpus_label(shared.name)
+                if key is not None:
+                    labels[key] = str(len(shared.gpus))
+        else:
+            resources[resource_name] = topology.size
+    strategy = mig_strategy or (str(config.mig_strategy) if config is not None and config.mig_strategy else None)
+    if strategy in ("single", "mixed"):
+        if not any(g.enabled for g in mig_gpus):
+            raise _ExitTwo(f"--mig-strategy {strategy} needs MIG GPUs: give an NVML recording (gpuplugin record) of "
+                           "a node with its MIG layout as --topology")
+        from gpuplugin.sharing.mig_strategy import MigStrategy, plan_mig
+
+        plan = plan_mig(MigStrategy(strategy), mig_gpus, topology.size if topology is not None else 0,
+                        resource_name)
+        if plan.refused:
+            raise _ExitTwo(plan.refused)
+        for name, count in plan.counts().items():
+            resources[name] = resources.get(name, 0) + count
+    return NodeTemplate(labels, {k: v for k, v in sorted(resources.items()) if v > 0})
+
+
+def render(template: NodeTemplate, fmt: str, resource_name: str) -> tuple[list[str], list[str]]:
+    """(lines for stdout, warnings for stderr) of one format."""
+    labels, resources = template.labels, template.resources
+    if fmt == "labels":
+        return [f"{k}={v}" for k, v in labels.items()], []
+    if fmt == "aws":
+        return ([f"{AWS_LABEL_TAG}{k}={v}" for k, v in labels.items()]
+                + [f"{AWS_RESOURCE_TAG}{r}={n}" for r, n in resources.items()]), []
+    lines = [f"{CAPI_PREFIX}labels=" + ",".join(f"{k}={v}" for k, v in labels.items())] if labels else []
+    gpu = resource_name if resource_name in resources else next(iter(resources), None)
+    if gpu is not None:
+        lines += [f"{CAPI_PREFIX}gpu-type={gpu}", f"{CAPI_PREFIX}gpu-count={resources[gpu]}"]
+    left = [f"{r}={n}" for r, n in resources.items() if r != gpu]
+    warnings = [f"warning: Cluster API annotations declare one GPU resource ({gpu}); not declared: "
+                f"{', '.join(left)}"] if left else []
+    return lines, warnings
+
+
+@click.command("node-template")
+@click.option("--topology", "topology_file", required=True, type=click.Path(dir_okay=False),
+              help="nvidia-smi topo -m text, NVML recording or topology JSON of one node of the group (an NVML "
+                   "recording for MIG).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="labels", show_default=True,
+              help="labels: key=value lines; aws: ASG node-template tags; capi: Cluster API annotations.")
+@click.option("--sharing-config", type=click.Path(dir_okay=False),
+              help="The node's GPU sharing config (NVIDIA's device plugin format): shared resources and replicas.")
+@click.option("--mig-strategy", type=click.Choice(MIG_STRATEGIES),
+              help="How MIG devices are advertised [default: the sharing config's flags.migStrategy, else none].")
+@click.option("--resource-name", default=DEFAULT_RESOURCE, show_default=True,
+              help="The plugin's resource for whole GPUs (its --resource-name).")
+@click.option("--annotation-prefix", default=DEFAULT_PREFIX, show_default=True,
+              help="The plugin's --annotation-prefix (prefix of the labels).")
+def command(topology_file: str, fmt: str, sharing_config: str | None, mig_strategy: str | None, resource_name: str,
+            annotation_prefix: str) -> None:
+    """Print the labels and extended resources a node-group template needs for scale from zero."""
+    from gputopo.contract import extended_resource_problem
+    from gputopo.logs import configure_logging
+
+    configure_logging("error")  # replaying a MIG recording warns per MIG GPU: expected here, not news
+
+    problem = extended_resource_problem(resource_name)
+    if problem:
+        raise _ExitTwo(f"--resource-name: {problem}")
+    try:
+        keys = Keys(annotation_prefix)
+    except ValueError as e:
+        raise _ExitTwo(f"--annotation-prefix: {e}") from None
+    try:
+        topology, mig_gpus = _read_node(topology_file)
+        template = build(topology, mig_gpus, keys=keys, resource_name=resource_name, sharing_config=sharing_config,
+                         mig_strategy=mig_strategy)
+    except (CoreError, ValueError) as e:  # SharingConfigError is a ValueError
+        raise _ExitTwo(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    lines, warnings = render(template, fmt, resource_name)
+    if not template.resources:
+        warnings.append("warning: a node of this kind advertises no GPU resource (every GPU is MIG and the MIG "
+                        "strategy is none): nothing for an autoscaler to scale up for")
+    for line in warnings:
+        click.echo(line, err=True)
+    if lines:
+        click.echo("\n".join(lines))
