@@ -45,7 +45,8 @@ def test_custom_values_reach_their_objects() -> None:
     variant = CHART_VARIANTS["custom"]
     objects = render_chart(variant)
     values = variant.values
-    cluster_scoped = ("ClusterRole", "ClusterRoleBinding", "Namespace", "MutatingWebhookConfiguration")
+    cluster_scoped = ("ClusterRole", "ClusterRoleBinding", "Namespace", "MutatingWebhookConfiguration",
+                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
     namespaced = [o for o in objects if o["kind"] not in cluster_scoped]
     for obj in namespaced:
         expected = "kube-system" if obj["kind"] == "RoleBinding" and obj["metadata"]["name"].endswith(

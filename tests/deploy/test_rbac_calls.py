@@ -219,7 +219,7 @@ def extender_cluster() -> Iterator[dict[str, Any]]:
         with open(root / "extender.log", "wb") as out:
             process = subprocess.Popen(
                 [str(Path(sys.executable).parent / "gpu-extender"), "serve", "--api-server", fake.url,
-                 "--host", "127.0.0.1", "--port", str(port)],
+                 "--host", "127.0.0.1", "--port", str(port), "--reservation-timeout", "1"],
                 stdout=out, stderr=subprocess.STDOUT,
             )
         try:
@@ -247,6 +247,18 @@ def test_extender_calls_exactly_its_declared_api(extender_cluster: dict[str, Any
         # A pod deleted between filter and bind: not in the cache, so the extender asks the apiserver.
         ghost = dict(p3, metadata={**p3["metadata"], "name": "ghost", "uid": "uid-of-a-deleted-pod"})
         assert "not found" in client.post("/bind", json=bind_body(ghost, "n1")).json()["Error"]
+
+        # A job's slot for its pod that never comes times out; a pod refused meanwhile is touched (PATCH) so that
+        # kube-scheduler retries it.
+        job = {"gpu-topology.io/job": "j", "gpu-topology.io/job-size": "2"}
+        j0 = fake.add_pod(k8s_pod("j-0", 2, annotations=job))
+        waiting = fake.add_pod(k8s_pod("waiting", 4))
+        assert eventually(lambda: client.post("/filter", json=cache_args(j0, ["n1"])).json()["NodeNames"] == ["n1"],
+                          WAIT), "the job never fit n1"
+        assert client.post("/bind", json=bind_body(j0, "n1")).json() == {"Error": ""}
+        assert client.post("/filter", json=cache_args(waiting, ["n1"])).json()["NodeNames"] == []
+        assert eventually(lambda: "gpu-topology.io/requeued" in (fake.pod("default", "waiting") or {})
+                          ["metadata"].get("annotations", {}), WAIT), "the refused pod was never touched"
 
         body = recorded("preempt-nodecache.json")
         body["Pod"] = p3

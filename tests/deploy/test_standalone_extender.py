@@ -113,9 +113,15 @@ def test_lease_rbac_in_the_charts_namespace() -> None:
     named = _render({**DEFAULT, "standaloneExtender": {"leaderElection": {"leaseName": "mine"}}})
     (role,) = find(named, "Role", "gpu-topology-extender-leader-election")
     assert role["rules"][0]["resourceNames"] == ["mine"]
-    # The ClusterRole grants no pod patch: the Role's namespaced rule is needed.
+    # The ClusterRole's pod patch (refused pods touched for a retry) comes with the policy that narrows it to one
+    # annotation and this role label, for both accounts the extender runs as.
     (cluster_role,) = find(objects, "ClusterRole", "gpu-topology-extender")
-    assert not any("patch" in r["verbs"] and "pods" in r["resources"] for r in cluster_role["rules"])
+    assert any("patch" in r["verbs"] and "pods" in r["resources"] for r in cluster_role["rules"])
+    (policy,) = find(objects, "ValidatingAdmissionPolicy", "gpu-topology-extender-pod-patches")
+    (match,) = policy["spec"]["matchConditions"]
+    assert "system:serviceaccount:gpu-topology:gpu-topology-extender" in match["expression"]
+    assert "system:serviceaccount:gpu-topology:gpu-topology-scheduler" in match["expression"]
+    assert any("gpu-topology.io/extender-role" in v["expression"] for v in policy["spec"]["validations"])
 
 
 def test_pdb_lets_a_drain_through_and_replicas_spread() -> None:
@@ -184,4 +190,4 @@ def test_second_scheduler_mode_is_unchanged() -> None:
     base = generated_masked(render_chart(CHART_VARIANTS["defaults"]))
     assert generated_masked(render_chart(ChartVariant("gpu-topology", "gpu-topology", changed))) == base
     assert not [o for o in base if o["metadata"]["name"].startswith("gpu-topology-extender")
-                and o["kind"] != "ClusterRole"]
+                and o["kind"] not in ("ClusterRole", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]

@@ -49,6 +49,9 @@ CACHE_ROOT = Path("/var/tmp")
 BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")
 GPU = "nvidia.com/gpu"
 ADMIN_TOKEN_USER = "gpu-topology-admin"
+# The chart's second scheduler's ServiceAccount (release gpu-topology in namespace gpu-topology) as a user name:
+# a static token user of this name is what RBAC subjects and admission policies of that account match.
+EXTENDER_ACCOUNT = "system:serviceaccount:gpu-topology:gpu-topology-scheduler"
 
 
 def etcd_binary() -> str | None:
@@ -313,7 +316,8 @@ class ControlPlane:
         tokens = self.dir / "tokens.csv"
         tokens.write_text(f'{self.token},{ADMIN_TOKEN_USER},uid-admin,"system:masters"\n'
                           f"{self.token}-sched,system:kube-scheduler,uid-sched\n"
-                          f"{self.token}-kcm,system:kube-controller-manager,uid-kcm\n")
+                          f"{self.token}-kcm,system:kube-controller-manager,uid-kcm\n"
+                          f"{self.token}-ext,{EXTENDER_ACCOUNT},uid-ext\n")
         tokens.chmod(0o600)
         self.write_kubeconfig(self.kubeconfig, self.token)
         etcd = start_process("etcd", [
@@ -470,6 +474,13 @@ class ControlPlane:
         return self.add_node(name, labels=labels, extended={GPU: str(topology.size)},
                              annotations={keys.topology: topology_to_json(topology), keys.state: state})
 
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a rendered object of one of KIND_PATHS' kinds (409: it is there already)."""
+        prefix, plural, namespaced = KIND_PATHS[obj["kind"]]
+        ns = obj["metadata"].get("namespace")
+        path = f"{prefix}/namespaces/{ns}/{plural}" if namespaced else f"{prefix}/{plural}"
+        return self.request("POST", path, dict(obj), ok=(200, 201, 409))  # type: ignore[no-any-return]
+
     def list_items(self, path: str, **params: Any) -> list[dict[str, Any]]:
         return list(self.request("GET", path, **params).get("items") or [])
 
@@ -506,14 +517,21 @@ class ControlPlane:
         self.schedulers.append(sched)
         return sched
 
+    def extender_kubeconfig(self) -> Path:
+        """A kubeconfig of EXTENDER_ACCOUNT, the user name of the chart's second-scheduler ServiceAccount (a static
+        token here): what the chart's RBAC and pod-patch policy grant, once the test has applied them."""
+        return self.write_kubeconfig(self.dir / "extender-account.kubeconfig", f"{self.token}-ext")
+
     def start_extender(self, *, name: str = "gpu-extender", extra: Sequence[str] = (),
-                       env: Mapping[str, str] | None = None) -> ExtenderProcess:
-        """`gpu-extender serve` from this checkout against this apiserver as the admin, plain HTTP on free
-        127.0.0.1 ports, no leader election, reservations held 600 s (nothing expires during a test); `extra` flags
-        appended. Ready once /readyz answers 200 (watches synced, bind worker up). Stopped with the control plane."""
+                       env: Mapping[str, str] | None = None, kubeconfig: Path | None = None) -> ExtenderProcess:
+        """`gpu-extender serve` from this checkout against this apiserver as the admin (or as `kubeconfig` says),
+        plain HTTP on free 127.0.0.1 ports, no leader election, reservations held 600 s (nothing expires during a
+        test); `extra` flags appended. Ready once /readyz answers 200 (watches synced, bind worker up). Stopped
+        with the control plane."""
         port, mport = free_ports(2)
         proc = start_process(name, [
-            sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(self.kubeconfig), "--port", str(port),
+            sys.executable, "-m", "extender.cli", "serve", "--kubeconfig", str(kubeconfig or self.kubeconfig),
+            "--port", str(port),
             "--metrics-port", str(mport), "--metrics-host", "127.0.0.1", "--reservation-timeout", "600",
             "--log-level", "info", *extra,
         ], self.dir / f"{name}.log", env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, cwd=REPO)
@@ -616,13 +634,28 @@ def _json(body: Any) -> bytes:
 
 CLUSTER_SCOPED = ("/api/v1/nodes", "/apis/resource.k8s.io/v1/resourceslices", "/apis/resource.k8s.io/v1/deviceclasses",
                   "/apis/scheduling.k8s.io/v1/priorityclasses",
-                  "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations")
+                  "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+                  "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+                  "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+                  "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+                  "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings")
+# Where objects of a kind are created (ControlPlane.create): (API path prefix, plural, namespaced).
+KIND_PATHS = {
+    "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "ValidatingAdmissionPolicy": ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicies", False),
+    "ValidatingAdmissionPolicyBinding": ("/apis/admissionregistration.k8s.io/v1",
+                                         "validatingadmissionpolicybindings", False),
+}
 
 
 @contextlib.contextmanager
 def tidied(cp: ControlPlane) -> Iterator[ControlPlane]:
     """A control plane shared by several test modules, handed to one and left as it found it: the namespaces,
-    Nodes, ResourceSlices, DeviceClasses, PriorityClasses and webhook configurations made meanwhile are deleted (the
+    Nodes, ResourceSlices, DeviceClasses, PriorityClasses, webhook configurations, admission policies, ClusterRoles
+    and ClusterRoleBindings made meanwhile are deleted (the
     pods first, at once: no kubelet would ever confirm a graceful deletion), and every process started meanwhile
     (kube-schedulers, extenders, webhooks) is stopped. CRDs stay: an operator's kinds are installed once per
     cluster."""

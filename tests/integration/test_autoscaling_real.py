@@ -18,6 +18,7 @@ Skips, naming why, where the Kubernetes binaries (shared/kube beside the clone) 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -52,12 +53,23 @@ def _chart() -> list[dict[str, Any]]:
     return render_chart(ChartVariant("gpu-topology", "gpu-topology", {}))
 
 
+RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ValidatingAdmissionPolicy",
+              "ValidatingAdmissionPolicyBinding")
+
+
 @pytest.fixture(scope="module")
 def cluster(real_control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    """The extender runs as the chart's second-scheduler account, with the chart's RBAC and pod-patch policy
+    applied: its touches of refused pods go through both, as installed."""
     objects = _chart()
     with tidied(real_control_plane) as cp:
         cp.ensure_namespace(NS)
-        extender = cp.start_extender(extra=["--reservation-timeout", str(RESERVATION_S), "--log-level", "debug"])
+        cp.ensure_namespace("gpu-topology")
+        for obj in objects:
+            if obj["kind"] in RBAC_KINDS:
+                cp.create(obj)
+        extender = cp.start_extender(extra=["--reservation-timeout", str(RESERVATION_S), "--log-level", "debug"],
+                                     kubeconfig=cp.extender_kubeconfig())
         (cm,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-scheduler-config")]
         config = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
         (stanza,) = config["extenders"]
@@ -241,3 +253,40 @@ def test_replicas_on_distinct_gpus_read_to_the_autoscaler_as_needing_a_node(clus
 def _shared_pod(name: str, replicas: int) -> dict[str, Any]:
     return {"metadata": {"name": name}, "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
         "name": "infer", "image": "registry.invalid/none:0", "resources": {"limits": {SHARED_GPU: str(replicas)}}}]}}
+
+
+def test_the_extenders_account_may_touch_the_requeued_annotation_and_nothing_else(cluster: ControlPlane) -> None:
+    """RBAC lets the extender patch pods; the chart's ValidatingAdmissionPolicy narrows that to the one annotation
+    (and its own role label), as the real kube-apiserver enforces it."""
+    cp = cluster
+    cp.request("POST", f"/api/v1/namespaces/{NS}/pods", _pod("victim", 1, {"team": "ml"}))
+    as_extender = cp.new_client()
+    as_extender.headers["Authorization"] = f"Bearer {cp.token}-ext"
+    path = f"/api/v1/namespaces/{NS}/pods/victim"
+    merge = {"Content-Type": "application/strategic-merge-patch+json"}  # containers merged by name
+
+    def patch(body: Any) -> Any:
+        kind = {"Content-Type": "application/json-patch+json"} if isinstance(body, list) else merge
+        return as_extender.patch(path, content=json.dumps(body), headers=kind)
+
+    try:
+        ok = patch({"metadata": {"annotations": {DEFAULT_KEYS.requeued: "2026-12-03T00:00:00Z"}}})
+        assert ok.status_code == 200, ok.text
+        refused = {
+            "another annotation": {"metadata": {"annotations": {"team": "other"}}},
+            "a label": {"metadata": {"labels": {"app": "x"}}},
+            "the image": {"spec": {"containers": [{"name": "train", "image": "registry.invalid/evil:1"}]}},
+            "a toleration": [{"op": "add", "path": "/spec/tolerations/-",
+                              "value": {"key": "example.com/any", "operator": "Exists", "effect": "NoSchedule"}}],
+            "a finalizer": {"metadata": {"finalizers": ["example.com/hold"]}},
+        }
+        for what, body in refused.items():
+            r = patch(body)
+            assert r.status_code in (403, 422), (what, r.status_code, r.text[:300])
+            assert "ValidatingAdmissionPolicy" in r.text and "gpu-topology extender may" in r.text, (what, r.text[:300])
+        after = _get(cp, "victim")
+        assert after["metadata"]["annotations"]["team"] == "ml" and "app" not in after["metadata"].get("labels", {})
+        assert after["spec"]["containers"][0]["image"] == "registry.invalid/none:0"
+    finally:
+        as_extender.close()
+        cp.request("DELETE", path, ok=(200, 202, 404))
