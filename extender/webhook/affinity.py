@@ -13,8 +13,10 @@ A pod asking k replicas of a shared resource (time-slicing, MPS) needs k distinc
 the node's replica count does not say: the plugin labels each such node with how many GPUs have one
 (`<prefix>/free-gpus.<resource>`, Keys.free_gpus_label), and the pod gets `Gt k-1` on it. That label follows the
 pods, so kube-scheduler re-reads it at each attempt (and retries the pod when it changes), as autoscalers do.
-Only names that are always replicas get it (`<name>.shared`, a sharing config's `rename`): a pod asking the
-unrenamed resource may be a whole-GPU pod, and affinity on a label whole-GPU nodes lack would keep it off them.
+Names that are always replicas (`<name>.shared`, a sharing config's `rename`) get it as is. A pod asking k of a
+name some nodes serve as replicas and others as whole GPUs (NVIDIA's time-slicing without renaming shares
+`nvidia.com/gpu` itself) gets it as an alternative: the label absent (a whole-GPU node) or `Gt k-1`. Node
+affinity has no OR inside a term, so each of the pod's terms becomes two, one per alternative.
 
 The labels are integers rounded down, so a node whose best set is within 1 GB/s above X is left out: the
 affinity never admits a node the extender would refuse for good. What it cannot say is the node's current free
@@ -64,9 +66,59 @@ def replica_expressions(counts: Mapping[str, int], keys: Keys) -> list[dict[str,
     return out
 
 
-def affinity_patch(spec: Mapping[str, Any], exprs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """JSONPatch operations adding `exprs` to the pod's required node affinity (module docstring). None when they
-    are all there already, or when the pod's affinity has a shape the API server would refuse anyway."""
+def either_replicas(counts: Mapping[str, int], keys: Keys) -> list[list[dict[str, Any]]]:
+    """For the names some nodes serve whole: one pair of alternatives per name asked twice or more (module
+    docstring); several names multiply out."""
+    out: list[list[dict[str, Any]]] = [[]]
+    for name, k in sorted(counts.items()):
+        key = keys.free_gpus_label(name) if k >= 2 else None
+        if key is not None:
+            pair = ({"key": key, "operator": "DoesNotExist"}, {"key": key, "operator": "Gt", "values": [str(k - 1)]})
+            out = [[*alt, e] for alt in out for e in pair]
+    return out if out != [[]] else []
+
+
+def split_patch(spec: Mapping[str, Any], exprs: list[dict[str, Any]], either: list[list[dict[str, Any]]]
+                ) -> list[dict[str, Any]]:
+    """One JSONPatch operation setting the pod's required node terms to each of its terms (or one empty term) with
+    `exprs` and one alternative of `either` added; none when the pod carries those labels' requirements already (a
+    pod re-created from a template that went through here) or has an affinity shape the API server would refuse."""
+    affinity = spec.get("affinity")
+    node = affinity.get(_NODE) if isinstance(affinity, dict) else None
+    required = node.get(_REQUIRED) if isinstance(node, dict) else None
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if (affinity is not None and not isinstance(affinity, dict)) or (node is not None and not isinstance(node, dict)):
+        return []
+    if required is not None and (not isinstance(terms, list) or not terms
+                                 or not all(isinstance(t, dict) for t in terms)):
+        return []
+    old = [dict(t) for t in terms] if terms else [{}]
+    keys = {e["key"] for alt in either for e in alt}
+    if any(isinstance(e, dict) and e.get("key") in keys for t in old for e in t.get("matchExpressions") or []):
+        return []
+    if any(not isinstance(t.get("matchExpressions", []), list) for t in old):
+        return []
+    new = []
+    for t in old:
+        have = list(t.get("matchExpressions") or [])
+        for alt in either:
+            new.append({**t, "matchExpressions": have + [e for e in exprs if e not in have] + alt})
+    if affinity is None:
+        return [{"op": "add", "path": _AFFINITY, "value": {_NODE: {_REQUIRED: {"nodeSelectorTerms": new}}}}]
+    if node is None:
+        return [{"op": "add", "path": f"{_AFFINITY}/{_NODE}", "value": {_REQUIRED: {"nodeSelectorTerms": new}}}]
+    if required is None:
+        return [{"op": "add", "path": f"{_AFFINITY}/{_NODE}/{_REQUIRED}", "value": {"nodeSelectorTerms": new}}]
+    return [{"op": "add", "path": f"{_AFFINITY}/{_NODE}/{_REQUIRED}/nodeSelectorTerms", "value": new}]
+
+
+def affinity_patch(spec: Mapping[str, Any], exprs: list[dict[str, Any]],
+                   either: list[list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+    """JSONPatch operations adding `exprs` (and one of the alternatives `either`) to the pod's required node
+    affinity (module docstring). None when they are all there already, or when the pod's affinity has a shape the
+    API server would refuse anyway."""
+    if either:
+        return split_patch(spec, exprs, either)
     if not exprs:
         return []
     term = {"matchExpressions": exprs}
@@ -100,11 +152,11 @@ def affinity_patch(spec: Mapping[str, Any], exprs: list[dict[str, Any]]) -> list
     return ops
 
 
-def topology_affinity(pod: Mapping[str, Any], gpus: int, keys: Keys, replicas: Mapping[str, int] | None = None
-                      ) -> tuple[list[dict[str, Any]], str | None]:
-    """(patch operations, the problem when the annotations cannot be read) for a pod of `gpus` whole GPUs and
-    `replicas` per shared-only name. The extender refuses a pod with unreadable annotations in the same words;
-    the webhook then adds only the replicas' requirement."""
+def topology_affinity(pod: Mapping[str, Any], gpus: int, keys: Keys, replicas: Mapping[str, int] | None = None,
+                      maybe_replicas: Mapping[str, int] | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """(patch operations, the problem when the annotations cannot be read) for a pod of `gpus` whole GPUs,
+    `replicas` per shared-only name and `maybe_replicas` per name some nodes serve whole. The extender refuses a
+    pod with unreadable annotations in the same words; the webhook then adds only the replicas' requirement."""
     meta = pod.get("metadata")
     ann = meta.get("annotations") if isinstance(meta, dict) else None
     spec = pod.get("spec")
@@ -116,4 +168,4 @@ def topology_affinity(pod: Mapping[str, Any], gpus: int, keys: Keys, replicas: M
         exprs = expressions(ann if isinstance(ann, dict) else {}, gpus, keys) + exprs
     except PodSpecError as e:
         problem = str(e)
-    return affinity_patch(spec, exprs), problem
+    return affinity_patch(spec, exprs, either_replicas(maybe_replicas or {}, keys)), problem

@@ -50,6 +50,11 @@ class WebhookConfig(ListenerSettings):
         False, description="Also manage the pods of a Kubeflow job (label training.kubeflow.org/job-name) that ask no "
                            "GPUs, such as a TFJob's parameter servers: the extender puts them in the rack of the "
                            "job's workers.")
+    replica_resources: Annotated[tuple[str, ...], Cli(metavar="DOMAIN/NAME,...")] = Field(
+        (), description="Names GPU sharing configs advertise as replicas (the chart passes those of its configs): a "
+                        "pod asking k of one needs k GPUs with a free replica, added as node affinity on the "
+                        "plugin's <prefix>/free-gpus.<name> label; --resource-name here (a config that does not "
+                        "rename it) gets it as an alternative to the label being absent (whole-GPU nodes).")
     topology_affinity: bool = Field(
         True, description="Add a pod's require-nvlink and min-allreduce-gbps annotations as required node affinity "
                           "on the plugin's node labels (<prefix>/fabric, <prefix>/allreduce-gbps-<k>), so node "
@@ -73,7 +78,7 @@ class WebhookConfig(ListenerSettings):
             raise ValueError("the scheduler name must be the topology-aware scheduler's, not default-scheduler")
         return v
 
-    @field_validator("extra_resources", mode="before")
+    @field_validator("extra_resources", "replica_resources", mode="before")
     @classmethod
     def _extra_resources(cls, v: Any) -> Any:
         names = comma_list(v, "resource names")

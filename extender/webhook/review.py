@@ -73,6 +73,8 @@ class Policy:
     extra_resources: tuple[str, ...] = ()  # names sharing configs advertise under `rename`
     keys: Keys = DEFAULT_KEYS  # the constraint annotations and node labels of extender.webhook.affinity
     topology_affinity: bool = True  # constraints as node affinity (extender.webhook.affinity)
+    # names GPU sharing configs advertise as replicas (the resource itself where a config does not rename it)
+    replica_resources: tuple[str, ...] = ()
 
     @property
     def resources(self) -> tuple[str, ...]:
@@ -177,12 +179,15 @@ def _affinity(pod: Mapping[str, Any], policy: Policy) -> tuple[list[dict[str, An
     unreadable (the pod is still given the scheduler, whose extender refuses it with the same words)."""
     if not policy.topology_affinity:
         return [], None
+    resource = policy.resource
     try:
-        whole = pod_device_count(pod, policy.resource)
-        replicas = {name: pod_device_count(pod, name) for name in policy.resources if name != policy.resource}
+        whole = pod_device_count(pod, resource)
+        replicas = {name: pod_device_count(pod, name)
+                    for name in {f"{resource}{SHARED_SUFFIX}", *policy.replica_resources} - {resource}}
     except PodSpecError:
         return [], None  # counted above with the other names: nothing more to say
-    ops, problem = topology_affinity(pod, whole, policy.keys, replicas)
+    maybe = {resource: whole} if resource in policy.replica_resources else {}  # replicas on some nodes only
+    ops, problem = topology_affinity(pod, whole, policy.keys, replicas, maybe)
     return ops, warning(f"gpu-topology webhook added no node affinity: {problem}") if problem else None
 
 

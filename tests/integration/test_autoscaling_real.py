@@ -47,10 +47,22 @@ WAIT_S = 90.0  # liveness bound on a loaded 2-core machine, never a performance 
 FLUSH_S = 300  # kube-scheduler's podMaxInUnschedulablePodsDuration: how long the pod waited before the touch
 
 
+# NVIDIA's time-slicing as most teams write it: nvidia.com/gpu itself shared, not renamed. The chart then passes it
+# to the webhook as a name that is replicas on some nodes and whole GPUs on others.
+UNRENAMED_SLICING = """version: v1
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 2
+"""
+
+
 def _chart() -> list[dict[str, Any]]:
     from tests.deploy.rendering import ChartVariant, render_chart
 
-    return render_chart(ChartVariant("gpu-topology", "gpu-topology", {}))
+    return render_chart(ChartVariant("gpu-topology", "gpu-topology", {
+        "plugin": {"sharing": {"enabled": True, "configs": {"inference": UNRENAMED_SLICING}}}}))
 
 
 RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ValidatingAdmissionPolicy",
@@ -79,7 +91,8 @@ def cluster(real_control_plane: ControlPlane) -> Iterator[ControlPlane]:
         (deployment,) = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-webhook")]
         args = [a for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"][1:]
                 if a.split("=", 1)[0] in ("--scheduler-name", "--resource-name", "--annotation-prefix",
-                                          "--extra-resources", "--whole-jobs")]
+                                          "--extra-resources", "--replica-resources", "--whole-jobs")]
+        assert f"--replica-resources={GPU}" in args, args
         start_webhook(cp, hook_config["webhooks"][0], *args)
         yield cp
 
@@ -179,8 +192,9 @@ def test_require_nvlink_reads_to_the_autoscaler_as_needing_an_nvlink_node(cluste
         pod = _get(cp, "nvlink")
         assert pod["spec"]["schedulerName"] == SCHEDULER
         terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-        assert terms["nodeSelectorTerms"] == [{"matchExpressions": [
-            {"key": DEFAULT_KEYS.fabric_label, "operator": "In", "values": list(NVLINK_FABRICS)}]}]
+        nvlink = {"key": DEFAULT_KEYS.fabric_label, "operator": "In", "values": list(NVLINK_FABRICS)}
+        # two terms: a time-slicing config shares nvidia.com/gpu unrenamed here, so the pod may also take replicas
+        assert all(nvlink in t["matchExpressions"] for t in terms["nodeSelectorTerms"]), terms
         assert "affinity" in (_unschedulable(pod) or ""), _unschedulable(pod)
         assert _ca_believes_it_fits(cp, pod) == [], "CA's simulation refuses the PCIe server too"
         chosen = [g for g, t in groups.items() if fits(pod, t, {}) is None]
@@ -290,3 +304,50 @@ def test_the_extenders_account_may_touch_the_requeued_annotation_and_nothing_els
     finally:
         as_extender.close()
         cp.request("DELETE", path, ok=(200, 202, 404))
+
+
+def test_replicas_of_the_unrenamed_resource_read_to_the_autoscaler_as_needing_a_node(cluster: ControlPlane,
+                                                                                   tmp_path: Any) -> None:
+    """The same with NVIDIA's usual config, nvidia.com/gpu shared 2 ways under its own name: the webhook cannot
+    tell a replica pod from a whole-GPU pod, so the pod may go where the node has no `free-gpus` label (whole GPUs)
+    or where enough GPUs have a free replica."""
+    cp = cluster
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "default").write_text(UNRENAMED_SLICING)
+    args = ["--sharing-config-dir", str(configs), "--sharing-poll-interval", "0.2"]
+    label = DEFAULT_KEYS.free_gpus_label(GPU)
+    assert label is not None
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuplugin.cli", "node-template", "--topology", str(H100_QUAD), "--sharing-config",
+         str(configs / "default")], capture_output=True, text=True, timeout=60, cwd=REPO, check=True).stdout
+    template = {"metadata": {"name": "template-sliced", "labels": dict(
+        line.split("=", 1) for line in out.splitlines() if "=" in line)},
+        "status": {"allocatable": {GPU: "8", "pods": "110"}}}
+    assert template["metadata"]["labels"][label] == "4"
+    with real_gpu_node(cp, "tsu-0", topology=H100_QUAD, args=args) as node:
+        node.wait_published(GPU, 8, WAIT_S)
+        for i in range(6):
+            cp.request("POST", f"/api/v1/namespaces/{NS}/pods", _sliced_pod(f"u-one-{i}", 1))
+        wait_until("six replicas held and published", lambda: (node.node()["metadata"].get("labels") or {})
+                   .get(label) == "1", WAIT_S)
+        cp.request("POST", f"/api/v1/namespaces/{NS}/pods", _sliced_pod("u-two", 2))
+        wait_until("the two-replica pod refused", lambda: _unschedulable(_get(cp, "u-two")) is not None, WAIT_S)
+        pod = _get(cp, "u-two")
+        assert "affinity" in (_unschedulable(pod) or ""), _unschedulable(pod)
+        assert _ca_believes_it_fits(cp, pod) == [], "CA's simulation refuses tsu-0 too"
+        assert fits(pod, template, {}) is None, "the group's template fits it"
+        with real_gpu_node(cp, "tsu-1", topology=H100_QUAD, args=args) as added:
+            added.wait_published(GPU, 8, WAIT_S)
+            wait_until("the pod bound on the new node", lambda: _get(cp, "u-two")["spec"].get("nodeName") == "tsu-1",
+                       WAIT_S)
+            wait_until("the pod admitted", lambda: bool(added.admission.held(GPU)), WAIT_S)
+            (replicas,) = added.admission.held(GPU).values()
+            assert len({replica_parent(r)[0] for r in replicas}) == 2, replicas
+        for name in ("u-two", *(f"u-one-{i}" for i in range(6))):
+            cp.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{name}", ok=(200, 202, 404))
+
+
+def _sliced_pod(name: str, gpus: int) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
+        "name": "infer", "image": "registry.invalid/none:0", "resources": {"limits": {GPU: str(gpus)}}}]}}

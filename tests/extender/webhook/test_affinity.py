@@ -115,6 +115,8 @@ def _matches(expr: dict[str, Any], labels: dict[str, str]) -> bool:
         return value in expr["values"]
     if op == "Exists":
         return value is not None
+    if op == "DoesNotExist":
+        return value is None
     assert op == "Gt"
     return value is not None and value.isdigit() and int(value) > int(expr["values"][0])
 
@@ -165,7 +167,8 @@ def _replicas(request: dict[str, Any], name: str, n: int) -> None:
 
 
 def test_k_replicas_of_a_shared_name_need_k_gpus_with_a_free_replica() -> None:
-    renamed = review.Policy(SCHEDULER, "nvidia.com/gpu", "gpu-topology.io/webhook", extra_resources=("acme.io/slice",))
+    renamed = review.Policy(SCHEDULER, "nvidia.com/gpu", "gpu-topology.io/webhook", extra_resources=("acme.io/slice",),
+                            replica_resources=("acme.io/slice",))
     for name, n, want in (("nvidia.com/gpu.shared", 3, [{"key": "gpu-topology.io/free-gpus.gpu.shared",
                                                           "operator": "Gt", "values": ["2"]}]),
                           ("acme.io/slice", 2, [{"key": "gpu-topology.io/free-gpus.slice", "operator": "Gt",
@@ -179,3 +182,45 @@ def test_k_replicas_of_a_shared_name_need_k_gpus_with_a_free_replica() -> None:
             assert "affinity" not in pod["spec"], name
         else:
             assert _terms(pod) == [{"matchExpressions": want}], name
+
+
+def test_another_managed_name_is_not_taken_for_replicas() -> None:
+    """--extra-resources may name whole GPUs of another resource: only --replica-resources names get the label."""
+    policy = review.Policy(SCHEDULER, "nvidia.com/gpu", "gpu-topology.io/webhook", extra_resources=("acme.io/gpu",))
+    data = recorded(lambda r: _replicas(r, "acme.io/gpu", 4))
+    data["request"]["object"]["spec"].pop("schedulerName", None)
+    pod, _ = _stored(data, policy)
+    assert pod["spec"]["schedulerName"] == SCHEDULER and "affinity" not in pod["spec"]
+
+
+UNRENAMED = review.Policy(SCHEDULER, "nvidia.com/gpu", "gpu-topology.io/webhook",
+                          replica_resources=("nvidia.com/gpu",))
+FREE = "gpu-topology.io/free-gpus.gpu"
+
+
+def test_the_unrenamed_resource_gets_the_label_absent_or_enough_free_gpus() -> None:
+    pod, _ = _stored(_review(3, {}), UNRENAMED)
+    assert _terms(pod) == [{"matchExpressions": [{"key": FREE, "operator": "DoesNotExist"}]},
+                           {"matchExpressions": [{"key": FREE, "operator": "Gt", "values": ["2"]}]}]
+    again = recorded(lambda r: (_gpus(r, 3), r["object"]["spec"].update(affinity=pod["spec"]["affinity"])))
+    again["request"]["object"]["spec"].pop("schedulerName", None)
+    assert _stored(again, UNRENAMED)[0]["spec"]["affinity"] == pod["spec"]["affinity"], "not split twice"
+    one, _ = _stored(_review(1, {}), UNRENAMED)
+    assert "affinity" not in one["spec"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(affinity=_AFFINITY, nvlink=st.booleans(), fabric=_LABEL_VALUES, zone=st.sampled_from(["a", "b", None]),
+       pool=st.sampled_from(["a", "b", None]), free=st.one_of(st.none(), st.integers(0, 8)), size=st.integers(1, 8))
+def test_with_the_alternative_a_node_matches_exactly_when_it_should(
+        affinity: Any, nvlink: bool, fabric: str | None, zone: str | None, pool: str | None, free: int | None,
+        size: int) -> None:
+    ann = {DEFAULT_KEYS.require_nvlink: "true"} if nvlink else {}
+    data = _review(size, ann, affinity)
+    before = pod_of(data)
+    after, _ = _stored(data, UNRENAMED)
+    labels = {k: v for k, v in {"zone": zone, "pool": pool, DEFAULT_KEYS.fabric_label: fabric}.items() if v}
+    if free is not None:
+        labels[FREE] = str(free)
+    meets = size < 2 or ((not nvlink or fabric in NVLINK_FABRICS) and (free is None or free >= size))
+    assert _node_matches(after, labels) == (_node_matches(before, labels) and meets)
