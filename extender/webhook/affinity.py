@@ -13,9 +13,9 @@ A pod asking k replicas of a shared resource (time-slicing, MPS) needs k distinc
 the node's replica count does not say: the plugin labels each such node with how many GPUs have one
 (`<prefix>/free-gpus.<resource>`, Keys.free_gpus_label), and the pod gets `Gt k-1` on it. That label follows the
 pods, so kube-scheduler re-reads it at each attempt (and retries the pod when it changes), as autoscalers do.
-Names that are always replicas (`<name>.shared`, a sharing config's `rename`) get it as is. A pod asking k of a
-name some nodes serve as replicas and others as whole GPUs (NVIDIA's time-slicing without renaming shares
-`nvidia.com/gpu` itself) gets it as an alternative: the label absent (a whole-GPU node) or `Gt k-1`. Node
+It is an alternative, the label absent or `Gt k-1`: a node without the label is one whose plugin does not
+publish it (a whole-GPU node where NVIDIA's time-slicing without renaming shares `nvidia.com/gpu` elsewhere, a
+node of another plugin or of an older version of ours), where the extender alone decides, as before. Node
 affinity has no OR inside a term, so each of the pod's terms becomes two, one per alternative.
 
 The labels are integers rounded down, so a node whose best set is within 1 GB/s above X is left out: the
@@ -55,20 +55,9 @@ def expressions(annotations: Mapping[str, Any], gpus: int, keys: Keys) -> list[d
     return out
 
 
-def replica_expressions(counts: Mapping[str, int], keys: Keys) -> list[dict[str, Any]]:
-    """`counts`: replicas the pod asks per shared-only resource name; one requirement per name asked twice or
-    more."""
-    out = []
-    for name, k in sorted(counts.items()):
-        key = keys.free_gpus_label(name) if k >= 2 else None
-        if key is not None:
-            out.append({"key": key, "operator": "Gt", "values": [str(k - 1)]})
-    return out
-
-
 def either_replicas(counts: Mapping[str, int], keys: Keys) -> list[list[dict[str, Any]]]:
-    """For the names some nodes serve whole: one pair of alternatives per name asked twice or more (module
-    docstring); several names multiply out."""
+    """One pair of alternatives per replica name asked twice or more (module docstring); several names multiply
+    out."""
     out: list[list[dict[str, Any]]] = [[]]
     for name, k in sorted(counts.items()):
         key = keys.free_gpus_label(name) if k >= 2 else None
@@ -152,20 +141,20 @@ def affinity_patch(spec: Mapping[str, Any], exprs: list[dict[str, Any]],
     return ops
 
 
-def topology_affinity(pod: Mapping[str, Any], gpus: int, keys: Keys, replicas: Mapping[str, int] | None = None,
-                      maybe_replicas: Mapping[str, int] | None = None) -> tuple[list[dict[str, Any]], str | None]:
-    """(patch operations, the problem when the annotations cannot be read) for a pod of `gpus` whole GPUs,
-    `replicas` per shared-only name and `maybe_replicas` per name some nodes serve whole. The extender refuses a
-    pod with unreadable annotations in the same words; the webhook then adds only the replicas' requirement."""
+def topology_affinity(pod: Mapping[str, Any], gpus: int, keys: Keys, replicas: Mapping[str, int] | None = None
+                      ) -> tuple[list[dict[str, Any]], str | None]:
+    """(patch operations, the problem when the annotations cannot be read) for a pod of `gpus` whole GPUs and
+    `replicas` per name that is replicas on some nodes. The extender refuses a pod with unreadable annotations in
+    the same words; the webhook then adds only the replicas' requirement."""
     meta = pod.get("metadata")
     ann = meta.get("annotations") if isinstance(meta, dict) else None
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         return [], None
-    exprs = replica_expressions(replicas or {}, keys)
+    exprs: list[dict[str, Any]] = []
     problem = None
     try:
-        exprs = expressions(ann if isinstance(ann, dict) else {}, gpus, keys) + exprs
+        exprs = expressions(ann if isinstance(ann, dict) else {}, gpus, keys)
     except PodSpecError as e:
         problem = str(e)
-    return affinity_patch(spec, exprs, either_replicas(maybe_replicas or {}, keys)), problem
+    return affinity_patch(spec, exprs, either_replicas(replicas or {}, keys)), problem

@@ -186,8 +186,9 @@ def _affinity(pod: Mapping[str, Any], policy: Policy) -> tuple[list[dict[str, An
                     for name in {f"{resource}{SHARED_SUFFIX}", *policy.replica_resources} - {resource}}
     except PodSpecError:
         return [], None  # counted above with the other names: nothing more to say
-    maybe = {resource: whole} if resource in policy.replica_resources else {}  # replicas on some nodes only
-    ops, problem = topology_affinity(pod, whole, policy.keys, replicas, maybe)
+    if resource in policy.replica_resources:  # a sharing config shares it unrenamed: replicas on those nodes
+        replicas[resource] = whole
+    ops, problem = topology_affinity(pod, whole, policy.keys, replicas)
     return ops, warning(f"gpu-topology webhook added no node affinity: {problem}") if problem else None
 
 

@@ -13,6 +13,11 @@ Two refusals of ours that in-tree filters do not make, each either short-lived o
   whose template (from `gpuplugin node-template`) carries an NVLink fabric is scaled up, and the pod binds on the
   new node with a plan. The same pod kept from the webhook shows the old behaviour: refused by the extender, CA
   believes it fits the PCIe server.
+- k replicas on k distinct GPUs while the free replicas sit on fewer GPUs: the plugin's `free-gpus` label and the
+  webhook's affinity make the node refuse the pod in-tree; the template of the group fits it, renamed or not.
+
+The extender runs as the chart's second-scheduler account with the chart's RBAC and its ValidatingAdmissionPolicy,
+which lets that account change one annotation of a pod and nothing else.
 
 Skips, naming why, where the Kubernetes binaries (shared/kube beside the clone) or etcd are absent."""
 
@@ -209,66 +214,6 @@ def test_require_nvlink_reads_to_the_autoscaler_as_needing_an_nvlink_node(cluste
             cp.request("DELETE", f"/api/v1/namespaces/{NS}/pods/nvlink", ok=(200, 202, 404))
 
 
-RENAMED_SLICING = """version: v1
-sharing:
-  timeSlicing:
-    renameByDefault: true
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 2
-"""
-SHARED_GPU = "nvidia.com/gpu.shared"
-
-
-def test_replicas_on_distinct_gpus_read_to_the_autoscaler_as_needing_a_node(cluster: ControlPlane,
-                                                                            tmp_path: Any) -> None:
-    """4 GPUs time-sliced 2 ways (renamed, 8 replicas). Six one-replica pods fill three GPUs (packing); 2 replicas
-    stay free, on one GPU. A two-replica pod needs 2 distinct GPUs: the replica count says it fits, the plugin's
-    `free-gpus` label says 1, and the webhook's affinity makes kube-scheduler and CA's simulation refuse the node;
-    the group template (from `gpuplugin node-template` with the sharing config) fits, and the pod binds on the
-    node added."""
-    cp = cluster
-    configs = tmp_path / "configs"
-    configs.mkdir()
-    (configs / "default").write_text(RENAMED_SLICING)
-    args = ["--sharing-config-dir", str(configs), "--sharing-poll-interval", "0.2"]
-    label = DEFAULT_KEYS.free_gpus_label(SHARED_GPU)
-    assert label is not None
-    template_out = subprocess.run(
-        [sys.executable, "-m", "gpuplugin.cli", "node-template", "--topology", str(H100_QUAD), "--sharing-config",
-         str(configs / "default")], capture_output=True, text=True, timeout=60, cwd=REPO, check=True).stdout
-    template = {"metadata": {"name": "template-shared", "labels": dict(
-        line.split("=", 1) for line in template_out.splitlines() if "=" in line)},
-        "status": {"allocatable": {SHARED_GPU: "8", "pods": "110"}}}
-    with real_gpu_node(cp, "ts-0", topology=H100_QUAD, args=args) as node:
-        node.wait_published(SHARED_GPU, 8, WAIT_S)
-        for i in range(6):
-            cp.request("POST", f"/api/v1/namespaces/{NS}/pods", _shared_pod(f"one-{i}", 1))
-        wait_until("six replicas held and published", lambda: (node.node()["metadata"].get("labels") or {})
-                   .get(label) == "1", WAIT_S)
-        cp.request("POST", f"/api/v1/namespaces/{NS}/pods", _shared_pod("two", 2))
-        wait_until("the two-replica pod refused", lambda: _unschedulable(_get(cp, "two")) is not None, WAIT_S)
-        pod = _get(cp, "two")
-        assert "affinity" in (_unschedulable(pod) or ""), _unschedulable(pod)
-        assert _ca_believes_it_fits(cp, pod) == [], "CA's simulation refuses ts-0 too"
-        assert fits(pod, template, {}) is None, "the group's template fits it"
-        with real_gpu_node(cp, "ts-1", topology=H100_QUAD, args=args) as added:
-            added.wait_published(SHARED_GPU, 8, WAIT_S)
-            wait_until("the pod bound on the new node", lambda: _get(cp, "two")["spec"].get("nodeName") == "ts-1",
-                       WAIT_S)
-            wait_until("the pod admitted", lambda: bool(added.admission.held(SHARED_GPU)), WAIT_S)
-            held = added.admission.held(SHARED_GPU)
-            (replicas,) = held.values()
-            assert len({replica_parent(r)[0] for r in replicas}) == 2, replicas
-        for name in ("two", *(f"one-{i}" for i in range(6))):
-            cp.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{name}", ok=(200, 202, 404))
-
-
-def _shared_pod(name: str, replicas: int) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
-        "name": "infer", "image": "registry.invalid/none:0", "resources": {"limits": {SHARED_GPU: str(replicas)}}}]}}
-
-
 def test_the_extenders_account_may_touch_the_requeued_annotation_and_nothing_else(cluster: ControlPlane) -> None:
     """RBAC lets the extender patch pods; the chart's ValidatingAdmissionPolicy narrows that to the one annotation
     (and its own role label), as the real kube-apiserver enforces it."""
@@ -306,48 +251,68 @@ def test_the_extenders_account_may_touch_the_requeued_annotation_and_nothing_els
         cp.request("DELETE", path, ok=(200, 202, 404))
 
 
-def test_replicas_of_the_unrenamed_resource_read_to_the_autoscaler_as_needing_a_node(cluster: ControlPlane,
-                                                                                   tmp_path: Any) -> None:
-    """The same with NVIDIA's usual config, nvidia.com/gpu shared 2 ways under its own name: the webhook cannot
-    tell a replica pod from a whole-GPU pod, so the pod may go where the node has no `free-gpus` label (whole GPUs)
-    or where enough GPUs have a free replica."""
+RENAMED_SLICING = """version: v1
+sharing:
+  timeSlicing:
+    renameByDefault: true
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 2
+"""
+SHARED_GPU = "nvidia.com/gpu.shared"
+
+
+@pytest.mark.parametrize(("config", "resource"), [(RENAMED_SLICING, SHARED_GPU), (UNRENAMED_SLICING, GPU)],
+                         ids=["renamed", "unrenamed"])
+def test_replicas_on_distinct_gpus_read_to_the_autoscaler_as_needing_a_node(
+        cluster: ControlPlane, tmp_path: Any, config: str, resource: str) -> None:
+    """4 GPUs time-sliced 2 ways (8 replicas). Six one-replica pods fill three GPUs (packing); 2 replicas stay
+    free, on one GPU. A two-replica pod needs 2 distinct GPUs: the replica count says it fits, the plugin's
+    `free-gpus` label says 1, and the webhook's affinity makes kube-scheduler and CA's simulation refuse the node;
+    the group's template (from `gpuplugin node-template` with the sharing config) fits, and the pod binds on the
+    node added. Renamed (`nvidia.com/gpu.shared`, always replicas) and as NVIDIA's usual config has it
+    (`nvidia.com/gpu` shared under its own name: the affinity lets the pod go where the label is absent too, to
+    whole-GPU nodes)."""
     cp = cluster
+    tag = "r" if resource == SHARED_GPU else "u"
     configs = tmp_path / "configs"
     configs.mkdir()
-    (configs / "default").write_text(UNRENAMED_SLICING)
+    (configs / "default").write_text(config)
     args = ["--sharing-config-dir", str(configs), "--sharing-poll-interval", "0.2"]
-    label = DEFAULT_KEYS.free_gpus_label(GPU)
+    label = DEFAULT_KEYS.free_gpus_label(resource)
     assert label is not None
     out = subprocess.run(
         [sys.executable, "-m", "gpuplugin.cli", "node-template", "--topology", str(H100_QUAD), "--sharing-config",
          str(configs / "default")], capture_output=True, text=True, timeout=60, cwd=REPO, check=True).stdout
-    template = {"metadata": {"name": "template-sliced", "labels": dict(
+    template = {"metadata": {"name": f"template-{tag}", "labels": dict(
         line.split("=", 1) for line in out.splitlines() if "=" in line)},
-        "status": {"allocatable": {GPU: "8", "pods": "110"}}}
+        "status": {"allocatable": {resource: "8", "pods": "110"}}}
     assert template["metadata"]["labels"][label] == "4"
-    with real_gpu_node(cp, "tsu-0", topology=H100_QUAD, args=args) as node:
-        node.wait_published(GPU, 8, WAIT_S)
-        for i in range(6):
-            cp.request("POST", f"/api/v1/namespaces/{NS}/pods", _sliced_pod(f"u-one-{i}", 1))
+    names = [f"{tag}-one-{i}" for i in range(6)]
+    with real_gpu_node(cp, f"ts{tag}-0", topology=H100_QUAD, args=args) as node:
+        node.wait_published(resource, 8, WAIT_S)
+        for name in names:
+            cp.request("POST", f"/api/v1/namespaces/{NS}/pods", _replica_pod(name, resource, 1))
         wait_until("six replicas held and published", lambda: (node.node()["metadata"].get("labels") or {})
                    .get(label) == "1", WAIT_S)
-        cp.request("POST", f"/api/v1/namespaces/{NS}/pods", _sliced_pod("u-two", 2))
-        wait_until("the two-replica pod refused", lambda: _unschedulable(_get(cp, "u-two")) is not None, WAIT_S)
-        pod = _get(cp, "u-two")
+        two = f"{tag}-two"
+        cp.request("POST", f"/api/v1/namespaces/{NS}/pods", _replica_pod(two, resource, 2))
+        wait_until("the two-replica pod refused", lambda: _unschedulable(_get(cp, two)) is not None, WAIT_S)
+        pod = _get(cp, two)
         assert "affinity" in (_unschedulable(pod) or ""), _unschedulable(pod)
-        assert _ca_believes_it_fits(cp, pod) == [], "CA's simulation refuses tsu-0 too"
+        assert _ca_believes_it_fits(cp, pod) == [], "CA's simulation refuses the full node too"
         assert fits(pod, template, {}) is None, "the group's template fits it"
-        with real_gpu_node(cp, "tsu-1", topology=H100_QUAD, args=args) as added:
-            added.wait_published(GPU, 8, WAIT_S)
-            wait_until("the pod bound on the new node", lambda: _get(cp, "u-two")["spec"].get("nodeName") == "tsu-1",
-                       WAIT_S)
-            wait_until("the pod admitted", lambda: bool(added.admission.held(GPU)), WAIT_S)
-            (replicas,) = added.admission.held(GPU).values()
+        with real_gpu_node(cp, f"ts{tag}-1", topology=H100_QUAD, args=args) as added:
+            added.wait_published(resource, 8, WAIT_S)
+            wait_until("the pod bound on the new node",
+                       lambda: _get(cp, two)["spec"].get("nodeName") == f"ts{tag}-1", WAIT_S)
+            wait_until("the pod admitted", lambda: bool(added.admission.held(resource)), WAIT_S)
+            (replicas,) = added.admission.held(resource).values()
             assert len({replica_parent(r)[0] for r in replicas}) == 2, replicas
-        for name in ("u-two", *(f"u-one-{i}" for i in range(6))):
+        for name in (two, *names):
             cp.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{name}", ok=(200, 202, 404))
 
 
-def _sliced_pod(name: str, gpus: int) -> dict[str, Any]:
+def _replica_pod(name: str, resource: str, replicas: int) -> dict[str, Any]:
     return {"metadata": {"name": name}, "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
-        "name": "infer", "image": "registry.invalid/none:0", "resources": {"limits": {GPU: str(gpus)}}}]}}
+        "name": "infer", "image": "registry.invalid/none:0", "resources": {"limits": {resource: str(replicas)}}}]}}

@@ -166,22 +166,22 @@ def _replicas(request: dict[str, Any], name: str, n: int) -> None:
         part[name] = str(n)
 
 
-def test_k_replicas_of_a_shared_name_need_k_gpus_with_a_free_replica() -> None:
+def test_k_replicas_of_a_shared_name_need_k_gpus_with_a_free_replica_where_the_label_says() -> None:
+    """The label absent (a node whose plugin does not publish it) or enough GPUs with a free replica."""
     renamed = review.Policy(SCHEDULER, "nvidia.com/gpu", "gpu-topology.io/webhook", extra_resources=("acme.io/slice",),
                             replica_resources=("acme.io/slice",))
-    for name, n, want in (("nvidia.com/gpu.shared", 3, [{"key": "gpu-topology.io/free-gpus.gpu.shared",
-                                                          "operator": "Gt", "values": ["2"]}]),
-                          ("acme.io/slice", 2, [{"key": "gpu-topology.io/free-gpus.slice", "operator": "Gt",
-                                                 "values": ["1"]}]),
-                          ("nvidia.com/gpu.shared", 1, None)):
+    for name, n, key in (("nvidia.com/gpu.shared", 3, "gpu-topology.io/free-gpus.gpu.shared"),
+                         ("acme.io/slice", 2, "gpu-topology.io/free-gpus.slice"),
+                         ("nvidia.com/gpu.shared", 1, None)):
         data = recorded(lambda r, name=name, n=n: _replicas(r, name, n))
         data["request"]["object"]["spec"].pop("schedulerName", None)
         pod, _ = _stored(data, renamed)
         assert pod["spec"]["schedulerName"] == SCHEDULER
-        if want is None:
+        if key is None:
             assert "affinity" not in pod["spec"], name
         else:
-            assert _terms(pod) == [{"matchExpressions": want}], name
+            assert _terms(pod) == [{"matchExpressions": [{"key": key, "operator": "DoesNotExist"}]},
+                                   {"matchExpressions": [{"key": key, "operator": "Gt", "values": [str(n - 1)]}]}]
 
 
 def test_another_managed_name_is_not_taken_for_replicas() -> None:
