@@ -45,7 +45,8 @@ def command(config: WebhookConfig) -> None:
     assert config.tls_cert is not None and config.tls_key is not None  # the settings' own rule
     metrics = WebhookMetrics(process_registry())
     policy = Policy(config.scheduler_name, config.resource_name, config.keys.webhook, config.whole_jobs,
-                    config.extra_resources, config.keys, config.topology_affinity, config.replica_resources)
+                    config.extra_resources, config.keys, config.topology_affinity, config.replica_resources,
+                    config.dra_claims)
     limits = connection_limits(config, config.max_body_bytes, "webhook")
     common = {"log_level": config.log_level, "limits": limits, "metrics": metrics,
               "keep_alive_s": config.keep_alive_timeout_s}

@@ -55,6 +55,10 @@ class WebhookConfig(ListenerSettings):
                         "pod asking k of one needs k GPUs with a free replica, added as node affinity on the "
                         "plugin's <prefix>/free-gpus.<name> label; --resource-name here (a config that does not "
                         "rename it) gets it as an alternative to the label being absent (whole-GPU nodes).")
+    dra_claims: bool = Field(
+        False, description="Also manage pods with resource claims (DRA mode; the chart sets it with dra.enabled): "
+                           "the extender ranks the DRA nodes for them, which only the topology-aware scheduler "
+                           "asks it.")
     topology_affinity: bool = Field(
         True, description="Add a pod's require-nvlink and min-allreduce-gbps annotations as required node affinity "
                           "on the plugin's node labels (<prefix>/fabric, <prefix>/allreduce-gbps-<k>), so node "

@@ -5,7 +5,8 @@ NVIDIA's renameByDefault), a MIG resource of its domain (`nvidia.com/mig-1g.10gb
 gputopo.contract.is_mig_resource) or one of `--extra-resources` (the names sharing configs give under `rename`),
 counted as the kubelet counts it, init containers included (gputopo.podspec), and names no scheduler of its own
 (none, "" or "default-scheduler") gets
-`spec.schedulerName` set to the topology-aware scheduler; with `--whole-jobs`, so does a pod of a Kubeflow job
+`spec.schedulerName` set to the topology-aware scheduler; with `--dra-claims`, so does a pod with resource claims
+(DRA mode: the extender ranks the DRA nodes for it); with `--whole-jobs`, so does a pod of a Kubeflow job
 (label `training.kubeflow.org/job-name`) that asks none, such as a TFJob's parameter server, so that the extender
 places it in the rack of the job's workers. A pod it gives the scheduler, or that already names it, also gets its
 `require-nvlink` and `min-allreduce-gbps` annotations as required node affinity on the plugin's node labels
@@ -75,6 +76,7 @@ class Policy:
     topology_affinity: bool = True  # constraints as node affinity (extender.webhook.affinity)
     # names GPU sharing configs advertise as replicas (the resource itself where a config does not rename it)
     replica_resources: tuple[str, ...] = ()
+    dra_claims: bool = False  # also pods with resource claims (DRA mode: the extender ranks DRA nodes for them)
 
     @property
     def resources(self) -> tuple[str, ...]:
@@ -167,7 +169,9 @@ def decide(request: Mapping[str, Any], policy: Policy) -> Decision:
         gpus = sum(pod_device_count(pod, r) for r in (*policy.resources, *mig_resources(spec, policy.resource)))
     except PodSpecError as e:
         return Decision(UNREADABLE_POD, warning=warning(f"{LEFT}: {e}"))
-    if gpus == 0 and not (policy.whole_jobs and isinstance(labels.get(KUBEFLOW_JOB), str)):
+    claims = spec.get("resourceClaims")
+    if gpus == 0 and not (policy.whole_jobs and isinstance(labels.get(KUBEFLOW_JOB), str)) and not (
+            policy.dra_claims and isinstance(claims, list) and claims):
         return Decision(NO_GPUS)
     ops, problem = _affinity(pod, policy)
     patch = ({"op": "add", "path": "/spec/schedulerName", "value": policy.scheduler_name}, *ops)

@@ -41,6 +41,8 @@ NODES = {
 }
 BEST = "d-p5"
 WAIT_S = 60.0  # liveness bound of one allocation on a loaded 2-core machine, never a performance figure
+SCHEDULER = "gpu-topology-scheduler"
+EXTENDER_URL: list[str] = []  # the module's extender, for the second scheduler of the webhook test
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,8 @@ def cluster(real_control_plane: ControlPlane) -> Iterator[ControlPlane]:
             add_dra_node(cp, node, load_topology_file(TOPOLOGIES / fixture))
         install_classes(cp, NAMESPACE)
         ext = cp.start_extender(name="gpu-extender-dra")
-        sched = cp.start_scheduler(dra_stanzas(f"http://127.0.0.1:{ext.port}"))
+        EXTENDER_URL.append(f"http://127.0.0.1:{ext.port}")
+        sched = cp.start_scheduler(dra_stanzas(EXTENDER_URL[-1]))
         try:
             yield cp
         finally:
@@ -70,6 +73,42 @@ def _placed(cp: ControlPlane, name: str) -> tuple[str, tuple[int, ...]]:
     pytest.fail(f"{name} never placed with an allocated claim: {why}")
 
 
+def test_a_template_pod_naming_no_scheduler_reaches_it_through_the_webhook(cluster: ControlPlane) -> None:
+    """The chart's second-scheduler mode with `dra.enabled`: the MutatingWebhookConfiguration's matchConditions let
+    a pod whose GPUs come through a claim reach the real `gpu-extender webhook --dra-claims`, which gives it the
+    topology-aware scheduler, whose extender ranks the DRA nodes: the pod needs no change. (First in the module:
+    the best node is still empty.)"""
+    from tests.deploy.rendering import ChartVariant, render_chart
+    from tests.helpers.controlplane import start_webhook, wait_until
+
+    cp = cluster
+    objects = render_chart(ChartVariant("gpu-topology", "gpu-topology", {"dra": {"enabled": True}}))
+    (hook_config,) = [o for o in objects if o["kind"] == "MutatingWebhookConfiguration"]
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-webhook")]
+    args = [a for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"][1:]
+            if a.split("=", 1)[0] in ("--scheduler-name", "--resource-name", "--annotation-prefix", "--dra-claims")]
+    assert "--dra-claims" in args
+    profile = {"schedulerName": SCHEDULER, "percentageOfNodesToScore": 100}
+    sched = cp.start_scheduler(dra_stanzas(EXTENDER_URL[-1]), name=SCHEDULER, extra_config={"profiles": [profile]})
+    webhook = start_webhook(cp, hook_config["webhooks"][0], *args, name="gpu-topology-webhook-dra")
+    name = "four-via-webhook"
+    try:
+        cp.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", template_pod(name, 4))
+        assert cp.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")["spec"]["schedulerName"] == SCHEDULER
+        node, gpus = _placed(cp, name)
+        assert node == BEST, (node, gpus)
+    finally:
+        cp.request("DELETE", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/"
+                   "gpu-topology-webhook-dra", ok=(200, 202, 404))
+        webhook.stop()
+        cp.procs.remove(webhook)
+        cp.stop_scheduler(sched)
+        cp.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}", ok=(200, 202, 404),
+                   gracePeriodSeconds=0)
+        # its claim goes with it (kube-controller-manager), freeing the best node for the tests that follow
+        wait_until("the pod's claim gone", lambda: claim_of(cp, NAMESPACE, name) is None, WAIT_S)
+
+
 @pytest.mark.parametrize("kind", ["template", "plain"])
 def test_a_4_gpu_pod_lands_on_the_node_with_the_best_free_set(cluster: ControlPlane, kind: str) -> None:
     name = f"four-{kind}"
@@ -80,3 +119,4 @@ def test_a_4_gpu_pod_lands_on_the_node_with_the_best_free_set(cluster: ControlPl
     assert len(gpus) == 4
     topo = load_topology_file(TOPOLOGIES / NODES[BEST])
     assert allreduce_gbps(topo, gpus) > 300, gpus
+

@@ -230,3 +230,23 @@ def test_whole_jobs_sends_a_kubeflow_jobs_cpu_only_pods_too() -> None:
     assert decision.outcome == review.PATCHED and decision.gpus == 0 and decision.patch == tuple(PATCH)
     no_job = review.read_review(recorded(lambda r: _containers(r)[0].pop("resources"))).request
     assert review.decide(no_job, whole).outcome == review.NO_GPUS
+
+
+def test_with_dra_claims_a_pod_with_a_claim_and_no_gpu_resource_gets_the_scheduler() -> None:
+    """DRA mode: the GPUs come through a claim template, so no extended resource names them."""
+    def claim_only(request: dict[str, Any]) -> None:
+        spec = request["object"]["spec"]
+        spec.pop("schedulerName", None)
+        spec["containers"][0].pop("resources")
+        spec["containers"][0]["resources"] = {"claims": [{"name": "gpus"}]}
+        spec["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "best-4-gpus"}]
+
+    data = recorded(claim_only)
+    rev = review.read_review(data)
+    assert review.decide(rev.request, POLICY).outcome == review.NO_GPUS
+    dra = review.Policy(SCHEDULER, "nvidia.com/gpu", "gpu-topology.io/webhook", dra_claims=True)
+    decision = review.decide(rev.request, dra)
+    assert decision.outcome == review.PATCHED
+    assert decision.patch == ({"op": "add", "path": "/spec/schedulerName", "value": SCHEDULER},)
+    empty = recorded(lambda r: (claim_only(r), r["object"]["spec"].update(resourceClaims=[])))
+    assert review.decide(review.read_review(empty).request, dra).outcome == review.NO_GPUS
