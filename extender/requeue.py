@@ -5,7 +5,10 @@ extender has no rejecting plugin, so any Node or Pod event requeues it. But some
 at all: a reservation that times out (a plan never confirmed, a job's slot whose pod never came), or a job of
 unknown size whose hold ends when it has grown no more for the reservation timeout (extender.jobs.plans.sweep).
 In a quiet cluster the refused pod then waited for kube-scheduler's unschedulable flush, 5 minutes; autoscalers
-meanwhile saw a pod that fits an existing node and added nothing (docs/autoscaling.md).
+meanwhile saw a pod that fits an existing node and added nothing (docs/autoscaling.md). Likewise a node whose GPUs
+the plugin just published: kube-scheduler may retry a pod on that Node event before this extender's watch has
+delivered it, and the refusal ("publishes no GPU topology") then outlives every event (seen with a node an
+autoscaler added).
 
 So the pods refused everywhere since the last such end are touched when one comes: a merge patch of one annotation
 (`<prefix>/requeued`, the time), an update kube-scheduler requeues the pod on. The set is bounded (the oldest are

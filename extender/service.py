@@ -114,6 +114,8 @@ class Extender:
         self._expiry = ReservationExpiry(self.cache, self.jobs, self.expiry_interval_s)
         if self.requeue is not None:
             self.jobs.on_idle = self.requeue.ended
+            requeue = self.requeue
+            self.cache.on_node_usable = lambda name: requeue.ended("node_usable")
         self.metrics.bind_gauges(
             reservations=lambda: float(self.reservations.count()),
             nodes=lambda: float(len(self.cache.nodes)),

@@ -262,6 +262,9 @@ class NodeCache:
         # job plans' hooks (extender.jobs.plans): a node left the cache; a job's last pod left it
         self.on_node_removed: Callable[[str], None] = lambda name: None
         self.on_job_gone: Callable[[str], None] = lambda key: None
+        # a node became usable here (its GPUs published): kube-scheduler may have retried a pod on the same Node
+        # event before this cache saw the GPUs, and been refused (extender.requeue)
+        self.on_node_usable: Callable[[str], None] = lambda name: None
         # called with a node's name after its state (self.states) changed or went: answers kept per node name
         # (extender.placement.engine) are forgotten there, so they change exactly when the node's inputs do
         self.on_state_change: list[Callable[[str], None]] = []
@@ -450,6 +453,9 @@ class NodeCache:
                                     why="planned GPUs are not in the node's new topology")
                     if dropped:
                         self.on_reservation_end("topology_changed", len(dropped))
+            if (entry.topo is not None or entry.mig is not None) and (
+                    old is None or (old.topo is None and old.mig is None)):
+                self.on_node_usable(entry.name)
             self._note_shared(entry.name, entry.sharing.names if entry.sharing is not None else frozenset())
             counts = entry.sharing.used_by_id() if entry.sharing is not None else None
             if old is None and counts is not None:

@@ -64,3 +64,31 @@ def test_the_refused_set_is_bounded(api: kubernetes.client.ApiClient) -> None:
     requeue.refused("", "default", "no-uid")
     assert requeue.waiting == 3
 
+
+
+def test_a_pod_refused_before_a_node_published_its_gpus_is_touched_when_it_does(
+        fake: FakeKubeApi, api: kubernetes.client.ApiClient) -> None:
+    """kube-scheduler may retry a pod on the Node event of a new node before the extender's watch has its GPUs:
+    refused then ("publishes no GPU topology"), it would wait for kube-scheduler's 5-minute flush."""
+    from extender.config import ExtenderConfig
+    from extender.service import Extender
+    from extender.verbs import Verbs
+    from gputopo.discovery.loader import load_topology_file
+    from tests.extender.conftest import A100
+    from tests.helpers.kube import k8s_node
+    from tests.helpers.scheduler import cache_args
+
+    fake.add_node(k8s_node("fresh", None))  # registered, its plugin not published yet
+    pod = fake.add_pod(k8s_pod("waiting", 4))
+    ext = Extender.cluster(api, ExtenderConfig())
+    ext.start()
+    try:
+        assert ext.sync is not None and ext.sync.wait_synced(10)
+        out = Verbs(ext, plan_in_thread=False).filter(cache_args(pod, ["fresh"]))
+        assert out["NodeNames"] == [] and "fresh" in out["FailedAndUnresolvableNodes"]
+        published = k8s_node("fresh", load_topology_file(A100))
+        fake.update_node("fresh", lambda n: {**n, "metadata": {**n["metadata"],
+                                                              "annotations": published["metadata"]["annotations"]}})
+        assert eventually(lambda: KEY in _annotations(fake, "waiting"), 10), "the refused pod was never touched"
+    finally:
+        ext.stop()
