@@ -189,6 +189,28 @@ DEFAULT_KEYS = Keys()
 NVLINK_FABRICS = ("nvswitch", "nvlink")
 
 
+# -- DRA device names ----------------------------------------------------------------------------------------------
+# The DRA driver names each device by its GPUs (gpuplugin.dra.catalog.device_name): `gpu-3` and `one-3` (the two
+# single-GPU groups), `set-0-1-2-3` (members ascending); the extender reads a claim's allocated device names back
+# into GPUs (extender.state.slices).
+DRA_RINGS = "gpu"  # group (and name prefix) of the singles whose first N free form good rings
+DRA_ONE = "one"  # group (and name prefix) of the singles in the order successive 1-GPU claims take them
+DRA_SET = "set"
+_DRA_DEVICE_RE = re.compile(r"^(?:(gpu|one)-(\d+)|set-(\d+(?:-\d+)+))$")
+
+
+def parse_dra_device(name: str) -> tuple[str, tuple[int, ...]] | None:
+    """(group, GPU indices) a device name of our driver spells: ("gpu", (3,)), ("one", (3,)), ("set", (0, 1, 2,
+    3)); None for any other name (shared GPUs, MIG instances, members out of order, another driver's)."""
+    m = _DRA_DEVICE_RE.match(name)
+    if m is None:
+        return None
+    if m.group(1):
+        return m.group(1), (int(m.group(2)),)
+    members = tuple(int(x) for x in m.group(3).split("-"))
+    return (DRA_SET, members) if list(members) == sorted(set(members)) else None
+
+
 # -- node autoscalers (docs/reference/autoscaling.md) --------------------------------------------------------------
 # Taints the Cluster Autoscaler and Karpenter put on nodes they are removing, or may remove: nothing new is placed
 # on the first kind, and the soft kind is passed over among equally good nodes so the node can empty.

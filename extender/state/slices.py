@@ -20,32 +20,20 @@ shows those GPUs free.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gputopo.contract import parse_dra_device
 from gputopo.kube.fetching import ApiResource
 
 SLICES = ApiResource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice")
 CLAIMS = ApiResource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim")
 DEFAULT_PENDING_S = 10.0
-_DEVICE = re.compile(r"^(?:(gpu|one)-(\d+)|set-(\d+(?:-\d+)+))$")
 
 GpuSet = tuple[int, ...]
-
-
-def device_gpus(name: str) -> tuple[str, GpuSet] | None:
-    """(group, GPUs) a device name of our driver spells: ("gpu", (3,)), ("one", (3,)), ("set", (0, 1, 2, 3)); None
-    for another device (shared GPUs, MIG instances, another driver's naming)."""
-    m = _DEVICE.match(name)
-    if m is None:
-        return None
-    if m.group(1):
-        return m.group(1), (int(m.group(2)),)
-    return "set", tuple(int(x) for x in m.group(3).split("-"))
 
 
 def _int_attr(attrs: Mapping[str, Any], key: str, driver: str) -> int | None:
@@ -216,7 +204,7 @@ class DraView:
             for d in s.get("devices") or []:
                 if not isinstance(d, dict):
                     continue
-                parsed = device_gpus(str(d.get("name") or ""))
+                parsed = parse_dra_device(str(d.get("name") or ""))
                 if parsed is None:
                     continue
                 group, members = parsed
@@ -266,7 +254,7 @@ class DraView:
         self._claims[key] = info
         by_pool: dict[str, set[int]] = {}
         for pool, device in info.allocated:
-            parsed = device_gpus(device)
+            parsed = parse_dra_device(device)
             if parsed is not None:
                 by_pool.setdefault(pool, set()).update(parsed[1])
         for pool, gpus in by_pool.items():

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gputopo.contract import DRA_ONE, DRA_RINGS, parse_dra_device
 from gputopo.core.ranking import GpuSet, SetRanker
 from gputopo.core.topology import Topology
 
@@ -43,13 +44,12 @@ MAX_SET_SIZE = 16  # set names and `members` values stay inside their 63/64-char
 DEFAULT_SET_SIZES = (2, 4, 8, 16)
 DEFAULT_MAX_DEVICES = 512
 STANDARD_DOMAIN = "resource.kubernetes.io"
-RINGS = "gpu"  # group (and name prefix) of the singles whose first N free form good rings
-ONE = "one"  # group (and name prefix) of the singles in the order successive 1-GPU claims take them
+RINGS = DRA_RINGS  # group (and name prefix) of the singles whose first N free form good rings
+ONE = DRA_ONE  # group (and name prefix) of the singles in the order successive 1-GPU claims take them
 SINGLE_GROUPS = (RINGS, ONE)
 SHARED = "shared"  # group (and name prefix) of shared GPUs (gpuplugin.dra.partitions)
 MIG = "mig"  # group (and name prefix) of MIG instances (gpuplugin.dra.partitions)
 STATIC_GROUPS = (SHARED, MIG)  # published in catalog order whatever the state
-_NAME_RE = re.compile(r"^(?:(gpu|one)-(\d+)|set-(\d+(?:-\d+)+))$")
 
 
 class CatalogError(ValueError):
@@ -72,14 +72,9 @@ def set_group(size: int) -> str:
 
 
 def parse_device_name(name: str) -> GpuSet | None:
-    """The GPU indices a device name spells, or None when it is not one of ours."""
-    m = _NAME_RE.match(name)
-    if m is None:
-        return None
-    members = tuple(int(x) for x in (m.group(2) or m.group(3)).split("-"))
-    if len(members) > 1 and (list(members) != sorted(set(members))):
-        return None
-    return members
+    """The GPU indices a device name spells, or None when it is not one of ours (gputopo.contract)."""
+    parsed = parse_dra_device(name)
+    return parsed[1] if parsed is not None else None
 
 
 def counter_name(gpu: int) -> str:

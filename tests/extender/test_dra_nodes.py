@@ -17,8 +17,9 @@ import yaml
 from extender.config import ExtenderConfig
 from extender.placement.dra import RINGS, SET, DraAsk, Tier, claims_ask, offer, plain_ask, rank
 from extender.service import Extender
-from extender.state.slices import DraView, device_gpus
+from extender.state.slices import DraView
 from extender.verbs import Verbs
+from gputopo.contract import parse_dra_device
 from tests.extender.conftest import write_inventory
 from tests.helpers.paths import REPO
 from tests.helpers.scheduler import cache_args, pod_json
@@ -95,10 +96,10 @@ def _view(*pools: list[dict[str, Any]]) -> DraView:
 
 
 def test_device_names_spell_their_gpus() -> None:
-    assert device_gpus("gpu-3") == ("gpu", (3,))
-    assert device_gpus("one-12") == ("one", (12,))
-    assert device_gpus("set-0-1-2-3") == ("set", (0, 1, 2, 3))
-    assert device_gpus("shared-1") is None and device_gpus("mig-0-1-0") is None
+    assert parse_dra_device("gpu-3") == ("gpu", (3,))
+    assert parse_dra_device("one-12") == ("one", (12,))
+    assert parse_dra_device("set-0-1-2-3") == ("set", (0, 1, 2, 3))
+    assert parse_dra_device("shared-1") is None and parse_dra_device("mig-0-1-0") is None
 
 
 def test_a_pool_counts_only_once_complete_at_its_highest_generation() -> None:

@@ -95,7 +95,7 @@ def claim_of(cp: ControlPlane, namespace: str, pod: str) -> dict[str, Any] | Non
 
 def allocated_gpus(claim: Mapping[str, Any]) -> tuple[str, tuple[int, ...]] | None:
     """(node, GPUs) of a claim's allocation of our devices, or None while unallocated."""
-    from extender.state.slices import device_gpus
+    from gputopo.contract import parse_dra_device
 
     results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
     ours = [r for r in results if r.get("driver") == DRIVER]
@@ -103,7 +103,7 @@ def allocated_gpus(claim: Mapping[str, Any]) -> tuple[str, tuple[int, ...]] | No
         return None
     gpus: set[int] = set()
     for r in ours:
-        parsed = device_gpus(r["device"])
+        parsed = parse_dra_device(r["device"])
         if parsed is not None:
             gpus.update(parsed[1])
     return ours[0]["pool"], tuple(sorted(gpus))
