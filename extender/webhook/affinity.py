@@ -67,11 +67,13 @@ def either_replicas(counts: Mapping[str, int], keys: Keys) -> list[list[dict[str
     return out if out != [[]] else []
 
 
-def split_patch(spec: Mapping[str, Any], exprs: list[dict[str, Any]], either: list[list[dict[str, Any]]]
-                ) -> list[dict[str, Any]]:
+def affinity_patch(spec: Mapping[str, Any], exprs: list[dict[str, Any]],
+                   either: list[list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
     """One JSONPatch operation setting the pod's required node terms to each of its terms (or one empty term) with
-    `exprs` and one alternative of `either` added; none when the pod carries those labels' requirements already (a
-    pod re-created from a template that went through here) or has an affinity shape the API server would refuse."""
+    `exprs` and, when `either` is given, one of its alternatives added (module docstring). None when nothing would
+    change (an expression already there is not added twice; terms that carry the alternatives' labels already come
+    from a template that went through here), or when the pod's affinity has a shape the API server would refuse."""
+    alternatives = either or [[]]
     affinity = spec.get("affinity")
     node = affinity.get(_NODE) if isinstance(affinity, dict) else None
     required = node.get(_REQUIRED) if isinstance(node, dict) else None
@@ -82,16 +84,16 @@ def split_patch(spec: Mapping[str, Any], exprs: list[dict[str, Any]], either: li
                                  or not all(isinstance(t, dict) for t in terms)):
         return []
     old = [dict(t) for t in terms] if terms else [{}]
-    keys = {e["key"] for alt in either for e in alt}
-    if any(isinstance(e, dict) and e.get("key") in keys for t in old for e in t.get("matchExpressions") or []):
-        return []
     if any(not isinstance(t.get("matchExpressions", []), list) for t in old):
         return []
-    new = []
-    for t in old:
-        have = list(t.get("matchExpressions") or [])
-        for alt in either:
-            new.append({**t, "matchExpressions": have + [e for e in exprs if e not in have] + alt})
+    keys = {e["key"] for alt in alternatives for e in alt}
+    if any(isinstance(e, dict) and e.get("key") in keys for t in old for e in t.get("matchExpressions") or []):
+        return []
+    added = [[e for e in exprs if e not in (t.get("matchExpressions") or [])] for t in old]
+    if not either and not any(added):
+        return []
+    new = [{**t, "matchExpressions": list(t.get("matchExpressions") or []) + more + alt}
+           for t, more in zip(old, added, strict=True) for alt in alternatives]
     if affinity is None:
         return [{"op": "add", "path": _AFFINITY, "value": {_NODE: {_REQUIRED: {"nodeSelectorTerms": new}}}}]
     if node is None:
@@ -99,46 +101,6 @@ def split_patch(spec: Mapping[str, Any], exprs: list[dict[str, Any]], either: li
     if required is None:
         return [{"op": "add", "path": f"{_AFFINITY}/{_NODE}/{_REQUIRED}", "value": {"nodeSelectorTerms": new}}]
     return [{"op": "add", "path": f"{_AFFINITY}/{_NODE}/{_REQUIRED}/nodeSelectorTerms", "value": new}]
-
-
-def affinity_patch(spec: Mapping[str, Any], exprs: list[dict[str, Any]],
-                   either: list[list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
-    """JSONPatch operations adding `exprs` (and one of the alternatives `either`) to the pod's required node
-    affinity (module docstring). None when they are all there already, or when the pod's affinity has a shape the
-    API server would refuse anyway."""
-    if either:
-        return split_patch(spec, exprs, either)
-    if not exprs:
-        return []
-    term = {"matchExpressions": exprs}
-    affinity = spec.get("affinity")
-    if affinity is None:
-        return [{"op": "add", "path": _AFFINITY, "value": {_NODE: {_REQUIRED: {"nodeSelectorTerms": [term]}}}}]
-    if not isinstance(affinity, dict):
-        return []
-    node = affinity.get(_NODE)
-    if node is None:
-        return [{"op": "add", "path": f"{_AFFINITY}/{_NODE}", "value": {_REQUIRED: {"nodeSelectorTerms": [term]}}}]
-    if not isinstance(node, dict):
-        return []
-    required = node.get(_REQUIRED)
-    if required is None:
-        return [{"op": "add", "path": f"{_AFFINITY}/{_NODE}/{_REQUIRED}", "value": {"nodeSelectorTerms": [term]}}]
-    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
-    if not isinstance(terms, list) or not terms or not all(isinstance(t, dict) for t in terms):
-        return []
-    ops: list[dict[str, Any]] = []
-    base = f"{_AFFINITY}/{_NODE}/{_REQUIRED}/nodeSelectorTerms"
-    for i, t in enumerate(terms):
-        have = t.get("matchExpressions")
-        if have is None:
-            ops.append({"op": "add", "path": f"{base}/{i}/matchExpressions", "value": exprs})
-        elif isinstance(have, list):
-            ops.extend({"op": "add", "path": f"{base}/{i}/matchExpressions/-", "value": e}
-                       for e in exprs if e not in have)
-        else:
-            return []
-    return ops
 
 
 def topology_affinity(pod: Mapping[str, Any], gpus: int, keys: Keys, replicas: Mapping[str, int] | None = None
