@@ -75,6 +75,16 @@ def parse_owned(value: str | None) -> frozenset[str]:
     return frozenset(k.strip() for k in value.split(",") if k.strip() in HOLD_ANNOTATIONS)
 
 
+def release(owner_key: str, annotations: Mapping[str, str]) -> dict[str, None]:
+    """The annotations that end the hold this plugin set (uninstall, opt-out): the ownership annotation and each
+    autoscaler annotation it lists that still has our value; one another value was given since is someone else's."""
+    owned = parse_owned(annotations.get(owner_key))
+    out: dict[str, None] = {k: None for k in HOLD_ANNOTATIONS if k in owned and annotations.get(k) == HOLD_VALUE}
+    if owner_key in annotations:
+        out[owner_key] = None
+    return out
+
+
 class AutoscalerHold:
     """The hold's desired annotations for one node. `threshold` 0 turns the hold off (and lifts one we set)."""
 

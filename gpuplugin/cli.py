@@ -11,11 +11,12 @@ import click
 
 from gputopo import extras
 
-_BUILTIN = ("topo", "plan", "run", "record", "slices", "dra", "mps-control", "node-template")
+_BUILTIN = ("topo", "plan", "run", "record", "slices", "dra", "mps-control", "node-template",
+            "cleanup")
 ENTRY_POINT_GROUP = "gpuplugin.commands"
 # The extra each subcommand needs beyond the base install (topo and plan need none). `demo` is the simulator's.
 _NEEDS = {"run": "plugin", "record": "plugin", "slices": "plugin", "dra": "plugin", "mps-control": "plugin",
-          "node-template": "plugin", "demo": "demo"}
+          "node-template": "plugin", "cleanup": "plugin", "demo": "demo"}
 
 
 def _extensions() -> dict[str, str]:

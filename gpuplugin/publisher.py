@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import threading
 import time
@@ -453,11 +454,12 @@ class Publication(Worker):
     both and closes their clients."""
 
     def __init__(self, publisher: NodePublisher, manager: _ManagerLike | None,
-                 closers: Sequence[Callable[[], None]]):
+                 closers: Sequence[Callable[[], None]], *, on_stop: Callable[[], None] | None = None):
         super().__init__("publisher-trigger")
         self.publisher = publisher
         self._manager = manager  # None: no whole GPU (a MIG-only node), nothing to forward
         self._closers = list(closers)
+        self._on_stop = on_stop  # after the last patch, before the clients close (gpuplugin.node_cleanup)
         self._sub = manager.subscribe() if manager is not None else None
 
     def start(self) -> Self:
@@ -475,6 +477,11 @@ class Publication(Worker):
     def stop(self, timeout: float | None = None) -> None:
         super().stop(timeout)
         self.publisher.stop()
+        if self._on_stop is not None:
+            try:
+                self._on_stop()
+            except Exception:
+                log.exception("plugin.cleanup.failed", action="keys left on the node")
         for close in self._closers:
             try:
                 close()
@@ -521,4 +528,9 @@ def start_publisher(
     log.info(
         "plugin.publish.on", node=cfg.node_name, prefix=cfg.keys.prefix, pod_resources=str(cfg.pod_resources_socket)
     )
-    return Publication(publisher, manager, closers).start()
+    from gpuplugin.node_cleanup import stop_leaver
+
+    # a container's hostname is its Pod's name; POD_NAME (downward API) wins where a pod sets its own hostname
+    pod_name = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME")
+    leave = stop_leaver(api, cfg.node_name or "", cfg.keys, pod_name)
+    return Publication(publisher, manager, closers, on_stop=leave).start()

@@ -106,6 +106,12 @@ class Keys:
         set itself, comma-separated, so it lifts only those (gpuplugin.autoscaler_hold)."""
         return self._key("autoscaler-hold")
 
+    @property
+    def device_plugin_label(self) -> str:
+        """Node label the admin sets: `enabled` opts the node in to the plugin's DaemonSet (the chart's
+        plugin.optIn), `nvidia` keeps it for NVIDIA's plugin. Never written or removed by the product."""
+        return self._key("device-plugin")
+
     # Node labels (for humans and selectors).
     @property
     def fabric_label(self) -> str:
@@ -125,6 +131,21 @@ class Keys:
         `min-allreduce-gbps` reaches them as required node affinity on this label (Gt), which node-group templates
         can carry for scale from zero."""
         return self._key(f"allreduce-gbps-{size}")
+
+    # What the plugin owns on its Node: the node is left as it was when these go (uninstall, opt-out).
+    @property
+    def published_annotations(self) -> tuple[str, ...]:
+        """The Node annotations the plugin writes and nobody else does (the autoscaler hold aside: it names which
+        of the shared autoscaler annotations it set, gpuplugin.autoscaler_hold.release)."""
+        return (self.topology, self.state, self.autoscaler_hold)
+
+    def is_published_label(self, key: str) -> bool:
+        """Whether a Node label is one the plugin writes: fabric, gpu-model, gpu-count, allreduce-gbps-<k>,
+        free-gpus.<resource>. The admin's opt-in label (device_plugin_label) is not: it is the admin's."""
+        if key in (self.fabric_label, self.model_label, self.count_label) or self.is_free_gpus_label(key):
+            return True
+        size = key.removeprefix(self._key("allreduce-gbps-"))
+        return size != key and size.isdigit()
 
     # Pod annotations written by the extender at bind, and by the plugin at Allocate.
     @property

@@ -79,7 +79,8 @@ def workload_findings(obj: Obj) -> list[str]:
             for resource in ("cpu", "memory"):
                 if resource not in resources.get(section, {}):
                     found.append(f"{name}: resources.{section}.{resource} missing")
-        for probe in ("livenessProbe", "readinessProbe"):
+        # a run-to-completion pod (the uninstall hook's Job) serves nothing a probe could ask about
+        for probe in ("livenessProbe", "readinessProbe") if obj["kind"] not in ("Job", "CronJob") else ():
             if probe not in container:
                 found.append(f"{name}: {probe} missing")
         image = container.get("image", "")

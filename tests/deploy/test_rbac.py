@@ -29,6 +29,7 @@ from tests.deploy.rendering import (
 CALLS_FILE = DEPLOY / "rbac-calls.yaml"
 ACCOUNT_COMPONENTS = {
     "device-plugin": ("plugin",),
+    "plugin-cleanup": ("plugin-cleanup",),  # the chart's pre-delete hook Job (gpuplugin cleanup)
     "dra-driver": ("dra",),
     "extender": ("extender", "extender-leader-election"),
     "scheduler": ("kube-scheduler", "extender"),
@@ -143,7 +144,7 @@ def test_workloads_run_under_their_components_account(rendering: str) -> None:
     objects = all_renderings()[rendering]
     accounts = {a["metadata"]["name"]: a for a in find(objects, "ServiceAccount")}
     used = set()
-    for workload in find(objects, "DaemonSet") + find(objects, "Deployment"):
+    for workload in find(objects, "DaemonSet") + find(objects, "Deployment") + find(objects, "Job"):
         account = accounts[workload["spec"]["template"]["spec"]["serviceAccountName"]]
         used.add(account["metadata"]["name"])
         assert account["metadata"]["namespace"] == workload["metadata"]["namespace"]
