@@ -2,7 +2,8 @@
 
 Discovery as in `run`, then: the sharing layout (the device plugin's config file, chosen by the node label read
 once at start), the device catalog (whole GPUs and sets, shared GPUs, MIG instances: gpuplugin.dra.partitions),
-the prepared-claims state, the slice publisher (official client, in-cluster or KUBECONFIG), the gRPC server on the
+the prepared-claims state and its reconciler (claims whose ResourceClaim is gone are released, at start and every
+--reconcile-interval), the slice publisher (official client, in-cluster or KUBECONFIG), the gRPC server on the
 kubelet's plugin registry, one MPS control daemon per MPS-shared set, NVML Xid health when NVML is there, and
 /metrics + /healthz on the process's one registry. Settings: gpuplugin.dra.settings (flag > environment
 GPUPLUGIN_DRA_<FLAG> > YAML --config > default; NODE_NAME also gives the node name).
@@ -44,6 +45,7 @@ def run_driver(settings: DraSettings, stop: threading.Event) -> None:
     from gpuplugin.dra.partitions import gpus_to_share, mig_devices, mps_shares, shared_devices
     from gpuplugin.dra.pool import PoolPlanner
     from gpuplugin.dra.publisher import SlicePublisher
+    from gpuplugin.dra.reconcile import ClaimReconciler, Reconciler
     from gpuplugin.dra.server import DraServer
     from gpuplugin.dra.state import StateFile
     from gpuplugin.metrics import MetricsServer
@@ -111,6 +113,8 @@ def run_driver(settings: DraSettings, stop: threading.Event) -> None:
         publisher_box.append(publisher)
         publisher.start()
         teardown.undo(publisher.stop)
+        reconciler = ClaimReconciler(Reconciler(driver), interval_s=settings.reconcile_interval_s).start()
+        teardown.undo(reconciler.stop)
         try:
             server = DraServer(driver, settings.registry_dir, settings.state_dir, health=settings.health).start()
         except DraError as e:

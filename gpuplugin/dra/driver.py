@@ -11,6 +11,11 @@ Kubernetes client: the claim getter and the change callback are handed in.
   under MPS the pipe directory, the per-client thread and memory limits and the mounts (MpsShare.client), through
   its CDI device; time-slicing adds nothing to the GPU's device node.
 - Unprepare of an unknown claim succeeds (the kubelet may repeat it, after our restart or the claim's deletion).
+- A prepared claim whose ResourceClaim is gone (gpuplugin.dra.liveness) is released as an unprepare would release
+  it (state, CDI spec, republish): the kubelet that lost its checkpoint never unprepares it, and its GPUs would
+  stay held for good. The reconciler (gpuplugin.dra.reconcile) finds such claims at start and on a timer; a
+  prepare that clashes with a holder looks that holder up first, so a claim the scheduler was right to give the
+  GPUs to is not refused until the next pass.
 - A GPU turning unhealthy taints the devices holding it (republished) and shows in the health stream; claims
   already prepared keep their devices (the kubelet decides about running pods); new prepares of it are refused.
 Calls are serialised, as the Go helper does by default.
@@ -27,14 +32,15 @@ import structlog
 from gpuplugin.dra.catalog import Catalog, Device
 from gpuplugin.dra.cdi import CdiWriter, DeviceEdits
 from gpuplugin.dra.claims import Result, our_config, our_results
-from gpuplugin.dra.errors import ClaimError, DraError
+from gpuplugin.dra.errors import ClaimError, DraError, HeldElsewhere
+from gpuplugin.dra.liveness import ClaimGetter, Verdict, judge
 from gpuplugin.dra.metrics import DraMetrics
 from gpuplugin.dra.state import PreparedClaim, PreparedDevice, StateFile
 from gpuplugin.sharing.mps import MpsShare
 
 log = structlog.get_logger(__name__)
 
-ClaimGetter = Callable[[str, str], Mapping]  # (namespace, name) -> ResourceClaim dict; raises on failure
+MAX_HOLDER_LOOKUPS = 16  # claims a clashing prepare looks up (each one GET, under the lock): bounds its time
 
 
 @dataclass(frozen=True)
@@ -147,7 +153,13 @@ class Driver:
                         out[key.uid] = existing.devices
                         self.metrics.prepares.labels(result="repeat").inc()
                         continue
-                    out[key.uid] = self._prepare_one(key)
+                    try:
+                        out[key.uid] = self._prepare_one(key)
+                    except HeldElsewhere as e:
+                        if not self._release_gone(e.holders):
+                            raise
+                        changed = True
+                        out[key.uid] = self._prepare_one(key)  # once: what still clashes is refused
                     changed = True
                     self.metrics.prepares.labels(result="ok").inc()
                 except DraError as e:
@@ -178,8 +190,9 @@ class Driver:
                 and devices[d.device].kind == "gpus" for g in devices[d.device].gpus}
         clash = sorted({held[g].namespace + "/" + held[g].name for g in gpus if g in held})
         if clash:
-            raise ClaimError(f"claim {where} is allocated GPUs {sorted(set(gpus) & set(held))} "
-                             f"that claim(s) {', '.join(clash)} hold: refusing to hand a GPU out twice")
+            raise HeldElsewhere(f"claim {where} is allocated GPUs {sorted(set(gpus) & set(held))} "
+                                f"that claim(s) {', '.join(clash)} hold: refusing to hand a GPU out twice",
+                                tuple(dict.fromkeys(held[g].uid for g in gpus if g in held)))
         self._check_mig(where, results)
         self._check_capacity(where, results)
         ill = sorted({r.device for r in results if r.device in self._sick_instances})
@@ -223,11 +236,13 @@ class Driver:
         names = [r.device for r in results if self.catalog.devices[r.device].kind == "mig"]
         if len(names) != len(set(names)):
             raise ClaimError(f"claim {where} is allocated one MIG instance twice")
-        holders = {d.device: f"{c.namespace}/{c.name}" for c in self._claims.values() for d in c.devices}
+        holders = {d.device: c for c in self._claims.values() for d in c.devices}
         taken = sorted(n for n in names if n in holders)
         if taken:
-            raise ClaimError(f"claim {where} is allocated MIG instance(s) {taken} that claim(s) "
-                             f"{sorted({holders[n] for n in taken})} hold: refusing to hand an instance out twice")
+            raise HeldElsewhere(f"claim {where} is allocated MIG instance(s) {taken} that claim(s) "
+                                f"{sorted({holders[n].namespace + '/' + holders[n].name for n in taken})} hold: "
+                                "refusing to hand an instance out twice",
+                                tuple(dict.fromkeys(holders[n].uid for n in taken)))
 
     def _check_capacity(self, where: str, results: Sequence[Result]) -> None:
         """The claims prepared on a shared GPU never consume more than its capacity: the scheduler accounts it,
@@ -236,18 +251,19 @@ class Driver:
         for name in dict.fromkeys(r.device for r in results if devices[r.device].multi):
             device = devices[name]
             mine = [r.consumed for r in results if r.device == name and r.consumed]
-            others = [d for c in self._claims.values() for d in c.devices if d.device == name]
+            owners = [c for c in self._claims.values() if any(d.device == name for d in c.devices)]
+            others = [d for c in owners for d in c.devices if d.device == name]
             replicas = sum(c.replicas for c in mine) + sum(d.replicas for d in others)
             memory = sum(c.memory_mib for c in mine) + sum(d.memory_mib for d in others)
             total_memory = device.replicas * (device.share_mib or 0)
             if replicas > device.replicas or (device.share_mib and memory > total_memory):
                 used_r = sum(d.replicas for d in others)
                 used_m = sum(d.memory_mib for d in others)
-                raise ClaimError(
+                raise HeldElsewhere(
                     f"claim {where} asks {sum(c.replicas for c in mine)} replicas and "
                     f"{sum(c.memory_mib for c in mine)}Mi of shared GPU {name}, beyond what is left: {len(others)} "
                     f"prepared allocation(s) hold {used_r} of {device.replicas} replicas and {used_m} of "
-                    f"{total_memory}Mi")
+                    f"{total_memory}Mi", tuple(c.uid for c in owners))
 
     def _edits(self, device: Device, results: Sequence[Result]) -> DeviceEdits:
         """The CDI edits of one device of a claim (all its results on that device together)."""
@@ -290,6 +306,39 @@ class Driver:
         if changed:
             self.on_change()
         return out
+
+    # ---- claims whose ResourceClaim is gone ----
+
+    def release(self, gone: Sequence[tuple[PreparedClaim, str]]) -> list[str]:
+        """Release each (claim as it was read, why) still prepared as it was read: the lookup that found it gone
+        ran without the lock, and an unprepare or a restart of the same claim meanwhile must not be undone.
+        Returns the UIDs released; a state that cannot be saved raises StateError and releases none."""
+        with self._lock:
+            released = self._release_locked(gone)
+        if released:
+            self.on_change()
+        return released
+
+    def _release_locked(self, gone: Sequence[tuple[PreparedClaim, str]]) -> list[str]:
+        drop = {c.uid: why for c, why in gone if self._claims.get(c.uid) == c}
+        if not drop:
+            return []
+        claims_left = {u: c for u, c in self._claims.items() if u not in drop}
+        self.state.save(claims_left)
+        for uid, why in drop.items():
+            claim = self._claims[uid]
+            self.cdi.remove(uid)
+            self.metrics.released.inc()
+            log.warning("dra.claim.released", claim=f"{claim.namespace}/{claim.name}", uid=uid, why=why,
+                        devices=[d.device for d in claim.devices])
+        self._claims = claims_left
+        return list(drop)
+
+    def _release_gone(self, uids: Sequence[str]) -> bool:
+        """Look up the holders a prepare clashed with (lock held) and release those gone; True if any was."""
+        holders = [self._claims[u] for u in uids[:MAX_HOLDER_LOOKUPS] if u in self._claims]
+        gone = [(c, f.why) for c in holders if (f := judge(c, self.get_claim)).verdict is Verdict.GONE]
+        return bool(gone) and bool(self._release_locked(gone))
 
     # ---- health ----
 

@@ -11,6 +11,15 @@ class ClaimError(DraError):
     """A claim cannot be prepared as allocated (not found, not allocated, foreign devices, bad config, ...)."""
 
 
+class HeldElsewhere(ClaimError):
+    """A claim is allocated a GPU, MIG instance or shared capacity that other prepared claims hold. `holders`:
+    their UIDs, looked up before refusing (a holder whose ResourceClaim is gone was never unprepared)."""
+
+    def __init__(self, message: str, holders: tuple[str, ...]) -> None:
+        self.holders = holders
+        super().__init__(message)
+
+
 class StateError(DraError):
     """The prepared-claims state file cannot be read or written."""
 

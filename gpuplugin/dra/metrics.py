@@ -22,6 +22,10 @@ class DraMetrics:
                                 "error).", ["result"], registry=r)
         self.unprepares = Counter(f"{PREFIX}_unprepares", "Claims asked to be unprepared, by result (ok, "
                                   "unknown, error).", ["result"], registry=r)
+        self.released = Counter(f"{PREFIX}_released_claims", "Prepared claims released without an unprepare: "
+                                "their ResourceClaim is gone (deleted, or recreated with another uid).", registry=r)
+        self.undecided = Gauge(f"{PREFIX}_undecided_claims", "Prepared claims whose ResourceClaim the last "
+                               "reconcile pass could not look up (kept, their GPUs held).", registry=r)
         self.publishes = Counter(f"{PREFIX}_publishes", "Pool publications that wrote, by mode (in_place, "
                                  "generation).", ["mode"], registry=r)
         self.publish_failures = Counter(f"{PREFIX}_publish_failures", "Pool publications that failed.",

@@ -58,6 +58,10 @@ class DraSettings(BaseModel):
                                               "(--no-republish: the empty node's order forever).")
     min_publish_interval_s: Annotated[float, Cli(flag="min-publish-interval")] = Field(
         0.2, ge=0, description="Seconds between two republishes at least.")
+    reconcile_interval_s: Annotated[float, Cli(flag="reconcile-interval")] = Field(
+        60.0, gt=0, le=3600, description="Seconds between two checks that the prepared claims' ResourceClaims still "
+                                         "exist (also one at start): a claim deleted without an unprepare is "
+                                         "released and its GPUs offered again.")
     health: bool = Field(True, description="Serve the dra-health v1alpha1 service fed by NVML Xid health.")
     nvidia_cdi: bool = Field(True, description="Also name NVIDIA's CDI devices (nvidia.com/gpu=<uuid>) per GPU.")
     sharing_config_dir: Path | None = Field(

@@ -48,6 +48,8 @@ def test_flag_beats_environment_beats_file_and_node_name_comes_from_the_downward
         "node-a", [2, 4], 0.5, 0)
     assert got["republish"] is False and got["plugin_dir"] is None
     assert resolved(NODE_NAME="node-a", GPUPLUGIN_DRA_NODE_NAME="node-b")["node_name"] == "node-b"
+    assert got["reconcile_interval"] == 60.0  # the kubelet's own unprepare loop's period
+    assert resolved("--reconcile-interval", "5", NODE_NAME="n")["reconcile_interval"] == 5.0
 
 
 @pytest.mark.parametrize(("args", "env", "message"), [
@@ -57,6 +59,9 @@ def test_flag_beats_environment_beats_file_and_node_name_comes_from_the_downward
      "invalid set_sizes from GPUPLUGIN_DRA_SET_SIZES: set sizes must be within 2..16, got [64]"),
     (["--set-sizes", "2,four"], {"NODE_NAME": "n"}, "not a comma-separated list of integers"),
     (["--min-publish-interval", "-1"], {"NODE_NAME": "n"}, "invalid min_publish_interval from --min-publish-interval"),
+    (["--reconcile-interval", "0"], {"NODE_NAME": "n"}, "invalid reconcile_interval from --reconcile-interval"),
+    ([], {"NODE_NAME": "n", "GPUPLUGIN_DRA_RECONCILE_INTERVAL": "86400"},
+     "invalid reconcile_interval from GPUPLUGIN_DRA_RECONCILE_INTERVAL"),
     (["--topology", "/nonexistent/topo.txt"], {"NODE_NAME": "n"}, "file '/nonexistent/topo.txt' does not exist"),
     (["--driver-name", "UPPER.case"], {"NODE_NAME": "n"}, "invalid driver_name from --driver-name"),
 ])
