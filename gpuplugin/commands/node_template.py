@@ -13,6 +13,14 @@ the same labels the publisher computes (gpuplugin.publisher) and the same resour
 - `capi`: Cluster API annotations `capacity.cluster-autoscaler.kubernetes.io/labels` (comma-joined k=v),
   `.../gpu-type` (the resource name) and `.../gpu-count`. The format names one GPU resource: with several (whole
   and shared, MIG profiles), the others cannot be declared, and stderr says which.
+- `kubelet`: the kubelet's `--node-labels=k=v,...`, for a node group's kubelet arguments or bootstrap script, so a
+  new node carries the labels from its registration. Without them it is, for a few seconds after its GPUs become
+  allocatable and before the plugin labels it, a ready node that does not fit a pod asking NVLink or a bandwidth
+  floor: an autoscaler loop meanwhile sees the pod still unschedulable and may add a second node. The kubelet may
+  only set labels the NodeRestriction admission plugin allows it (KEP-279): none under
+  `node-restriction.kubernetes.io`, and under `kubernetes.io` / `k8s.io` (and their subdomains) only the kubelet's
+  own (`kubelet.kubernetes.io`, `node.kubernetes.io`); a prefix there is refused here (exit 2) rather than by a
+  kubelet that will not start.
 
 A Karpenter NodeOverlay is not offered: the reference gives its apiVersion and `spec.capacity`, not how it names
 the instance types it applies to, and this command prints only spellings the reference gives.
@@ -30,7 +38,7 @@ import click
 from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
 from gputopo.core import CoreError, Topology
 
-FORMATS = ("labels", "aws", "capi")
+FORMATS = ("labels", "aws", "capi", "kubelet")
 AWS_LABEL_TAG = "k8s.io/cluster-autoscaler/node-template/label/"
 AWS_RESOURCE_TAG = "k8s.io/cluster-autoscaler/node-template/resources/"
 CAPI_PREFIX = "capacity.cluster-autoscaler.kubernetes.io/"
@@ -39,6 +47,28 @@ MIG_STRATEGIES = ("none", "single", "mixed")
 
 class _ExitTwo(click.ClickException):
     exit_code = 2
+
+
+_KUBERNETES_NAMESPACES = ("kubernetes.io", "k8s.io")
+_KUBELET_NAMESPACES = ("kubelet.kubernetes.io", "node.kubernetes.io")
+_NODE_RESTRICTION_NAMESPACE = "node-restriction.kubernetes.io"
+
+
+def _in_namespace(namespace: str, domain: str) -> bool:
+    return namespace == domain or namespace.endswith(f".{domain}")
+
+
+def kubelet_label_problem(key: str) -> str | None:
+    """Why a kubelet may not set label `key` on its own Node under NodeRestriction, or None. Our keys are never
+    among the kubelet's well-known labels (hostname, os, arch, zone, ...), so only the namespaces matter here."""
+    namespace = key.split("/", 1)[0] if "/" in key else ""
+    if _in_namespace(namespace, _NODE_RESTRICTION_NAMESPACE):
+        return f"{key}: the {_NODE_RESTRICTION_NAMESPACE} namespace is forbidden to kubelets"
+    if (any(_in_namespace(namespace, d) for d in _KUBERNETES_NAMESPACES)
+            and not any(_in_namespace(namespace, d) for d in _KUBELET_NAMESPACES)):
+        return (f"{key}: kubelets may set no label under kubernetes.io or k8s.io but the kubelet's own; use an "
+                "--annotation-prefix outside them")
+    return None
 
 
 @dataclass(frozen=True)
@@ -127,6 +157,11 @@ def render(template: NodeTemplate, fmt: str, resource_name: str) -> tuple[list[s
     labels, resources = template.labels, template.resources
     if fmt == "labels":
         return [f"{k}={v}" for k, v in labels.items()], []
+    if fmt == "kubelet":
+        problems = [p for p in map(kubelet_label_problem, labels) if p]
+        if problems:
+            raise _ExitTwo(f"--format kubelet: {problems[0]}")
+        return ([f"--node-labels={','.join(f'{k}={v}' for k, v in labels.items())}"] if labels else []), []
     if fmt == "aws":
         return ([f"{AWS_LABEL_TAG}{k}={v}" for k, v in labels.items()]
                 + [f"{AWS_RESOURCE_TAG}{r}={n}" for r, n in resources.items()]), []
@@ -145,7 +180,8 @@ def render(template: NodeTemplate, fmt: str, resource_name: str) -> tuple[list[s
               help="nvidia-smi topo -m text, NVML recording or topology JSON of one node of the group (an NVML "
                    "recording for MIG).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="labels", show_default=True,
-              help="labels: key=value lines; aws: ASG node-template tags; capi: Cluster API annotations.")
+              help="labels: key=value lines; aws: ASG node-template tags; capi: Cluster API annotations; kubelet: "
+                   "the kubelet's --node-labels, so new nodes carry the labels from registration.")
 @click.option("--sharing-config", type=click.Path(dir_okay=False),
               help="The node's GPU sharing config (NVIDIA's device plugin format): shared resources and replicas.")
 @click.option("--mig-strategy", type=click.Choice(MIG_STRATEGIES),
