@@ -66,13 +66,16 @@ def stop_daemonset(api: Any, namespace: str, name: str, keys: Keys, wait_s: floa
         time.sleep(POLL_S)
 
 
-def _node_names(api: Any, nodes: tuple[str, ...], every: bool) -> list[str]:
+def _node_names(api: Any, nodes: tuple[str, ...], every: bool, keys: Keys, gfd_labels: bool) -> list[str]:
+    """The Nodes to clean: those named, or of all Nodes those the listing shows carrying keys of ours (each is
+    read again before its patch; no plugin runs any more to add keys to the others)."""
     if not every:
         return list(nodes)
+    from gpuplugin.node_cleanup import owned_on
     from gputopo.kube.fetching import list_objects
 
     items, _ = list_objects(api, "nodes")
-    return sorted(n["metadata"]["name"] for n in items)
+    return sorted(n["metadata"]["name"] for n in items if owned_on(n, keys, gfd_labels=gfd_labels))
 
 
 @click.command("cleanup")
@@ -115,12 +118,12 @@ def command(nodes: tuple[str, ...], every: bool, annotation_prefix: str, gfd_lab
     try:
         if daemonset is not None:
             left = stop_daemonset(api, namespace, ds_name, keys, wait_s)
-            if left:
-                failed = True
+            if left:  # a node that is down keeps its pod Terminating for ever: that must not block an uninstall
+                log.warning("plugin.cleanup.pods_left", daemonset=daemonset, pods=left, wait_s=wait_s)
                 click.echo(f"warning: pods of {daemonset} still there after {wait_s:g}s: {', '.join(left)}; "
-                           "cleaning anyway (they may write their keys back; run this again once they are gone)",
-                           err=True)
-        for name in _node_names(api, nodes, every):
+                           "cleaning anyway (a running one may write its keys back: run this again once they are "
+                           "gone)", err=True)
+        for name in _node_names(api, nodes, every, keys, gfd_labels):
             try:
                 removed = remove_published(api, name, keys, gfd_labels=gfd_labels)
             except CleanupError as e:
