@@ -30,6 +30,7 @@ from gputopo.contract import DEFAULT_KEYS
 from gputopo.discovery.loader import load_topology_file
 from tests.extender.conftest import H100X4
 from tests.helpers.controlplane import ControlPlane, tidied, wait_until
+from tests.helpers.paths import short_dir
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -331,7 +332,6 @@ def test_the_real_plugin_publishes_under_its_policy(cluster: Cluster) -> None:
     from sim.kubelet import KubeletSimulator
     from sim.podresources import PodResourcesServer
     from sim.ports import free_port
-    from tests.helpers.paths import short_dir
     from tests.helpers.processes import stop_process
 
     cp = cluster.cp
@@ -368,3 +368,36 @@ def test_the_real_plugin_publishes_under_its_policy(cluster: Cluster) -> None:
             text = log.read_text(errors="replace")
         assert "ValidatingAdmissionPolicy" not in text and "Forbidden" not in text, text[-3000:]
     assert DEFAULT_KEYS.topology in cluster.node(NODE_A)["metadata"]["annotations"]
+
+
+def test_the_real_dra_slice_publisher_writes_under_its_policy(cluster: Cluster) -> None:
+    """gpuplugin.dra's SlicePublisher with the token of the driver's pod on node A: it reads its Node (the slices'
+    owner), publishes the whole pool, and republishes it when a GPU turns unhealthy, all through the policy."""
+    if cluster.source != "chart":
+        pytest.skip("the DRA driver is installed by the chart only (deploy/manifests has no DRA mode)")
+    from gpuplugin.dra.pool import PoolPlanner
+    from gpuplugin.dra.publisher import SlicePublisher
+    from gputopo.kube import make_api_client
+    from tests.gpuplugin.dra.conftest import DGX1, TAINT, catalog
+
+    cp = cluster.cp
+    unhealthy: set[int] = set()
+    with short_dir("restrict-dra-") as root:
+        kubeconfig = cp.write_kubeconfig(root / "dra.kubeconfig", cluster.tokens[DRA])
+        api = make_api_client(kubeconfig=str(kubeconfig), timeout_s=10.0)
+        publisher = SlicePublisher(api, PoolPlanner(catalog(str(DGX1)), taint_key=TAINT),
+                                   lambda: (set(), set(unhealthy)), driver=DRIVER, node=NODE_A, min_interval_s=0.0)
+        try:
+            publisher.start()
+            assert publisher.wait_syncs(1, 30), "no sync through the policy"
+            unhealthy.add(3)
+            publisher.request()
+            wait_until("the unhealthy GPU's devices republished tainted", lambda: any(
+                d.get("taints") for s in cp.list_items(SLICES) if s["spec"]["nodeName"] == NODE_A
+                for d in s["spec"].get("devices") or []), 30)
+        finally:
+            publisher.stop()
+            api.close()
+    mine = [s for s in cp.list_items(SLICES) if s["spec"]["nodeName"] == NODE_A and s["spec"]["driver"] == DRIVER]
+    assert mine and len(mine) == mine[0]["spec"]["pool"]["resourceSliceCount"]
+    assert all(s["metadata"]["ownerReferences"][0]["name"] == NODE_A for s in mine)
