@@ -20,7 +20,7 @@ import structlog
 
 from gpuplugin.config import SETTINGS, PluginConfig
 from gputopo.discovery.nics import attach_nics
-from gputopo.logs import configure_logging
+from gputopo.logs import ProcessOutput, configure_logging
 from gputopo.workers import Teardown, stop_on_signals
 
 log = structlog.get_logger("gpuplugin.run")
@@ -438,6 +438,15 @@ def wait_without_gpus(cfg: PluginConfig, stop: threading.Event, why: str) -> Non
 def command(cfg: PluginConfig) -> None:
     """Serve the GPUs to the kubelet as a topology-aware device plugin."""
     configure_logging(cfg.log_level)
+    output = ProcessOutput("plugin", cfg.log_level).start()
+    try:
+        serve_until_stopped(cfg)
+    finally:
+        output.stop()
+
+
+def serve_until_stopped(cfg: PluginConfig) -> None:
+    """`run`'s body once logging is set: serve until a signal; exit status 1 when the plugin cannot start."""
     stop = stop_on_signals("gpuplugin run")
     try:
         run_plugin(cfg, stop)

@@ -40,6 +40,8 @@ DEFAULT_RESOURCE_NAME = "nvidia.com/gpu"
 # The first warning that no kubelet.sock appeared, and the longest interval between the next ones.
 KUBELET_WARN_S = 60.0
 KUBELET_WARN_MAX_S = 900.0
+# How long a replaced server's calls in flight may take to finish before they are cut.
+STOP_GRACE_S = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +195,9 @@ class PluginRunner(Worker):
     def _restart_server(self) -> None:
         old, self._server = self._server, None
         if old is not None:
-            # Streams on a deleted socket lead to a kubelet that is gone: no grace needed.
-            old.stop(grace=0.2 if old.intact() else 0.0)
+            # The streams end at once; the grace lets calls in flight finish rather than be cut mid-send (a
+            # deleted socket's calls come from a kubelet that is gone: they end at once, cancelled by it).
+            old.stop(grace=STOP_GRACE_S)
         server = PluginServer(self.manager, self.socket_path, max_streams=self.max_streams)
         server.start()
         self._server = server

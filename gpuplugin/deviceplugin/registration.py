@@ -32,6 +32,7 @@ KUBELET_SOCKET = "kubelet.sock"
 # on it: the lifecycle keeps watching the directory while a Register is out.
 DEFAULT_TIMEOUT_S = 15.0
 _CONNECTIVITY_TICK_S = 0.2  # grpc/_channel.py, _poll_connectivity
+_RELEASE_TIMEOUT_S = 10.0  # the poller ends within a tick once it runs; this bounds a starved one
 
 
 class Step(enum.Enum):
@@ -116,12 +117,25 @@ class Attempt:
         if future is not None:
             future.cancel()
         # gRPC watches a subscribed channel in 0.2 s ticks, and closing the channel inside a tick makes the watching
-        # thread die with a traceback: close after the tick, on a thread of its own (not the lifecycle's).
+        # thread die with a traceback: close once it has let go, on a thread of its own (not the lifecycle's).
         self._channel.unsubscribe(self._on_connectivity)
         threading.Thread(target=self._release, name="deviceplugin-registration-close", daemon=True).start()
 
     def _release(self) -> None:
-        time.sleep(_CONNECTIVITY_TICK_S * 1.5)
+        """Close the channel once gRPC's connectivity poller has stopped watching it. A fixed wait of a tick and
+        a half bets on the scheduler: on a node whose cores are busy the poller may not have run by then, and
+        closing under it kills it with a traceback. gRPC offers no event, so its own flag is read, bounded by
+        `_RELEASE_TIMEOUT_S`."""
+        state = getattr(self._channel, "_connectivity_state", None)
+        deadline = time.monotonic() + _RELEASE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if state is None:  # another gRPC: fall back on waiting out the tick
+                time.sleep(_CONNECTIVITY_TICK_S * 1.5)
+                break
+            with state.lock:
+                if not state.polling:
+                    break
+            time.sleep(_CONNECTIVITY_TICK_S / 4)
         self._channel.close()
 
 
