@@ -4,13 +4,15 @@ policy comparison bars."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,3 +98,17 @@ def policy_bars(axes: Sequence[Any], panels: Sequence[tuple[str, Callable[[Any],
         ax.set_title(title, fontsize=9)
         for x, v in enumerate(vals):
             ax.annotate(f"{v:.2f}" if isinstance(v, float) else str(v), (x, v), ha="center", va="bottom", fontsize=8)
+
+
+@contextlib.contextmanager
+def burning(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """`count` processes spinning on a core each, killed on exit: the load under which transitions are measured
+    (on a 2-core machine every thread then waits for a core, which is when shutdown and start-up races show)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()

@@ -1,11 +1,18 @@
-"""Extender failover against a real control plane: `python -m bench.failover [--pods 300] [--kill sigkill|sigterm|both]
-[--nodes N] [--runs N]`.
+"""Extender failover and restarts against a real control plane: `python -m bench.failover [--pods 300]
+[--kill KIND|both|all] [--nodes N] [--runs N | --sweep K] [--burners B]`.
 
 Two `gpu-extender serve --leader-elect` replicas, a real kube-apiserver (etcd) and a real kube-scheduler v1.36.2
 (tests/helpers/controlplane.py; binaries from shared/kube beside the clone) reaching them through a Service stand-in
 that follows the `gpu-topology.io/extender-role=leader` label (tests/helpers/service_proxy.py). A burst of GPU pods
-is created at once; after `--kill-after` binds the leader is killed: SIGKILL (its whole process group, as a
-container dies: the Lease must expire, 15 s) or SIGTERM (the Lease is released on the way out). Measured from
+is created at once; after `--kill-after` binds the leader is killed, one KIND per run:
+- `sigterm`: SIGTERM to the main process, as the kubelet sends it (the Lease is released on the way out);
+- `sigterm-group`: SIGTERM to the whole process group (an init or a shell entrypoint that forwards signals);
+- `sigkill`: SIGKILL to the whole process group, as a container dies (the Lease must expire, 15 s);
+- `restart`: one replica without election, SIGKILLed and started again at once, as the kubelet restarts a crashed
+  container: it must answer nothing until its view holds every bound pod again.
+A killed replica is started again as soon as it is gone (a Deployment's replacement), so every run also meets a
+replica starting beside a leader. `--sweep K` kills after K different bind counts spread across the burst instead of
+`--runs` at one count; `--burners B` runs B processes burning CPU throughout. Measured from
 kube-scheduler's `Successfully bound pod to node` log lines (its clock) and from a pod watch (ours): binds/s before
 the kill, the gap around it, the time until every pod is bound, pods left pending, kube-scheduler's failed attempts.
 Then the proof that no GPU was given twice: every bound pod's plan annotation names GPU ids on its node; no id may
@@ -39,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from bench.common import RESULTS, ROOT, keep_logs, machine_line, markdown_table
+from bench.common import RESULTS, ROOT, burning, keep_logs, machine_line, markdown_table, percentile
 
 if TYPE_CHECKING:  # the harness is imported lazily, so that --help works anywhere
     from tests.helpers.controlplane import ControlPlane, Proc
@@ -107,13 +114,19 @@ class Replica:
 
 def create_replica_pod(cp: ControlPlane, namespace: str, name: str, port: int) -> None:
     """The replica's Pod object, as a Deployment's pod would be once running: on the control-plane node, podIP
-    127.0.0.1, Ready; its port in the Service stand-in's annotation (one IP here cannot tell replicas apart)."""
+    127.0.0.1, Ready; its port in the Service stand-in's annotation (one IP here cannot tell replicas apart). A Pod
+    that exists already (its container restarted) gets the new port."""
     from tests.helpers.service_proxy import PORT_ANNOTATION
 
-    cp.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
+    r = cp.api().post(f"/api/v1/namespaces/{namespace}/pods", json={
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "gpu-extender"},
                      "annotations": {PORT_ANNOTATION: str(port)}},
         "spec": {"nodeName": CONTROL_NODE, "containers": [{"name": "extender", "image": "registry.invalid/none:0"}]}})
+    if r.status_code == 409:
+        cp.patch(f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": {"annotations": {
+            PORT_ANNOTATION: str(port)}}})
+    elif r.status_code != 201:
+        raise RuntimeError(f"creating the replica's Pod {namespace}/{name}: {r.status_code} {r.text[:300]}")
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     cp.patch(f"/api/v1/namespaces/{namespace}/pods/{name}/status", {"status": {
         "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}], "hostIP": "127.0.0.1",
@@ -121,9 +134,9 @@ def create_replica_pod(cp: ControlPlane, namespace: str, name: str, port: int) -
 
 
 def start_replica(cp: ControlPlane, namespace: str, name: str, log_dir: Path, *, leader_elect: bool = True,
-                  extra: Sequence[str] = (), tree: Path = ROOT) -> Replica:
-    """`gpu-extender serve` for Pod `name` (POD_NAME / POD_NAMESPACE set as the downward API would), its own
-    session so that a SIGKILL of the group kills its bind worker too, as a container's death does."""
+                  extra: Sequence[str] = (), tree: Path = ROOT, log_name: str = "") -> Replica:
+    """`gpu-extender serve` for Pod `name` (POD_NAME / POD_NAMESPACE set as the downward API would), in its own
+    session so that a signal to the group reaches all it started, as in a container."""
     from sim.ports import free_ports
     from tests.helpers.controlplane import start_process, wait_until
 
@@ -136,19 +149,25 @@ def start_replica(cp: ControlPlane, namespace: str, name: str, log_dir: Path, *,
         argv += ["--leader-elect", "--leader-elect-lease-duration", "15", "--leader-elect-renew-deadline", "10",
                  "--leader-elect-retry-period", "2"]
     env = {**os.environ, "POD_NAME": name, "POD_NAMESPACE": namespace, "PYTHONUNBUFFERED": "1"}
-    proc = start_process(name, argv, log_dir / f"{name}.log", env=env, cwd=tree)  # `-m` imports the tree's code
+    proc = start_process(name, argv, log_dir / f"{log_name or name}.log", env=env, cwd=tree)  # `-m`: the tree's code
     replica = Replica(name, namespace, port, mport, proc)
     wait_until(f"{name} /healthz", lambda: httpx.get(f"http://127.0.0.1:{mport}/healthz", timeout=2)
                .status_code == 200, 90, proc, 0.2)
     return replica
 
 
+KILLS = ("sigterm", "sigterm-group", "sigkill", "restart")
+
+
 def kill_replica(replica: Replica, how: str, grace: float = 30.0) -> None:
-    """SIGKILL: the whole process group at once (a container killed, an OOM, a node lost). SIGTERM: to the main
-    process, as the kubelet does, then SIGKILL of the group after `grace` (terminationGracePeriodSeconds)."""
+    """sigkill and restart: the whole process group at once (a container killed, an OOM, a node lost). sigterm: the
+    main process, as the kubelet does; sigterm-group: the whole group. Then SIGKILL of the group after `grace`
+    (terminationGracePeriodSeconds)."""
     pid = replica.proc.pid
-    if how == "sigkill":
+    if how in ("sigkill", "restart"):
         os.killpg(pid, signal.SIGKILL)
+    elif how == "sigterm-group":
+        os.killpg(pid, signal.SIGTERM)
     else:
         os.kill(pid, signal.SIGTERM)
     try:
@@ -395,8 +414,9 @@ def run_once(cp: ControlPlane, *, run_id: str, kill: str, pods: int, sizes: Sequ
     proxy: Proc | None = None
     sched = None
     watch = BindWatch(cp, pod_ns)
+    replaced: list[threading.Thread] = []
     try:
-        elect = kill != "none"
+        elect = kill not in ("none", "restart")
         for suffix in ("a", "b") if elect else ("a",):
             replicas.append(start_replica(cp, ext_ns, f"gpu-extender-{suffix}", log_dir, leader_elect=elect,
                                           tree=tree))
@@ -426,19 +446,31 @@ def run_once(cp: ControlPlane, *, run_id: str, kill: str, pods: int, sizes: Sequ
             raise RuntimeError(f"creating pods: {bad[0].status_code} {bad[0].text[:300]}")
         deadline = time.monotonic() + timeout
         kill_time = 0.0
-        if elect:
+        if kill != "none":
             tail = LogCount(sched.log, "Successfully bound pod to node")
             while max(len(watch.bound), tail.count()) < kill_after and time.monotonic() < deadline:
                 time.sleep(0.01)
             victim = next(r for r in replicas if r.name == leader)
             kill_time = time.time()
-            threading.Thread(target=kill_replica, args=(victim, kill), daemon=True).start()
+
+            def kill_and_replace() -> None:  # the kubelet restarts the container, or the Deployment replaces it
+                kill_replica(victim, kill)
+                replicas.append(start_replica(cp, ext_ns, victim.name, log_dir, leader_elect=elect, tree=tree,
+                                              log_name=f"{victim.name}-again"))
+
+            replaced.append(threading.Thread(target=kill_and_replace, daemon=True))
+            replaced[0].start()
             for i in range(len(sizes) - gated, len(sizes)):
                 cp.patch(f"/api/v1/namespaces/{pod_ns}/pods/p-{i:03d}",
                          [{"op": "remove", "path": "/spec/schedulingGates"}], kind="json")
-            new = wait_leader(cp, ext_ns, replicas, 60, not_=leader)
-            result.kill_to_new_leader_s = time.time() - kill_time
-            result.new_leader = new
+            if elect:
+                new = wait_leader(cp, ext_ns, replicas, 60, not_=leader)
+                result.kill_to_new_leader_s = time.time() - kill_time
+                result.new_leader = new
+            else:
+                replaced[0].join(90)
+                result.kill_to_new_leader_s = time.time() - kill_time  # here: back, serving its Pod's port
+                result.new_leader = leader
         while len(watch.bound) < pods and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(1.0)  # the scheduler's log lines of the last binds
@@ -456,7 +488,7 @@ def run_once(cp: ControlPlane, *, run_id: str, kill: str, pods: int, sizes: Sequ
             result.all_bound_s = round(times[-1] - started, 3) if not result.pending else float("nan")
         deltas = sorted(abs(watch.bound[n] - t) * 1000 for n, t in log_binds.items() if n in watch.bound)
         result.watch_vs_log_p50_ms = round(deltas[len(deltas) // 2], 1) if deltas else float("nan")
-        if elect and times:
+        if kill != "none" and times:
             before = [t for t in times if t <= kill_time]
             after = [t for t in times if t > kill_time]
             result.kill_at = round(kill_time - started, 4)
@@ -472,7 +504,7 @@ def run_once(cp: ControlPlane, *, run_id: str, kill: str, pods: int, sizes: Sequ
             result.rate_before = round((len(times) - 1) / (times[-1] - times[0]), 1)
         proof = prove_no_double_allocation(cp, pod_ns, allocatable)
         result.proof = {**asdict(proof), "ok": proof.ok}
-        if kill == "sigterm":
+        if kill.startswith("sigterm"):
             result.written_after_release = binds_after_release(log_dir / f"{leader}.log")
     except Exception as e:
         result.error = f"{type(e).__name__}: {e}"
@@ -481,6 +513,8 @@ def run_once(cp: ControlPlane, *, run_id: str, kill: str, pods: int, sizes: Sequ
         watch.stop()
         if sched is not None:
             cp.stop_scheduler(sched)
+        for t in replaced:  # a replacement still starting is stopped with the others
+            t.join(90)
         for r in replicas:
             r.proc.stop(30)
         if proxy is not None:
@@ -503,7 +537,39 @@ def binds_after_release(log: Path) -> int:
     return count
 
 
+def sweep_counts(pods: int, k: int) -> list[int]:
+    """K distinct bind counts from the first bind to a few pods before the burst's end."""
+    last = max(1, pods - 5)
+    return sorted({max(1, round(1 + i * (last - 1) / max(1, k - 1))) for i in range(k)})
+
+
+def kill_desc(counts: Sequence[int]) -> str:
+    distinct = sorted(set(counts))
+    if len(distinct) == 1:
+        return str(distinct[0])
+    return f"{len(distinct)} different counts ({distinct[0]}-{distinct[-1]})"
+
+
 # -- report ------------------------------------------------------------------------------------------------------
+
+
+def summary(results: Sequence[RunResult]) -> str:
+    """Per kill kind: how long binds paused (p50, p99, max), GPUs given twice, pods never bound, and kube-scheduler's
+    failed attempts, over every run of that kind."""
+    rows = []
+    for kind in sorted({r.kill for r in results}):
+        runs = [r for r in results if r.kill == kind]
+        gaps = [r.gap_s for r in runs if r.binds_before_kill and r.series and r.series[-1] > r.kill_at]
+        firsts = [r.kill_to_first_bind_s for r in runs if r.kill_to_first_bind_s]
+        rows.append([kind, len(runs), len(gaps), *(round(percentile(gaps, q), 3) if gaps else "-" for q in (50, 99)),
+                     max(gaps, default="-"), round(percentile(firsts, 50), 3) if firsts else "-",
+                     sum(len(r.proof.get("given_twice", [])) for r in runs), sum(r.pending for r in runs),
+                     sum(int(r.attempts.get("error", 0)) for r in runs),
+                     f"{min(r.load_before[0] for r in runs):.1f}-{max(r.load_before[0] for r in runs):.1f}"])
+    return markdown_table(["kill", "runs", "runs with binds on both sides", "pause p50 s", "pause p99 s",
+                           "pause max s", "kill → first bind p50 s", "GPUs given twice", "pods never bound",
+                           "attempts error", "load1"], rows)
+
 
 
 def table(results: Sequence[RunResult]) -> str:
@@ -516,7 +582,7 @@ def table(results: Sequence[RunResult]) -> str:
                      int(r.attempts.get("unschedulable", 0)), p.get("bound"), p.get("gpus_planned"),
                      len(p.get("given_twice", [])), len(p.get("over_allocatable", [])),
                      len(p.get("missing_plan", [])) + len(p.get("wrong_node", [])) + len(p.get("wrong_count", [])),
-                     len(r.bound_without_log_line), r.written_after_release if r.kill == "sigterm" else "-"])
+                     len(r.bound_without_log_line), r.written_after_release if r.kill.startswith("sigterm") else "-"])
     return markdown_table(["kill", "run", "load1", "binds before kill", "binds/s before",
                            "gap s (last bind before kill → first after)",
                            "longest pause s", "kill→new leader s", "all bound s", "pending", "attempts error",
@@ -551,10 +617,15 @@ def plot(results: Sequence[RunResult], path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=300)
-    parser.add_argument("--kill", choices=("sigkill", "sigterm", "both", "none"), default="both")
+    parser.add_argument("--kill", choices=(*KILLS, "both", "all", "none"), default="both",
+                        help="both: sigterm and sigkill; all: every kind")
     parser.add_argument("--nodes", type=int, default=0, help="GPU nodes (0: enough for the burst to use ~2/3)")
     parser.add_argument("--runs", type=int, default=3, help="runs per kill variant")
     parser.add_argument("--kill-after", type=int, default=0, help="binds before the kill (0: a third of --pods)")
+    parser.add_argument("--sweep", type=int, default=0,
+                        help="K runs per kind, killing after K different bind counts spread over the burst "
+                             "(instead of --runs at --kill-after)")
+    parser.add_argument("--burners", type=int, default=0, help="processes burning CPU throughout")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--qps", type=float, default=50, help="kube-scheduler clientConnection qps (burst: 2x)")
     parser.add_argument("--timeout", type=float, default=240, help="seconds a run may take to bind every pod")
@@ -573,27 +644,32 @@ def main(argv: list[str] | None = None) -> None:
     if reason:
         print(f"bench.failover: skipped: {reason}", file=sys.stderr)
         raise SystemExit(2)
-    kinds = {"both": ["sigterm", "sigkill"], "none": ["none"]}.get(opts.kill, [opts.kill])
+    kinds = {"both": ["sigterm", "sigkill"], "all": list(KILLS), "none": ["none"]}.get(opts.kill, [opts.kill])
     sizes = burst_sizes(opts.pods, opts.seed)
     nodes = opts.nodes or default_nodes(opts.pods, opts.seed)
     kill_after = opts.kill_after or max(1, opts.pods // 3)
+    # the sweep's bind counts: spread from the first bind to near the burst's end, shuffled so that a drift of the
+    # machine over the sweep does not line up with k
+    counts = [kill_after] * opts.runs if not opts.sweep else \
+        random.Random(opts.seed).sample(sweep_counts(opts.pods, opts.sweep), opts.sweep)
     results: list[RunResult] = []
     failure = ""
     try:
-        with ControlPlane() as cp:
+        with ControlPlane() as cp, burning(opts.burners):
             log_dir = cp.dir / "logs"
             log_dir.mkdir()
             t0 = time.monotonic()
             allocatable = add_nodes(cp, nodes)
             print(f"control plane at {cp.url}; {nodes} GPU nodes ({sum(allocatable.values())} GPUs) in "
                   f"{time.monotonic() - t0:.1f} s; burst {opts.pods} pods asking {sum(sizes)} GPUs "
-                  f"({Counter(sizes)}); kill after {kill_after} binds", flush=True)
+                  f"({Counter(sizes)}); kill after {sorted(set(counts))} binds; {opts.burners} CPU burners",
+                  flush=True)
             try:
-                for kind in kinds:
-                    for n in range(1, opts.runs + 1):
+                for n, k in enumerate(counts, 1):
+                    for kind in kinds:  # kinds alternate, so that each meets the same machine
                         print(f"{machine_line()}; load {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
                         r = run_once(cp, run_id=f"{kind}-{n}", kill=kind, pods=opts.pods, sizes=sizes,
-                                     allocatable=allocatable, kill_after=kill_after, log_dir=log_dir,
+                                     allocatable=allocatable, kill_after=k, log_dir=log_dir,
                                      timeout=opts.timeout, qps=opts.qps, burst=int(2 * opts.qps), run_no=n,
                                      keep_connections=opts.proxy == "keep", tree=opts.extender_tree)
                         results.append(r)
@@ -611,19 +687,21 @@ def main(argv: list[str] | None = None) -> None:
         print(f"bench.failover: failed: {failure.splitlines()[0]}", file=sys.stderr)
     if not results:
         raise SystemExit(1)
-    md = table(results)
+    md = summary(results) + "\n\n" + table(results)
     print(machine_line())
     print(md)
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     command = "python -m bench.failover " + " ".join(argv if argv is not None else sys.argv[1:])
     header = (f"# Extender failover (real kube-apiserver + kube-scheduler v1.36.2)\n\n`{command}`\n\n{machine_line()}; "
               f"{nodes} GPU nodes, {sum(allocatable.values())} GPUs; {opts.pods} pods asking {sum(sizes)} GPUs; "
-              f"leader killed after {kill_after} binds; kube-scheduler qps {opts.qps} burst {int(2 * opts.qps)}; "
+              f"leader killed after {kill_desc(counts)} binds; {opts.burners} CPU burners; "
+              f"kube-scheduler qps {opts.qps} burst {int(2 * opts.qps)}; "
               f"Service stand-in: {opts.proxy} connections to a replica that leaves the endpoints.\n\n")
     opts.out.with_suffix(".md").write_text(header + md + "\n")
     opts.out.with_suffix(".json").write_text(json.dumps({
         "command": command, "machine": machine_line(), "nodes": nodes, "gpus": sum(allocatable.values()),
-        "pods": opts.pods, "gpus_asked": sum(sizes), "kill_after": kill_after, "proxy": opts.proxy,
+        "pods": opts.pods, "gpus_asked": sum(sizes), "kill_after": counts, "burners": opts.burners,
+        "proxy": opts.proxy,
         "runs": [asdict(r) for r in results]}, indent=1, default=str))
     plot(results, opts.out.with_suffix(".png"))
     print(f"wrote {opts.out.with_suffix('.md')}, .json, .png")

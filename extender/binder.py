@@ -1,8 +1,9 @@
 """The bind verb: choose the GPUs on the chosen node, reserve them, and POST the Binding with the plan.
 
 Choose+reserve runs under the node's lock and is synchronous (no await inside), so two binds to one node never see
-the same free GPUs; the apiserver's POST runs outside any lock, in the bind worker process (extender.bindposts: its
-Python would otherwise take the GIL from filter and prioritize), reads of a pod in a worker thread. If the call
+the same free GPUs; the apiserver's POST and reads of a pod run outside any lock, in worker threads (at most
+`api_concurrency` at once). A separate posting process was measured not to pay for itself behind the real
+kube-scheduler, and a signal to the process group killed it mid-bind. If the call
 fails the reservation is released and kube-scheduler gets the Error (it retries the pod later), except when the
 apiserver may still apply the Binding (no answer after the request went out, or 504): the GPUs then stay reserved
 until the pod is seen bound or gone, or the reservation times out, so they are never planned for a second pod
@@ -24,7 +25,6 @@ import anyio
 import kubernetes.client
 import structlog
 
-from extender.bindposts import BindPosts
 from extender.config import ExtenderConfig
 from extender.metrics import ExtenderMetrics
 from extender.placement.engine import NoFit, Placement
@@ -39,7 +39,7 @@ from extender.state.sharing import thresholds
 from gputopo.contract import Plan, encode_plan
 from gputopo.core import Topology
 from gputopo.core.bitset import mask_of
-from gputopo.kube import Conflict, KubeApiError, KubeArgumentError, NotFound, get_pod
+from gputopo.kube import ApiUnavailable, Conflict, KubeApiError, KubeArgumentError, NotFound, bind_pod, get_pod
 from gputopo.kube import may_have_applied as maybe_applied
 
 if TYPE_CHECKING:
@@ -95,7 +95,6 @@ class Binder:
         recent: RecentPods,
         *,
         api: kubernetes.client.ApiClient | None = None,
-        posts: BindPosts | None = None,
         inventory: Inventory | None = None,
         api_concurrency: int = 8,
         explainer: Explainer | None = None,
@@ -103,15 +102,12 @@ class Binder:
     ) -> None:
         if (api is None) == (inventory is None):
             raise ValueError("a binder needs exactly one of an apiserver client or an inventory")
-        if api is not None and posts is None:
-            raise ValueError("a binder with an apiserver client needs the bind worker (extender.bindposts)")
         self.config = config
         self.cache = cache
         self.placement = placement
         self.metrics = metrics
         self.recent = recent
         self.api = api
-        self.posts = posts
         self.inventory = inventory
         self.jobs = jobs  # a job's pod takes its slot of the job's plan (extender.jobs.plans)
         self._api_limiter = anyio.CapacityLimiter(api_concurrency)
@@ -352,11 +348,21 @@ class Binder:
         if res is not None:
             self.cache.reservations.release_if(req.holder, req.node, res)
 
+    def _post_if_leading(self, req: BindRequest, annotations: dict[str, str]) -> None:
+        """The POST, in a worker thread; the Lease is checked again once the thread has room, so a bind that waited
+        for one while this replica stepped down is never written (ApiUnavailable, not sent: the caller releases)."""
+        if not self.may_bind():
+            err = ApiUnavailable(0, "NotLeading", "this gpu-extender replica no longer holds the leader election "
+                                 "Lease", operation=f"bind pod {req.key} to {req.node}")
+            err.applied = False
+            raise err
+        assert self.api is not None
+        bind_pod(self.api, namespace=req.namespace, name=req.name, uid=req.uid or None, node=req.node,
+                 annotations=annotations)
+
     async def _post_binding(self, req: BindRequest, plan: Plan | None, res: Reservation | None) -> str:
         try:
-            assert self.posts is not None
-            await self.posts.post(namespace=req.namespace, name=req.name, uid=req.uid or None, node=req.node,
-                                  annotations=self._annotations(req, plan))
+            await self._api_call(self._post_if_leading, req, self._annotations(req, plan))
         except Conflict as e:
             return await self._resolve_conflict(req, plan, res, e)
         except NotFound:

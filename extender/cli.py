@@ -68,10 +68,6 @@ def main(ctx: click.Context) -> None:
 @SETTINGS.command
 def serve(config: ExtenderConfig) -> None:
     """Serve POST /filter /prioritize /bind /preempt and GET /healthz /readyz /metrics."""
-    if not config.inventory:
-        from extender.forkserver import start_early
-
-        start_early()  # the bind worker's forkserver imports the client beside this process's own imports
     _serve(config)
 
 
@@ -83,7 +79,6 @@ def _stop_on_lost_lease() -> None:
 
 
 def _serve(config: ExtenderConfig) -> None:
-    import uvicorn
 
     from extender.http.app import create_app, create_metrics_app
     from extender.http.server import (
@@ -91,6 +86,7 @@ def _serve(config: ExtenderConfig) -> None:
         api_server_config,
         companion_server,
         connection_limits,
+        handing_over_server,
         listen_failed,
         listeners,
         serve_beside,
@@ -139,7 +135,7 @@ def _serve(config: ExtenderConfig) -> None:
              max_connections=limits.max_connections, header_timeout_s=limits.header_timeout_s,
              body_timeout_s=limits.body_timeout_s)
     api_config = api_server_config(create_app(ext), config, metrics, lifespan="on")
-    main_server = uvicorn.Server(api_config)
+    main_server = handing_over_server(api_config, ext.hand_over)
 
     async def run() -> None:
         await serve_beside(main_server, metrics_server, [sock], [metrics_sock] if metrics_sock else [])

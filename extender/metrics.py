@@ -43,10 +43,6 @@ class ExtenderMetrics:
         self.nodes = Gauge(f"{PREFIX}_cache_nodes", "Nodes in the cache.", registry=r)
         self.nodes_without_topology = Gauge(f"{PREFIX}_cache_nodes_without_topology",
                                             "Cached nodes that publish no usable topology.", registry=r)
-        self.bind_worker_starts = Counter(
-            f"{PREFIX}_bind_worker_starts_total",
-            "Bind worker processes started (extender.bindposts): past the first, each is a restart after one died.",
-            registry=r)
         self.pods = Gauge(f"{PREFIX}_cache_pods", "GPU pods in the cache.", registry=r)
         self.bad_requests = Counter(f"{PREFIX}_bad_requests_total", "Requests answered 400/413, by verb.",
                                     ["verb"], registry=r)

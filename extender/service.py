@@ -12,7 +12,6 @@ import kubernetes.client
 import structlog
 
 from extender.binder import Binder
-from extender.bindposts import BindPosts
 from extender.config import ExtenderConfig
 from extender.jobs.plans import JobPlans
 from extender.leadership import Leadership
@@ -31,7 +30,6 @@ from gputopo.workers import Worker
 
 log = structlog.get_logger(__name__)
 
-POSTS_READY_TIMEOUT_S = 30.0
 # Reservation ends that come with no cluster event kube-scheduler would retry a refused pod on (extender.requeue):
 # a timeout, and a job's slots given up when it was planned again.
 TIMED_ENDS = frozenset({"timeout", "replanned"})
@@ -54,17 +52,6 @@ class ReservationExpiry(Worker):
         self.cache.expire_reservations()
         self.jobs.sweep()
         return self.interval_s
-
-
-def bind_posts(api: kubernetes.client.ApiClient, config: ExtenderConfig, metrics: ExtenderMetrics) -> BindPosts:
-    """The bind worker for a cluster client: it makes the same client in its own process from the arguments
-    make_api_client recorded, so only such clients can bind."""
-    recipe = getattr(api, "recipe", None)
-    if not isinstance(recipe, dict):
-        raise ValueError("cluster mode needs an ApiClient made by gputopo.kube.make_api_client: the bind worker "
-                         "process makes its own client from the same arguments")
-    return BindPosts(recipe, log_level=config.log_level, max_in_flight=max(1, config.max_connections),
-                     on_start=metrics.bind_worker_starts.inc)
 
 
 class Extender:
@@ -100,15 +87,13 @@ class Extender:
         self.dra = DraView(config.dra_driver) if config.dra_driver and api is not None else None
         sync_options = {"metrics": self.metrics.watch, "dra": self.dra, **(sync_options or {})}
         self.sync = ClusterSync(api, self.cache, **sync_options) if api is not None else None
-        self.posts = bind_posts(api, config, self.metrics) if api is not None else None
         self.binder = Binder(config, self.cache, self.placement, self.metrics, self.recent, api=api,
-                             posts=self.posts, inventory=inventory, explainer=self.explainer, jobs=self.jobs)
+                             inventory=inventory, explainer=self.explainer, jobs=self.jobs)
         self.mode = "standalone" if inventory is not None else "cluster"
         self.leadership: Leadership | None = None
-        if self.posts is not None and config.leader_elect:  # a cluster: the bind worker posts what a leader binds
-            self.leadership = Leadership(api, config, self.metrics, ready=self.ready,
-                                         on_lost=on_lost_lease or (lambda: None), drain=self.binder.wait_idle,
-                                         abandon=self.posts.abandon)
+        if api is not None and self.sync is not None and config.leader_elect:
+            self.leadership = Leadership(api, config, self.metrics, sync=self.sync,
+                                         on_lost=on_lost_lease or (lambda: None), drain=self.binder.wait_idle)
             self.binder.may_bind = self.leading
         self.expiry_interval_s = expiry_interval_s or max(0.05, min(5.0, config.reservation_timeout_s / 4))
         self._expiry = ReservationExpiry(self.cache, self.jobs, self.expiry_interval_s)
@@ -137,12 +122,6 @@ class Extender:
         return cls(config or ExtenderConfig(), api=api, **kwargs)
 
     def start(self) -> Extender:
-        if self.posts is not None:
-            self.posts.start()
-            # Serve once binds can be posted: a worker still importing its client made the first binds wait seconds.
-            if not self.posts.wait_ready(POSTS_READY_TIMEOUT_S):
-                log.warning("extender.bind_posts.not_ready", waited_s=POSTS_READY_TIMEOUT_S,
-                            hint="binds wait for the bind worker process; readiness says when it is up")
         if self.sync is not None:
             self.sync.start()
         if self.leadership is not None:
@@ -153,13 +132,17 @@ class Extender:
         log.info("extender.service.started", mode=self.mode, nodes=len(self.cache.nodes))
         return self
 
+    def hand_over(self) -> None:
+        """On the way out, while the server still answers: a leader steps down, lets its binds end and releases
+        its Lease, so a standby leads before any connection is closed."""
+        if self.leadership is not None:
+            self.leadership.stop()
+
     def stop(self) -> None:
         if self.leadership is not None:
             self.leadership.stop()  # first: a standby takes over while this one winds down
         if self.sync is not None:
             self.sync.stop()
-        if self.posts is not None:
-            self.posts.stop()
         self._expiry.stop()
         if self.requeue is not None:
             self.requeue.stop()
@@ -170,10 +153,19 @@ class Extender:
         if self.requeue is not None and why in TIMED_ENDS:
             self.requeue.ended(why, count)
 
+    def not_ready(self) -> str | None:
+        """Why this replica cannot answer yet (None: it can). Until every watch has delivered its first list, the
+        view lacks bound pods' plans, nodes or job owners: an answer from it could hand out GPUs a pod already
+        holds. Under election a replica is ready once synced and able to reach its Lease, so that a disruption
+        budget counts the standby too; whether it may answer is `leading`."""
+        if self.sync is not None and (why := self.sync.not_synced()) is not None:
+            return why
+        if self.leadership is not None:
+            return self.leadership.problem
+        return None
+
     def ready(self) -> bool:
-        """Able to answer: every replica under election is ready once synced, so that a disruption budget counts
-        the standby too; whether it may answer is `leading`."""
-        return (self.sync is None or self.sync.synced) and (self.posts is None or self.posts.ready)
+        return self.not_ready() is None
 
     def leading(self) -> bool:
         """May answer the verbs and bind: always without election, else only while holding the Lease."""

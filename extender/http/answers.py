@@ -94,14 +94,25 @@ def counted(verb: str, code: int, started: float, ext: Extender) -> None:
     metrics.latency.labels(verb).observe(time.perf_counter() - started)
 
 
-async def standby_answer(request: Request, verb: str, ext: Extender, started: float) -> Response:
-    """503 from a replica that does not hold the Lease: its reservations are not the cluster's, so it must neither
-    plan nor bind. The body is read first (bounded), so the connection stays usable for the next request."""
-    assert ext.leadership is not None
+def refusal(ext: Extender) -> str | None:
+    """Why this replica must not answer a verb now (None: it may). A view that is not yet whole (a start, a
+    restart) lacks bound pods' plans and nodes: a plan from it can give a GPU twice, a refusal from it strands the
+    pod. A replica under election answers only while it leads, and only once its view holds what the previous
+    leader wrote (extender.leadership)."""
+    if ext.leadership is not None:
+        return None if ext.leadership.leading else ext.leadership.standby_reason()
+    why = ext.not_ready()
+    return None if why is None else f"gpu-extender not ready: {why}"
+
+
+async def refused_answer(request: Request, verb: str, ext: Extender, started: float, why: str) -> Response:
+    """503: kube-scheduler takes it as an error of this attempt, and retries the pod after its short back-off
+    (1 s at first) instead of parking it as unschedulable. The body is read first (bounded), so the connection stays
+    usable for the next request."""
     with contextlib.suppress(Exception):  # too large or cut off: the answer is the same
         await read_body(request, ext.config.max_body_bytes)
     counted(verb, 503, started, ext)
-    return Response(orjson.dumps({"Error": ext.leadership.standby_reason()}), status_code=503, media_type=JSON)
+    return Response(orjson.dumps({"Error": why}), status_code=503, media_type=JSON)
 
 
 async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Extender) -> Response:
@@ -109,8 +120,8 @@ async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Ex
     it. `run` takes the decoded body and returns the answer as data, or (bind, a job pod's filter) an awaitable."""
     started = time.perf_counter()
     code = 200
-    if ext.leadership is not None and not ext.leadership.leading:
-        return await standby_answer(request, verb, ext, started)
+    if (why := refusal(ext)) is not None:
+        return await refused_answer(request, verb, ext, started, why)
     try:
         body = await read_body(request, ext.config.max_body_bytes)
         with _no_cyclic_gc():

@@ -40,9 +40,11 @@ import resource
 import socket
 import ssl
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, ClassVar, NoReturn, Protocol
 
 import click
@@ -424,6 +426,35 @@ def api_server_config(app: Any, config: Any, metrics: HttpMetrics, *, lifespan: 
 def close_quietly(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.close()
+
+
+def handing_over_server(config: uvicorn.Config, hand_over: Callable[[], None]) -> uvicorn.Server:
+    """A uvicorn server that, on its first SIGTERM or SIGINT, keeps serving while `hand_over` runs (in a thread of
+    its own), and only then shuts down as uvicorn does (in-flight requests answered, idle connections closed). A
+    leader steps down and releases its Lease while its connections still answer (503 from then on), so none of
+    kube-scheduler's calls in flight meets a closed connection and a standby takes over at once. A second signal
+    shuts down without waiting."""
+
+    class HandingOverServer(uvicorn.Server):
+        handing_over = False
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.handing_over or self.should_exit:
+                super().handle_exit(sig, frame)
+                return
+            self._captured_signals.append(sig)  # re-raised after the shutdown, as uvicorn does
+            self.handing_over = True
+            threading.Thread(target=self._hand_over, name="extender-hand-over", daemon=True).start()
+
+        def _hand_over(self) -> None:
+            try:
+                hand_over()
+            except Exception:
+                log.exception("extender.server.hand_over_failed")
+            finally:
+                self.should_exit = True
+
+    return HandingOverServer(config)
 
 
 def companion_server(config: uvicorn.Config) -> uvicorn.Server:

@@ -4,6 +4,7 @@ where it exists: a kind that is not installed or not granted is looked for again
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import kubernetes.client
@@ -60,25 +61,32 @@ class ClusterSync:
                                        absent_retry_s=group_retry_s, **common))
 
     def start(self) -> None:
-        self.nodes.start()
-        self.pods.start()
-        for w in self.groups + self.owners + self.dra:
+        for w in self.watchers():
             w.start()
 
     def stop(self) -> None:
-        for w in self.groups + self.owners + self.dra:
+        for w in reversed(self.watchers()):
             w.stop()
-        self.pods.stop()
-        self.nodes.stop()
+
+    def watchers(self) -> list[Watcher]:
+        return [self.nodes, self.pods, *self.groups, *self.owners, *self.dra]
+
+    def not_synced(self) -> str | None:
+        """Which watches have not delivered their first list yet (None: all have). Every kind counts: the group and
+        job owner kinds size jobs, the DRA kinds rank DRA nodes. A kind not served or not granted counts as listed
+        (empty) once the apiserver said so, so waiting ends for those too."""
+        waiting = [w.label for w in self.watchers() if not w.synced]
+        return f"the view is not complete yet: waiting for the first list of {', '.join(waiting)}" if waiting \
+            else None
 
     @property
     def synced(self) -> bool:
-        """Nodes and pods listed (group sizes are not waited for: a kind may never be served; nor the DRA kinds,
-        whose view fills in within moments of the start: until then DRA nodes take the paths of other nodes)."""
-        return self.nodes.synced and self.pods.synced
+        return self.not_synced() is None
 
     def wait_synced(self, timeout: float | None = None) -> bool:
-        return self.nodes.wait_synced(timeout) and self.pods.wait_synced(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return all(w.wait_synced(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                   for w in self.watchers())
 
     def confirm_node(self, node: str) -> list[str]:
         """Read the pods bound to `node` from the apiserver now (a consistent list, not the watch) and drop from the

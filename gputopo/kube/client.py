@@ -32,15 +32,11 @@ class KubeConfigError(RuntimeError):
 
 
 class KubeApiClient(kubernetes.client.ApiClient):
-    """An ApiClient that remembers the request timeout its helpers should use, and the make_api_client arguments
-    it was made from (`recipe`): another process (extender.bindposts' worker) makes the same client from them,
-    token refresh and all, rather than from a copy of credentials already loaded."""
+    """An ApiClient that remembers the request timeout its helpers should use."""
 
-    def __init__(self, configuration: kubernetes.client.Configuration, *, timeout_s: float,
-                 recipe: dict[str, Any] | None = None) -> None:
+    def __init__(self, configuration: kubernetes.client.Configuration, *, timeout_s: float) -> None:
         super().__init__(configuration)
         self.timeout_s = timeout_s
-        self.recipe = recipe
 
 
 def request_timeout(api: kubernetes.client.ApiClient) -> float:
@@ -116,8 +112,7 @@ def make_api_client(
     elif not verify_ssl:
         cfg.verify_ssl = False
     log.debug("kube.client.configured", source=source, host=cfg.host, timeout_s=timeout_s)
-    recipe = {"kubeconfig": kubeconfig, "host": host, "token": token, "verify_ssl": verify_ssl, "timeout_s": timeout_s}
-    return KubeApiClient(cfg, timeout_s=timeout_s, recipe=recipe)
+    return KubeApiClient(cfg, timeout_s=timeout_s)
 
 
 def decode_json_response(resp: Any, *, operation: str) -> dict[str, Any]:

@@ -30,12 +30,15 @@ from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
 from gputopo.kube.client import request_timeout
+from gputopo.kube.fetching import ApiResource
+from gputopo.kube.watching import SYNC, Watcher
 from gputopo.settings import lease_timing_problem
 from gputopo.workers import Worker
 
 log = structlog.get_logger(__name__)
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+LEASES = ApiResource("coordination.k8s.io", "v1", "leases", "Lease")
 
 
 class ElectionError(ValueError):
@@ -83,19 +86,65 @@ class _Stopped(Exception):
 
 
 class _TimedLeases(kubernetes.client.CoordinationV1Api):
-    """The three calls the library makes, each bounded by the client's request timeout."""
+    """The three calls the library makes, each bounded by the client's request timeout, each outcome noted: the
+    library swallows its errors, and a Lease this account may not read or write must not look like a lost race."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, noted: Callable[[str, ApiException | None], None]) -> None:
+        super().__init__(api)
+        self._noted = noted
+
+    def _call(self, what: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("_request_timeout", request_timeout(self.api_client))
+        try:
+            out = call(*args, **kwargs)
+        except ApiException as e:
+            self._noted(what, e)
+            raise
+        self._noted(what, None)
+        return out
 
     def read_namespaced_lease(self, name: str, namespace: str, **kwargs: Any) -> Any:
-        kwargs.setdefault("_request_timeout", request_timeout(self.api_client))
-        return super().read_namespaced_lease(name, namespace, **kwargs)
+        return self._call("get", super().read_namespaced_lease, name, namespace, **kwargs)
 
     def create_namespaced_lease(self, namespace: str, body: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("_request_timeout", request_timeout(self.api_client))
-        return super().create_namespaced_lease(namespace, body, **kwargs)
+        return self._call("create", super().create_namespaced_lease, namespace, body, **kwargs)
 
     def replace_namespaced_lease(self, name: str, namespace: str, body: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("_request_timeout", request_timeout(self.api_client))
-        return super().replace_namespaced_lease(name, namespace, body, **kwargs)
+        return self._call("update", super().replace_namespaced_lease, name, namespace, body, **kwargs)
+
+
+class _Campaign(leaderelection.LeaderElection):
+    """The library's campaign with waits that end early: a follower tries again as soon as `wake` is set (the Lease
+    was released or deleted) instead of sleeping out its retry period, so a graceful handover takes one write, not
+    up to a retry period; and a stopping candidate's waits end at once."""
+
+    def __init__(self, config: electionconfig.Config, wake: threading.Event, stopping: threading.Event) -> None:
+        super().__init__(config)
+        self.wake = wake
+        self.stopping = stopping
+
+    def acquire(self) -> bool:
+        while True:
+            self.wake.clear()
+            if self.try_acquire_or_renew():
+                return True
+            self.wake.wait(self.election_config.retry_period)
+
+    def renew_loop(self, leading_failed: threading.Event | None = None) -> None:
+        """The library's renew loop (try every retry period; give up once the renew deadline passes without a
+        successful write), its sleeps interruptible."""
+        retry_period = self.election_config.retry_period
+        while not (leading_failed is not None and leading_failed.is_set()):
+            deadline = time.monotonic() + self.election_config.renew_deadline
+            renewed = False
+            while time.monotonic() < deadline:
+                renewed = self.try_acquire_or_renew()
+                if renewed:
+                    break
+                self.stopping.wait(retry_period)
+            if not renewed:
+                return
+            self.stopping.wait(retry_period)
 
 
 class _GuardedLock:
@@ -155,9 +204,20 @@ class LeaderElector(Worker):
         self._aside = False
         self.release_on_stop = True
         self._last_write = float("-inf")
+        self.problem: str | None = None  # why the Lease cannot be used (403, 401), while that lasts
+        self.answered = False  # the apiserver has answered a Lease call (read, create or write) at least once
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._seen_holder: str | None = None  # "" once the watch saw it released
         inner = LeaseLock(settings.lease_name, settings.namespace, settings.identity)
-        inner.api_instance = _TimedLeases(api)
+        inner.api_instance = _TimedLeases(api, self._noted)
         self.lock = _GuardedLock(inner, self._wrote)
+        lease = f"{settings.namespace}/{settings.lease_name}"
+        # The Lease watched, so that a follower tries at once when it is released; without list/watch on it (an
+        # older Role) the watch stays absent and the follower polls every retry period, as before.
+        self.watch = Watcher(api, LEASES, self._lease_changed, namespace=settings.namespace,
+                             field_selector=f"metadata.name={settings.lease_name}", name=f"lease-{lease}",
+                             absent_retry_s=60.0)
         self.config = electionconfig.Config(
             self.lock, lease_duration=settings.lease_duration_s, renew_deadline=settings.renew_deadline_s,
             retry_period=settings.retry_period_s, onstarted_leading=self._started, onstopped_leading=self._lost)
@@ -173,12 +233,41 @@ class LeaderElector(Worker):
         self._aside = True
 
     def holder(self) -> str | None:
-        """Who holds the Lease, as this candidate last read it (None: not read yet, or released)."""
+        """Who holds the Lease, as this candidate's watch last saw it, else as it last read it (None: not seen
+        yet, or released)."""
+        if self._seen_holder is not None:
+            return self._seen_holder or None
         ref = self.lock.inner.lease_reference
         return ref.spec.holder_identity if ref is not None and ref.spec is not None else None
 
     def _wrote(self) -> None:
         self._last_write = self._clock()
+
+    def _noted(self, what: str, error: ApiException | None) -> None:
+        """One error line when this account may not use the Lease, one info line when it may again."""
+        self.answered = True
+        lease = f"{self.settings.namespace}/{self.settings.lease_name}"
+        if error is None or error.status not in (401, 403):
+            if self.problem is not None and error is None:
+                self.problem = None
+                log.info("kube.election.lease_usable", lease=lease)
+            return
+        problem = (f"leader election cannot {what} the Lease {lease}: {error.status} {error.reason} (the "
+                   "ServiceAccount needs get, update and create on leases in that namespace)")
+        if problem != self.problem:
+            log.error("kube.election.forbidden", lease=lease, verb=what, status=error.status,
+                      hint="grant the account a Role with get, update, create, list and watch on this Lease")
+        self.problem = problem
+
+    def _lease_changed(self, event_type: str, obj: dict[str, Any]) -> None:
+        if event_type == SYNC:
+            items = obj.get("items") or []
+            holder = _holder(items[0]) if items else ""
+        else:
+            holder = "" if event_type == "DELETED" else _holder(obj)
+        self._seen_holder = holder
+        if not holder:
+            self._wake.set()
 
     def _started(self) -> None:
         self._won = True
@@ -200,10 +289,13 @@ class LeaderElector(Worker):
                 return
         log.info("kube.election.campaigning", lease=f"{self.settings.namespace}/{self.settings.lease_name}",
                  identity=self.settings.identity)
+        self.watch.start()
         try:
-            leaderelection.LeaderElection(self.config).run()
+            _Campaign(self.config, self._wake, self._stopping).run()
         except _Stopped:
             return
+        finally:
+            self.watch.stop()
 
     def interrupt(self) -> None:
         """Ends the campaign (the library's next read or write raises) and releases a held Lease."""
@@ -213,6 +305,8 @@ class LeaderElector(Worker):
             self.lock.stopping = True
             if self._won and self.release_on_stop:
                 self._release()
+        self._wake.set()  # a follower waiting for its next try ends now
+        self._stopping.set()  # and so does a leader waiting to renew
 
     def _release(self) -> None:
         inner = self.lock.inner
@@ -227,6 +321,13 @@ class LeaderElector(Worker):
             log.info("kube.election.released", lease=f"{self.settings.namespace}/{self.settings.lease_name}")
         except Exception as e:  # the standby then waits out the lease
             log.warning("kube.election.release_failed", lease=self.settings.lease_name, error=_short(e))
+
+
+def _holder(lease: dict[str, Any]) -> str:
+    """The Lease's holder, "" when released."""
+    spec = lease.get("spec") if isinstance(lease, dict) else None
+    holder = spec.get("holderIdentity") if isinstance(spec, dict) else None
+    return holder if isinstance(holder, str) else ""
 
 
 def _short(e: Exception) -> str:

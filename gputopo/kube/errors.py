@@ -23,7 +23,7 @@ class KubeApiError(Exception):
 
     retryable: bool = False
     # Whether the apiserver may still apply the request, when whoever saw the failure decided it already (a bind
-    # posted from extender.bindposts' worker process: the urllib3 cause that may_have_applied reads stays there).
+    # refused before it was sent: not applied).
     applied: bool | None = None
 
     def __init__(

@@ -14,6 +14,7 @@ response, so a 5,000-node cluster costs no model-class parsing.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -162,6 +163,8 @@ class Watcher(Worker):
         self._resp_lock = threading.Lock()
         self._resp: Any = None
         self._rv: str | None = None
+        self._relist = False
+        self._progress = threading.Condition()
         self._log = log.bind(
             watcher=self.name,
             kind=self.label,
@@ -174,8 +177,45 @@ class Watcher(Worker):
 
     @property
     def resource_version(self) -> str | None:
-        """The newest resourceVersion seen (list, event or bookmark); None before the first list."""
+        """The newest resourceVersion delivered (list, event) or announced by a bookmark; None before the first
+        list."""
         return self._rv
+
+    def wait_delivered(self, rv: str, timeout: float) -> bool:
+        """Block until every change up to resourceVersion `rv` has been delivered (True), or `timeout` passed
+        (False). resourceVersions are compared as the integers the apiserver's etcd storage makes them; one that
+        is not raises KubeArgumentError (the caller must then relist instead)."""
+        target = _rv_number(rv)
+        deadline = time.monotonic() + timeout
+        with self._progress:
+            while True:
+                if self._rv is not None and _rv_number(self._rv) >= target:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0 or self.stopping:
+                    return False
+                self._progress.wait(left)
+
+    def relist(self, timeout: float) -> bool:
+        """List again now (a fresh SYNC, as after an expired resourceVersion) and block until it was delivered
+        (True) or `timeout` passed (False)."""
+        with self._progress:
+            lists = self.stats.lists
+            self._relist = True
+        self.interrupt()
+        deadline = time.monotonic() + timeout
+        with self._progress:
+            while self.stats.lists == lists or self._relist:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.stopping:
+                    return False
+                self._progress.wait(left)
+        return True
+
+    def _advanced(self, rv: str | None) -> None:
+        with self._progress:
+            self._rv = rv
+            self._progress.notify_all()
 
     @property
     def absent(self) -> str | None:
@@ -224,7 +264,8 @@ class Watcher(Worker):
         self._log.info("kube.watch.start")
         while not self.stopping:
             try:
-                if need_list:
+                if need_list or self._relist:
+                    self._relist = False
                     self._list_and_sync()
                     need_list = False
                 if self._watch_once():
@@ -298,8 +339,6 @@ class Watcher(Worker):
             label_selector=self.label_selector,
             limit=self.page_limit,
         )
-        self.stats.lists += 1
-        self._rv = rv or None
         if self._absent_why is not None:
             self._log.info("kube.watch.present", was=self._absent_why)
             self._absent_why = None
@@ -312,6 +351,9 @@ class Watcher(Worker):
         self._log.info("kube.watch.synced", items=len(items), rv=rv)
         if not self.stopping:
             self._deliver(SYNC, snapshot)
+        with self._progress:
+            self.stats.lists += 1
+        self._advanced(rv or None)
         self._synced.set()
 
     def _watch_once(self) -> bool:
@@ -336,10 +378,10 @@ class Watcher(Worker):
         self.stats.watches += 1
         healthy = completed = False
         try:
-            if self.stopping:
+            if self.stopping or self._relist:  # asked while the request was being made: interrupt() found no stream
                 return False
             for line in iter_lines(resp):
-                if self.stopping:
+                if self.stopping or self._relist:
                     return False
                 self._handle_line(line, operation)
                 healthy = True
@@ -348,7 +390,7 @@ class Watcher(Worker):
         except KubeApiError:
             raise
         except Exception as exc:
-            if self.stopping:
+            if self.stopping or self._relist:
                 return False
             err = to_kube_error(exc, operation=operation)
             if err is None:
@@ -391,7 +433,7 @@ class Watcher(Worker):
         if event_type == "BOOKMARK":
             self.stats.bookmarks += 1
             if isinstance(rv, str) and rv:
-                self._rv = rv
+                self._advanced(rv)
             if self.deliver_bookmarks:
                 self._deliver(event_type, obj)
             return
@@ -399,9 +441,9 @@ class Watcher(Worker):
             self._skip(line, f"unknown event type {event_type!r}")
             return
         self.stats.events += 1
-        if isinstance(rv, str) and rv:
-            self._rv = rv
         self._deliver(event_type, obj)
+        if isinstance(rv, str) and rv:
+            self._advanced(rv)  # after the delivery: wait_delivered promises the change is in the caller's view
 
     def _skip(self, line: bytes, why: str) -> None:
         self.stats.skipped_lines += 1
@@ -409,3 +451,10 @@ class Watcher(Worker):
 
 
 _KNOWN_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
+
+
+def _rv_number(rv: str) -> int:
+    try:
+        return int(rv)
+    except (TypeError, ValueError):
+        raise KubeArgumentError(f"resourceVersion {rv!r} is not a number: cannot tell which is newer") from None

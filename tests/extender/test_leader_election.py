@@ -67,6 +67,8 @@ def test_only_the_lease_holder_answers_and_binds_and_a_stopped_one_hands_over(
         eventually(lambda: a.leading(), 10)
         b, client_b, _ = _replica(stack, leases, "ext-b", monkeypatch)
         eventually(lambda: _role(leases, "ext-a") == "leader" and _role(leases, "ext-b") == "standby", 10)
+        assert b.leadership is not None
+        assert eventually(lambda: b.leadership.elector.holder() == "ext-a", 10)  # the standby has seen the Lease
 
         # the standby: ready (a disruption budget counts it), but it neither plans nor binds
         assert client_b.get("/readyz").status_code == 200 and not b.leading()

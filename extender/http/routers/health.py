@@ -17,14 +17,13 @@ async def healthz() -> Response:
     return Response(b"ok", media_type=_PLAIN)
 
 
-@router.get("/readyz", summary="Readiness: the node cache holds a full snapshot and binds can be posted",
+@router.get("/readyz", summary="Readiness: every watch has listed, and under election the Lease can be reached",
             response_class=Response)
 async def readyz(ext: ExtenderDep) -> Response:
-    if ext.ready():
+    why = ext.not_ready()
+    if why is None:
         return Response(b"ok", media_type=_PLAIN)
-    if ext.sync is not None and not ext.sync.synced:
-        return Response(b"node cache not synced yet", status_code=503, media_type=_PLAIN)
-    return Response(b"bind worker process not ready yet", status_code=503, media_type=_PLAIN)
+    return Response(why.encode(), status_code=503, media_type=_PLAIN)
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)

@@ -1,4 +1,4 @@
-"""coordination.k8s.io/v1 Leases on the in-process kube-apiserver: get, create and replace of one namespaced Lease,
+"""coordination.k8s.io/v1 Leases on the in-process kube-apiserver: get, create, replace, list and watch of Leases,
 with the apiserver's optimistic concurrency (a replace whose resourceVersion is not the stored one is a 409
 Conflict), which is what makes leader election safe. A subclass of FakeKubeApi that adds routes, as dra.py does.
 """
@@ -45,6 +45,9 @@ class FakeLeasesKubeApi(FakeKubeApi):
             raise ApiError(no_resource())
         namespace = rest[0]
         if len(rest) == 2:
+            if method == "GET":  # list and watch (a follower watches the Lease to take it once released)
+                self._list_or_watch(h, LEASES, namespace, query)
+                return
             if method != "POST":
                 raise ApiError(method_not_allowed())
             h.send_json(201, self._create_lease(namespace, _decode(body)))
