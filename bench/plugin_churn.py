@@ -24,14 +24,12 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
-from bench.common import SHARED, machine_line
+from bench.common import SHARED, burning, machine_line
 from gpuplugin.proto import deviceplugin_pb2 as pb
 from gpuplugin.proto import deviceplugin_pb2_grpc as pb_grpc
 from sim.kubelet import AdmissionError, KubeletSimulator, SimulatorError
@@ -84,19 +82,6 @@ def incidents(text: str) -> tuple[int, list[str]]:
             found.append(f"{level}: {line[:600]}")
     flush()
     return len(lines), found
-
-
-@contextmanager
-def burning(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """`count` processes spinning on a core each, killed on exit."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
 
 
 class Clients:

@@ -94,7 +94,8 @@ def test_a_replica_that_may_not_use_its_lease_is_not_ready_and_says_why_once(
         ext = Extender.cluster(api, ExtenderConfig(**ELECTION, leader_elect_identity="ext-a"),
                                sync_options=SYNC_OPTIONS)
         with structlog.testing.capture_logs() as logs, running(ext) as client:
-            assert eventually(lambda: ext.leadership is not None and ext.leadership.problem is not None, 10)
+            assert ext.leadership is not None
+            assert eventually(lambda: ext.leadership.elector.problem is not None, 10)
             ready = client.get("/readyz")
             assert ready.status_code == 503
             assert "leader election cannot get the Lease gpu-topology/gpu-extender: 403" in ready.text, ready.text
