@@ -1,8 +1,7 @@
 """How long `gpu-extender serve` takes from its start to a ready `/readyz`: `python -m bench.extender_start [--runs N]`.
 
 Cluster mode (against the in-process fake apiserver of tests/fakes/kubeapi, no nodes: the time is the process's own,
-not the initial list) and standalone mode (the bundled demo inventory). In cluster mode the extender also starts its
-bind worker process, whose forkserver imports the kubernetes client (extender/forkserver.py). A restarted extender
+not the initial list) and standalone mode (the bundled demo inventory). A restarted extender
 is out of kube-scheduler's reach for this long, so it is worth a figure; each run is a fresh process, as a pod
 restart is.
 """

@@ -89,7 +89,7 @@ class Leadership:
 
     def stop(self) -> None:
         """Steps down: answers nothing more, lets the binds already started end while the Lease is still held and
-        renewed, then releases it, so that a standby takes over within its retry period and never plans on a
+        renewed, then releases it, so that a standby (watching the Lease) takes over at once and never plans on a
         cluster that lacks a bind of this one. Binds that do not end within the renew deadline are abandoned and
         the Lease is left to expire instead."""
         with self._stop_lock:

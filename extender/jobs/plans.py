@@ -423,7 +423,7 @@ class JobPlans:
 
         Why not keep every pod's figure up to date: it would mean patching each earlier pod of the job whenever
         the figure changes. A job of unknown size changes it at nearly every pod, so n pods cost up to n(n-1)/2
-        pod PATCHes (an 8,192-pod job: 33 million), written by the bind worker that also posts the Bindings, each
+        pod PATCHes (an 8,192-pod job: 33 million), written by the process that also posts the Bindings, each
         a write the apiserver and every pod watcher (this extender's own cache, kubelets, operators) must take;
         and for a job of unknown size no figure is ever final. A reader of `kubectl describe pod` needs to know
         what the figure is the figure of: labelled, each pod's stays true, and the job's newest pod carries its

@@ -8,8 +8,10 @@ deadline); this module adds what a server that must never act twice needs around
 - every call has the client's request timeout (the library passes none, so a hung apiserver hung the campaign);
 - an apiserver that cannot be reached is a failed attempt, retried, not the end of the campaign thread;
 - `stop()` ends the campaign and, when this candidate holds the Lease, releases it (holder cleared, as client-go's
-  ReleaseOnCancel does), so a standby takes over within one retry period instead of waiting out the lease; no write
-  of the library can follow the release.
+  ReleaseOnCancel does), so a standby takes over at once instead of waiting out the lease; no write of the library
+  can follow the release;
+- a follower watches the Lease and tries again the moment it is released, instead of at its next retry period;
+- a Lease this account may not read or write (401, 403) is a `problem`, logged once as an error, not a lost race.
 """
 
 from __future__ import annotations

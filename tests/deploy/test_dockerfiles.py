@@ -139,7 +139,11 @@ def test_each_workload_runs_its_components_image() -> None:
                 command = (container.get("command") or [""])[0]
                 if command == "gpuplugin":
                     assert _image_name(container["image"]) == "gpu-topology-plugin", (name, container["image"])
-                    assert container["args"][0] in ("run", "dra", "mps-control")
+                    assert container["args"][0] in ("run", "dra", "mps-control", "cleanup")
+                    seen.add(f"plugin {container['args'][0]}")
+                    if container["args"][0] == "cleanup":  # the uninstall hook: an API client, no GPU
+                        assert "NVIDIA_VISIBLE_DEVICES" not in env
+                        continue
                     # the driver's compute part only where MPS daemons run (the control program comes with it)
                     mps = container["args"][0] == "mps-control" or (
                         container["args"][0] == "run" and any(a.startswith("--mps-root") for a in container["args"]))
@@ -153,7 +157,8 @@ def test_each_workload_runs_its_components_image() -> None:
                     seen.add(f"extender {container['args'][0]}")
                 else:
                     assert "gpu-topology" not in container["image"], (name, container["name"], container["image"])
-    assert seen == {"plugin run", "plugin dra", "plugin mps-control", "extender serve", "extender webhook"}, seen
+    assert seen == {"plugin run", "plugin dra", "plugin mps-control", "plugin cleanup", "extender serve",
+                    "extender webhook"}, seen
 
 
 @pytest.mark.parametrize("component", COMPONENTS)

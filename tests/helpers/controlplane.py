@@ -526,7 +526,7 @@ class ControlPlane:
                        env: Mapping[str, str] | None = None, kubeconfig: Path | None = None) -> ExtenderProcess:
         """`gpu-extender serve` from this checkout against this apiserver as the admin (or as `kubeconfig` says),
         plain HTTP on free 127.0.0.1 ports, no leader election, reservations held 600 s (nothing expires during a
-        test); `extra` flags appended. Ready once /readyz answers 200 (watches synced, bind worker up). Stopped
+        test); `extra` flags appended. Ready once /readyz answers 200 (every watch listed). Stopped
         with the control plane."""
         port, mport = free_ports(2)
         proc = start_process(name, [
