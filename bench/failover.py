@@ -554,22 +554,25 @@ def kill_desc(counts: Sequence[int]) -> str:
 
 
 def summary(results: Sequence[RunResult]) -> str:
-    """Per kill kind: how long binds paused (p50, p99, max), GPUs given twice, pods never bound, and kube-scheduler's
-    failed attempts, over every run of that kind."""
+    """Per kill kind, over the runs whose kill landed mid-burst (binds on both sides of it): how long binds paused
+    (the longest gap between binds from the last one before the kill on, p50 / p99 / max), the time from the kill to
+    the first bind after it, GPUs given twice, pods never bound and kube-scheduler's failed attempts, over every
+    run of that kind."""
     rows = []
     for kind in sorted({r.kill for r in results}):
         runs = [r for r in results if r.kill == kind]
-        gaps = [r.gap_s for r in runs if r.binds_before_kill and r.series and r.series[-1] > r.kill_at]
-        firsts = [r.kill_to_first_bind_s for r in runs if r.kill_to_first_bind_s]
-        rows.append([kind, len(runs), len(gaps), *(round(percentile(gaps, q), 3) if gaps else "-" for q in (50, 99)),
-                     max(gaps, default="-"), round(percentile(firsts, 50), 3) if firsts else "-",
+        landed = [r for r in runs if r.binds_before_kill and r.series and r.series[-1] > r.kill_at]
+        pauses = [r.longest_pause_after_kill_s for r in landed]
+        firsts = [r.kill_to_first_bind_s for r in landed]
+        rows.append([kind, len(runs), len(landed),
+                     *(round(percentile(pauses, q), 3) if pauses else "-" for q in (50, 99)), max(pauses, default="-"),
+                     round(percentile(firsts, 50), 3) if firsts else "-",
                      sum(len(r.proof.get("given_twice", [])) for r in runs), sum(r.pending for r in runs),
                      sum(int(r.attempts.get("error", 0)) for r in runs),
                      f"{min(r.load_before[0] for r in runs):.1f}-{max(r.load_before[0] for r in runs):.1f}"])
-    return markdown_table(["kill", "runs", "runs with binds on both sides", "pause p50 s", "pause p99 s",
+    return markdown_table(["kill", "runs", "runs with binds on both sides of the kill", "pause p50 s", "pause p99 s",
                            "pause max s", "kill → first bind p50 s", "GPUs given twice", "pods never bound",
                            "attempts error", "load1"], rows)
-
 
 
 def table(results: Sequence[RunResult]) -> str:
@@ -608,7 +611,8 @@ def plot(results: Sequence[RunResult], path: Path) -> None:
         ax.set_xlabel("seconds since the burst was created")
         ax.set_ylabel("pods bound (kube-scheduler log, else watch)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if sum(1 for r in results if r.kill == kind) <= 6:  # a sweep's many runs: the lines speak alone
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
