@@ -241,7 +241,8 @@ class BindWatch:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(15)
+        if self._thread.is_alive():  # never started when the run failed before the burst: keep that error
+            self._thread.join(15)
 
     def _run(self) -> None:
         client = self.cp.new_client(timeout=30)

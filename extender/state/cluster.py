@@ -39,6 +39,7 @@ class ClusterSync:
     ) -> None:
         self.api = api
         self.cache = cache
+        self._complete = False
         common: dict[str, Any] = {"timeout_seconds": watch_timeout_s, "backoff_initial_s": backoff_initial_s,
                                   "backoff_max_s": backoff_max_s, "metrics": metrics}
         self.nodes = Watcher(api, "nodes", self._on_node, name="extender-nodes", **common)
@@ -75,9 +76,13 @@ class ClusterSync:
         """Which watches have not delivered their first list yet (None: all have). Every kind counts: the group and
         job owner kinds size jobs, the DRA kinds rank DRA nodes. A kind not served or not granted counts as listed
         (empty) once the apiserver said so, so waiting ends for those too."""
+        if self._complete:  # a watcher never unlists: asked on every verb, answered once
+            return None
         waiting = [w.label for w in self.watchers() if not w.synced]
-        return f"the view is not complete yet: waiting for the first list of {', '.join(waiting)}" if waiting \
-            else None
+        if waiting:
+            return f"the view is not complete yet: waiting for the first list of {', '.join(waiting)}"
+        self._complete = True
+        return None
 
     @property
     def synced(self) -> bool:
