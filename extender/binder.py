@@ -161,7 +161,7 @@ class Binder:
         plan, res = self._reserve(req, needs)
         if self.inventory is not None:
             return BOUND
-        if not self.may_bind():  # stepped down since the request came in: another replica may lead by now
+        if not self.may_bind():  # the Lease lost or released since the request came in: another may lead
             self._release(req, res)
             raise BindFailed("standby", f"pod {req.key} not bound: this gpu-extender replica no longer holds the "
                                         "leader election Lease")

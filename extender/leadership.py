@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import anyio
 import kubernetes.client
 import structlog
 
@@ -32,6 +33,9 @@ log = structlog.get_logger(__name__)
 
 LEADER = "leader"
 STANDBY = "standby"
+# How long a verb may be held while this replica takes over (catching up) or hands over (until its successor
+# leads): well under kube-scheduler's extender timeout, longer than a handover takes on a loaded node.
+HOLD_S = 3.0
 
 
 class Leadership:
@@ -55,6 +59,9 @@ class Leadership:
         self.on_lost = on_lost
         self.drain = drain
         self._caught_up = False  # the view holds every write made before this replica took the Lease
+        self._caught_up_event = threading.Event()
+        self.handing_over = False  # stepped down on the way out, the successor not yet leading
+        self._handed_over = threading.Event()
         self._stopped = False
         self._stop_lock = threading.Lock()
         self.elector = LeaderElector(api, self.settings, on_started=self._started, on_lost=self._lost,
@@ -64,6 +71,11 @@ class Leadership:
     @property
     def leading(self) -> bool:
         return self._caught_up and self.elector.leading
+
+    def may_write(self) -> bool:
+        """Whether a bind admitted while leading may still be written: until the Lease is released (a stopping
+        leader drains them first) or could not be renewed. New verbs are refused as soon as it steps aside."""
+        return self.elector.holding
 
     @property
     def problem(self) -> str | None:
@@ -97,8 +109,10 @@ class Leadership:
                 return
             self._stopped = True
         was_leading = self.elector.leading
+        self.handing_over = was_leading
         self.elector.step_aside()
         self._caught_up = False
+        self._caught_up_event.clear()
         self.metrics.leader.set(0)
         if was_leading and not self.drain(float(self.settings.renew_deadline_s)):
             log.warning("extender.leadership.drain_timeout", waited_s=self.settings.renew_deadline_s,
@@ -107,6 +121,36 @@ class Leadership:
         self.elector.stop()
         if was_leading:
             self._set_role(STANDBY)
+            self._await_successor()
+        self._handed_over.set()
+
+    def _await_successor(self) -> None:
+        """Until a successor leads and its Pod carries the role label the Service selects (bounded by HOLD_S), the
+        verbs this replica is still asked are held (`settled`): kube-scheduler's scheduling cycle is serial, so it
+        waits on one held answer instead of sending pod after pod to a replica that can only refuse, each refused
+        pod then waiting out its back-off."""
+        deadline = time.monotonic() + HOLD_S
+        holder = self.elector.successor(HOLD_S)
+        pod = holder.rsplit("_", 1)[0] if holder and "_" in holder else None
+        while pod is not None and time.monotonic() < deadline:
+            try:
+                found = kubernetes.client.CoreV1Api(self.api).read_namespaced_pod(
+                    pod, self.settings.namespace, _request_timeout=request_timeout(self.api))
+            except Exception:
+                return  # not a Pod of ours to read (an identity set by flag, no RBAC): the Lease alone says enough
+            if ((found.metadata.labels or {}) if found.metadata else {}).get(self.label) == LEADER:
+                break
+            time.sleep(0.05)
+        log.info("extender.leadership.handed_over", successor=holder)
+
+    async def settled(self) -> None:
+        """Waits, bounded by HOLD_S, for a transition this replica is in to end before a verb is answered: a
+        takeover still catching up (the verb is then answered), or a handover (the verb is then refused, once the
+        successor leads; see `_await_successor`)."""
+        if self.elector.leading and not self._caught_up:
+            await anyio.to_thread.run_sync(self._caught_up_event.wait, HOLD_S)
+        elif self.handing_over and not self._handed_over.is_set():
+            await anyio.to_thread.run_sync(self._handed_over.wait, HOLD_S)
 
     def _started(self) -> None:
         """Runs in the campaign's thread once the Lease is won. Raising ends the leadership (the library stops
@@ -125,12 +169,14 @@ class Leadership:
         if not caught_up:
             raise LeadershipError(f"took the Lease but the pod view did not catch up within {deadline:g} s")
         self._caught_up = True
+        self._caught_up_event.set()
         self.metrics.leader.set(1)
         log.info("extender.leadership.caught_up", ms=round((time.monotonic() - started) * 1000, 1),
                  by="role label" if written is not None else "relist")
 
     def _lost(self) -> None:
         self._caught_up = False
+        self._caught_up_event.clear()
         self.metrics.leader.set(0)
         self.on_lost()
 

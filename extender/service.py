@@ -94,7 +94,7 @@ class Extender:
         if api is not None and self.sync is not None and config.leader_elect:
             self.leadership = Leadership(api, config, self.metrics, sync=self.sync,
                                          on_lost=on_lost_lease or (lambda: None), drain=self.binder.wait_idle)
-            self.binder.may_bind = self.leading
+            self.binder.may_bind = self.leadership.may_write
         self.expiry_interval_s = expiry_interval_s or max(0.05, min(5.0, config.reservation_timeout_s / 4))
         self._expiry = ReservationExpiry(self.cache, self.jobs, self.expiry_interval_s)
         if self.requeue is not None:

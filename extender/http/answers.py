@@ -112,7 +112,9 @@ async def refused_answer(request: Request, verb: str, ext: Extender, started: fl
     with contextlib.suppress(Exception):  # too large or cut off: the answer is the same
         await read_body(request, ext.config.max_body_bytes)
     counted(verb, 503, started, ext)
-    return Response(orjson.dumps({"Error": why}), status_code=503, media_type=JSON)
+    # a replica handing over closes the connection, so that kube-scheduler's next request finds the new leader
+    closing = {"Connection": "close"} if ext.leadership is not None and ext.leadership.handing_over else None
+    return Response(orjson.dumps({"Error": why}), status_code=503, media_type=JSON, headers=closing)
 
 
 async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Extender) -> Response:
@@ -120,7 +122,10 @@ async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Ex
     it. `run` takes the decoded body and returns the answer as data, or (bind, a job pod's filter) an awaitable."""
     started = time.perf_counter()
     code = 200
-    if (why := refusal(ext)) is not None:
+    if (why := refusal(ext)) is not None and ext.leadership is not None:
+        await ext.leadership.settled()  # a takeover catching up, or a handover: bounded
+        why = refusal(ext)
+    if why is not None:
         return await refused_answer(request, verb, ext, started, why)
     try:
         body = await read_body(request, ext.config.max_body_bytes)

@@ -226,7 +226,12 @@ class LeaderElector(Worker):
 
     @property
     def leading(self) -> bool:
-        return self._won and not self._aside and not self.lock.stopping and \
+        return not self._aside and self.holding
+
+    @property
+    def holding(self) -> bool:
+        """Holds the Lease, stepped aside or not: what it started while leading may still be finished."""
+        return self._won and not self.lock.stopping and \
             self._clock() - self._last_write < self.settings.renew_deadline_s
 
     def step_aside(self) -> None:
@@ -244,6 +249,19 @@ class LeaderElector(Worker):
 
     def _wrote(self) -> None:
         self._last_write = self._clock()
+
+    def successor(self, timeout: float, poll_s: float = 0.05) -> str | None:
+        """After stop(): the candidate that took the Lease from this one, read until `timeout` (None: no one did).
+        Read directly, not through the stopped campaign; only a stopping leader asks, once."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found, record = self.lock.inner.get(self.settings.lease_name, self.settings.namespace)
+            holder = getattr(record, "holder_identity", None) if found else None
+            if isinstance(holder, str) and holder and holder != self.settings.identity:
+                return holder
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(poll_s)
 
     def _noted(self, what: str, error: ApiException | None) -> None:
         """One error line when this account may not use the Lease, one info line when it may again."""

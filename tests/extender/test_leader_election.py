@@ -139,7 +139,11 @@ def test_a_leader_stepping_down_writes_its_started_binds_before_it_releases_the_
         stepping_down = threading.Thread(target=a.leadership.stop)  # what SIGTERM does first
         stepping_down.start()
         assert eventually(lambda: not a.leading(), 2)
-        assert client_a.post("/filter", json=cache_args(p1, ["n1"])).status_code == 503  # answers nothing more
+        # answers nothing more: a verb asked while it hands over is held until the handover ends, then refused
+        refused: list[int] = []
+        asking = threading.Thread(target=lambda: refused.append(
+            client_a.post("/filter", json=cache_args(p1, ["n1"])).status_code))
+        asking.start()
         time.sleep(1.5)  # longer than a retry period: the Lease is still held, and renewed
         assert leases.holder(NS, "gpu-extender") == "ext-a"
         gate.set()
@@ -148,3 +152,5 @@ def test_a_leader_stepping_down_writes_its_started_binds_before_it_releases_the_
         assert answered and answered[0].json() == {"Error": ""}
         assert leases.holder(NS, "gpu-extender") is None  # released only after the bind was written
         assert leases.pod("default", "p1")["spec"].get("nodeName") == "n1"
+        asking.join(10)
+        assert refused == [503]
