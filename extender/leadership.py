@@ -131,7 +131,7 @@ class Leadership:
         pod then waiting out its back-off."""
         deadline = time.monotonic() + HOLD_S
         holder = self.elector.successor(HOLD_S)
-        pod = holder.rsplit("_", 1)[0] if holder and "_" in holder else None
+        pod = (holder.rsplit("_", 1)[0] if "_" in holder else holder) if holder else None  # default_identity's form
         while pod is not None and time.monotonic() < deadline:
             try:
                 found = kubernetes.client.CoreV1Api(self.api).read_namespaced_pod(

@@ -84,6 +84,37 @@ def test_a_follower_takes_a_released_lease_at_once_not_at_its_next_try(
             "NodeNames"] == ["n1"]
 
 
+def test_a_verb_asked_of_a_leader_handing_over_is_answered_once_its_successor_leads(
+        leases: FakeLeasesKubeApi, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Refused at once, each such verb sent kube-scheduler on to the next pod, to be refused too: dozens of pods
+    waited out a back-off per handover. Held, kube-scheduler's serial cycle waits on one answer."""
+    leases.add_node(k8s_node("n1", topo(A100)))
+    p1, p2 = leases.add_pod(k8s_pod("p1", 2)), leases.add_pod(k8s_pod("p2", 2))
+    with ExitStack() as stack:
+        a, client_a, _ = _replica(stack, leases, "ext-a", monkeypatch)
+        assert eventually(lambda: a.leading(), 10)
+        b, _, _ = _replica(stack, leases, "ext-b", monkeypatch)
+        assert b.leadership is not None and a.leadership is not None
+        assert eventually(lambda: b.leadership.elector.holder() == "ext-a", 10)
+        gate = leases.hold_next(1, path_regex=r"/binding$")  # a bind in flight: the handover waits for it
+        bound: list[dict] = []
+        binding = threading.Thread(target=lambda: bound.append(client_a.post("/bind", json=bind_body(p1, "n1")).json()))
+        binding.start()
+        assert leases.wait_for_requests(lambda r: r.path.endswith("/binding"), 1, 10)
+        stepping_down = threading.Thread(target=a.leadership.stop)
+        stepping_down.start()
+        assert eventually(lambda: not a.leading(), 5)
+        asked: list[tuple[int, bool]] = []
+        asking = threading.Thread(target=lambda: asked.append(
+            (client_a.post("/filter", json=cache_args(p2, ["n1"])).status_code, b.leading())))
+        asking.start()
+        gate.set()  # the bind is written, the Lease released, b takes it
+        for t in (binding, stepping_down, asking):
+            t.join(20)
+        assert bound == [{"Error": ""}]
+        assert asked == [(503, True)], asked  # refused only once the successor led
+
+
 def test_a_replica_that_may_not_use_its_lease_is_not_ready_and_says_why_once(
         leases: FakeLeasesKubeApi, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     leases.add_node(k8s_node("n1", topo(A100)))
