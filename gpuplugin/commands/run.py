@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable, Collection, Sequence
+import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,11 @@ log = structlog.get_logger("gpuplugin.run")
 # After a GPU pod ends, PodResources is followed closely this long, so its release is published as soon as the
 # kubelet lets go of its devices (gpuplugin.publisher).
 POD_END_FOLLOW_S = 3.0
+# How long a starting plugin waits for the plan watch's first list of the node's pods before it serves and registers:
+# the kubelet asks for a preference as soon as the plugin registers, and a pod admitted then (one bound while a
+# crashed plugin was away) must get its plan. An apiserver that does not answer delays the start no longer than
+# this; the watch keeps trying, and plans are honoured once it has listed.
+PLAN_SYNC_WAIT_S = 10.0
 
 
 class StartupError(Exception):
@@ -147,17 +153,22 @@ def start_health(cfg: PluginConfig, found: Discovered, manager: Any, mig: Any = 
 
 
 def start_mig(cfg: PluginConfig, found: Discovered, serve: Callable[..., Any], *, whole_gpus: int,
-              read_config: Callable[[], Any], in_use: Callable[[], Any], metrics: Any) -> Any:
-    """The MIG node (gpuplugin.sharing.mig_node) when some GPU is MIG-enabled; None otherwise."""
+              read_config: Callable[[], Any], in_use: Callable[[], Any], metrics: Any,
+              plans: PlanFeed | None = None) -> Any:
+    """The MIG node (gpuplugin.sharing.mig_node) when some GPU is MIG-enabled; None otherwise. It takes the plans
+    before it serves (see PlanFeed)."""
     if not found.mig_gpus or found.backend is None:
         return None
     from gpuplugin.sharing.mig_node import MigNode
 
-    return MigNode(found.backend, found.mig_gpus, whole_gpus=whole_gpus, whole_resource=cfg.resource_name,
-                   whole_socket=cfg.socket_name, serve=serve, strategy=cfg.mig_strategy, read_config=read_config,
-                   in_use=in_use, poll_interval_s=cfg.mig_poll_interval,
-                   manager_options={"list_strategy": cfg.device_list_strategy, "keys": cfg.keys,
-                                    "dev_root": cfg.dev_root, "metrics": metrics}).start()
+    mig = MigNode(found.backend, found.mig_gpus, whole_gpus=whole_gpus, whole_resource=cfg.resource_name,
+                  whole_socket=cfg.socket_name, serve=serve, strategy=cfg.mig_strategy, read_config=read_config,
+                  in_use=in_use, poll_interval_s=cfg.mig_poll_interval,
+                  manager_options={"list_strategy": cfg.device_list_strategy, "keys": cfg.keys,
+                                   "dev_root": cfg.dev_root, "metrics": metrics})
+    if plans is not None:
+        plans.attach(mig)
+    return mig.start()
 
 
 def no_cluster_reason(cfg: PluginConfig) -> str | None:
@@ -259,6 +270,11 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
             return mig.view() if mig is not None else MigView({}, mig_gpus)
 
         node: Any = None
+        # Listed before anything serves: the kubelet's first question after a (re)start may be for a planned pod.
+        plans = open_plan_watch(cfg, metrics, stop, shared=lambda: [
+            *(node.shared_names() if node is not None else ()), *(mig.resource_names() if mig is not None else ())])
+        if plans is not None:
+            teardown.undo(plans.stop)
         try:
             if found.topology is not None:
                 manager = ResourceManager(
@@ -277,11 +293,14 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
                     in_use=pods.in_use, mps_root=cfg.mps_root, mps_command=(cfg.mps_control,),
                     poll_interval_s=cfg.sharing_poll_interval, mig_view=mig_view,
                     mps_daemons=cfg.mps_daemons, mps_interval_s=cfg.mps_probe_interval,
-                ).start()
+                )
+                if plans is not None:
+                    plans.attach(node)
+                node.start()
                 teardown.undo(node.stop)
             mig = start_mig(cfg, found, serve, whole_gpus=0 if found.topology is None else found.topology.size,
                             read_config=(lambda: node.config) if node is not None else config_reader(source),
-                            in_use=pods.in_use, metrics=metrics)
+                            in_use=pods.in_use, metrics=metrics, plans=plans)
         except DevicePluginError as e:
             raise StartupError(str(e)) from None
         if mig is not None:
@@ -311,7 +330,7 @@ def run_plugin(cfg: PluginConfig, stop: threading.Event, on_ready: Callable[[], 
             teardown.undo(server.stop)
             log.info("plugin.metrics.on", port=server.port)
         start_node_publication(cfg, node, pods, teardown, mig=mig, mig_state=mig_state_reader(found, node, mig, pods),
-                               metrics=metrics)
+                               plans=plans)
         if on_ready is not None:
             on_ready()
         stop.wait()
@@ -343,9 +362,10 @@ def mig_state_reader(found: Discovered, node: Any, mig: Any, pods: Any) -> Calla
 
 
 def start_node_publication(cfg: PluginConfig, node: Any, pods: Any, teardown: Teardown, *, mig: Any = None,
-                           mig_state: Callable[[], Any] | None = None, metrics: Any = None) -> None:
-    """The node publisher and the plan watch: whole GPUs and their shared sets (`node`, None when every GPU is
-    MIG) and the MIG resources (`mig`). A node of MIG GPUs only publishes its state without a topology."""
+                           mig_state: Callable[[], Any] | None = None, plans: PlanFeed | None = None) -> None:
+    """The node publisher: whole GPUs and their shared sets (`node`, None when every GPU is MIG) and the MIG
+    resources (`mig`). A node of MIG GPUs only publishes its state without a topology. The plan watch (`plans`)
+    tells it when a GPU pod ends."""
     options: dict[str, Any] = {"poll_interval_s": cfg.pod_resources_poll_interval}
     if node is not None and cfg.sharing_source is not None:
         options["sharing"] = lambda: node.sharing(pods.in_use())
@@ -359,28 +379,53 @@ def start_node_publication(cfg: PluginConfig, node: Any, pods: Any, teardown: Te
     publisher = start_publication(cfg, node, **options)
     if publisher is not None and hasattr(publisher, "stop"):
         teardown.undo(publisher.stop)
-    refresh = None
     if publisher is not None:
-        # a GPU pod ended: publish its devices free as soon as the kubelet lets go of them (it may lag the API)
-        refresh = lambda: publisher.publisher.trigger(follow_s=POD_END_FOLLOW_S)  # noqa: E731
+        if plans is not None:
+            # a GPU pod ended: publish its devices free as soon as the kubelet lets go of them (it may lag the API)
+            plans.on_pod_ended(lambda: publisher.publisher.trigger(follow_s=POD_END_FOLLOW_S))
+            teardown.undo(lambda: plans.on_pod_ended(None))  # before the publisher stops
         if mig is not None:
             mig.on_change = publisher.publisher.trigger  # an instance's health or a re-partition: publish now
             teardown.undo(lambda: setattr(mig, "on_change", None))  # before the publisher stops
-    plans = start_plan_watch(cfg, [t for t in (node, mig) if t is not None], metrics, refresh,
-                             shared=lambda: [*(node.shared_names() if node is not None else ()),
-                                             *(mig.resource_names() if mig is not None else ())])
-    if plans is not None:
-        teardown.undo(plans)
 
 
-def start_plan_watch(cfg: PluginConfig, targets: Sequence[Any], metrics: Any,
-                     on_device_pod_ended: Callable[[], None] | None = None, *,
-                     shared: Callable[[], Collection[str]] | None = None) -> Callable[[], None] | None:
+class PlanFeed:
+    """The plan watch of a running plugin and what takes its plans. Started, and its first list of the node's pods
+    awaited, before any device plugin server registers (`attach` each target before it serves): the kubelet asks
+    as soon as a plugin registers, and a pod bound while a crashed plugin was away is admitted right then. The
+    publisher, started later, joins through `on_pod_ended`."""
+
+    def __init__(self, watch: Any, close: Callable[[], None]) -> None:
+        self.watch = watch
+        self._close = close
+        self._targets: list[Any] = []
+        self._pod_ended: Callable[[], None] | None = None
+
+    def attach(self, target: Any) -> None:
+        target.set_plan_source(self.watch)
+        self._targets.append(target)
+
+    def on_pod_ended(self, hook: Callable[[], None] | None) -> None:
+        self._pod_ended = hook
+
+    def pod_ended(self) -> None:
+        hook = self._pod_ended
+        if hook is not None:
+            hook()
+
+    def stop(self) -> None:
+        for target in self._targets:
+            target.set_plan_source(None)
+        self._close()
+
+
+def open_plan_watch(cfg: PluginConfig, metrics: Any, stop: threading.Event, *,
+                    shared: Callable[[], Collection[str]] | None = None) -> PlanFeed | None:
     """Plans from the scheduler extender: a watch on this node's pods feeding GetPreferredAllocation of every
-    target (`set_plan_source`: the whole GPUs take the configured resource's plans, shared sets and MIG resources
-    their own, named by `shared`). Returns the function that stops it, or None (said once) when there is no cluster
-    to watch; the plugin then answers with its own best subset, which on the same free set is the extender's choice
-    anyway."""
+    target attached (`set_plan_source`: the whole GPUs take the configured resource's plans, shared sets and MIG
+    resources their own, named by `shared`), listed once (within PLAN_SYNC_WAIT_S, or until `stop`: a signal
+    during the wait is not held up) before this returns. None (said once) when there is no cluster to watch; the
+    plugin then answers with its own best subset, which on the same free set is the extender's choice anyway."""
     reason = no_cluster_reason(cfg)
     if reason is not None:
         log.info("plugin.plans.off", reason=reason)
@@ -397,21 +442,27 @@ def start_plan_watch(cfg: PluginConfig, targets: Sequence[Any], metrics: Any,
 
     # its own channel: the publisher's polls must not queue behind an admission's question, nor it behind them
     kubelet = PodResourcesClient(str(cfg.pod_resources_socket))
+    feed: PlanFeed | None = None
     watch = PlanWatch(api, cfg.node_name or "", keys=cfg.keys, metrics=metrics, resource_name=cfg.resource_name,
-                      on_device_pod_ended=on_device_pod_ended, shared_resources=shared,
-                      kubelet_view=lambda: kubelet.pods(KUBELET_VIEW_TIMEOUT_S)).start()
-    for target in targets:
-        target.set_plan_source(watch)
-    log.info("plugin.plans.on", node=cfg.node_name)
+                      on_device_pod_ended=lambda: feed.pod_ended() if feed is not None else None,
+                      shared_resources=shared, kubelet_view=lambda: kubelet.pods(KUBELET_VIEW_TIMEOUT_S))
 
-    def stop() -> None:
-        for target in targets:
-            target.set_plan_source(None)
+    def close() -> None:
         watch.stop()
         kubelet.close()
         api.close()
 
-    return stop
+    feed = PlanFeed(watch, close)
+    watch.start()
+    deadline = time.monotonic() + PLAN_SYNC_WAIT_S
+    while not (synced := watch.wait_synced(0.1)) and not stop.is_set() and time.monotonic() < deadline:
+        pass
+    if synced or stop.is_set():
+        log.info("plugin.plans.on", node=cfg.node_name)
+    else:
+        log.warning("plugin.plans.unsynced", node=cfg.node_name, waited_s=PLAN_SYNC_WAIT_S,
+                    hint="the node's pods could not be listed yet; plans are honoured once they are")
+    return feed
 
 
 def wait_without_gpus(cfg: PluginConfig, stop: threading.Event, why: str) -> None:
