@@ -134,7 +134,8 @@ def create_replica_pod(cp: ControlPlane, namespace: str, name: str, port: int) -
 
 
 def start_replica(cp: ControlPlane, namespace: str, name: str, log_dir: Path, *, leader_elect: bool = True,
-                  extra: Sequence[str] = (), tree: Path = ROOT, log_name: str = "") -> Replica:
+                  extra: Sequence[str] = (), tree: Path = ROOT, log_name: str = "",
+                  lease: tuple[int, int, int] = (15, 10, 2)) -> Replica:
     """`gpu-extender serve` for Pod `name` (POD_NAME / POD_NAMESPACE set as the downward API would), in its own
     session so that a signal to the group reaches all it started, as in a container."""
     from sim.ports import free_ports
@@ -146,8 +147,8 @@ def start_replica(cp: ControlPlane, namespace: str, name: str, log_dir: Path, *,
             "--metrics-port", str(mport), "--metrics-host", "127.0.0.1", "--reservation-timeout", "600",
             "--log-level", "info", *extra]
     if leader_elect:
-        argv += ["--leader-elect", "--leader-elect-lease-duration", "15", "--leader-elect-renew-deadline", "10",
-                 "--leader-elect-retry-period", "2"]
+        argv += ["--leader-elect", "--leader-elect-lease-duration", str(lease[0]), "--leader-elect-renew-deadline",
+                 str(lease[1]), "--leader-elect-retry-period", str(lease[2])]
     env = {**os.environ, "POD_NAME": name, "POD_NAMESPACE": namespace, "PYTHONUNBUFFERED": "1"}
     proc = start_process(name, argv, log_dir / f"{log_name or name}.log", env=env, cwd=tree)  # `-m`: the tree's code
     replica = Replica(name, namespace, port, mport, proc)
@@ -400,7 +401,7 @@ class RunResult:
 def run_once(cp: ControlPlane, *, run_id: str, kill: str, pods: int, sizes: Sequence[int],
              allocatable: dict[str, int], kill_after: int, log_dir: Path, timeout: float = 240.0,
              qps: float = 50, burst: int = 100, run_no: int = 1, keep_connections: bool = False,
-             gated: int = 0, tree: Path = ROOT) -> RunResult:
+             gated: int = 0, tree: Path = ROOT, lease: tuple[int, int, int] = (15, 10, 2)) -> RunResult:
     """One burst: fresh namespaces, replicas, proxy and kube-scheduler; kill the leader after `kill_after` binds
     (`kill` "none": no kill); every process this starts is stopped by pid before returning. The last `gated` pods
     carry a scheduling gate removed right after the kill, so that some binds surely fall to the new leader however
@@ -420,7 +421,7 @@ def run_once(cp: ControlPlane, *, run_id: str, kill: str, pods: int, sizes: Sequ
         elect = kill not in ("none", "restart")
         for suffix in ("a", "b") if elect else ("a",):
             replicas.append(start_replica(cp, ext_ns, f"gpu-extender-{suffix}", log_dir, leader_elect=elect,
-                                          tree=tree))
+                                          tree=tree, lease=lease))
         if not elect:  # one plain replica: label it as the election would, so the proxy finds it
             cp.patch(f"/api/v1/namespaces/{ext_ns}/pods/{replicas[0].name}", {"metadata": {"labels": {ROLE: "leader"}}})
             leader = replicas[0].name
@@ -457,7 +458,7 @@ def run_once(cp: ControlPlane, *, run_id: str, kill: str, pods: int, sizes: Sequ
             def kill_and_replace() -> None:  # the kubelet restarts the container, or the Deployment replaces it
                 kill_replica(victim, kill)
                 replicas.append(start_replica(cp, ext_ns, victim.name, log_dir, leader_elect=elect, tree=tree,
-                                              log_name=f"{victim.name}-again"))
+                                              log_name=f"{victim.name}-again", lease=lease))
 
             replaced.append(threading.Thread(target=kill_and_replace, daemon=True))
             replaced[0].start()
@@ -631,6 +632,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="K runs per kind, killing after K different bind counts spread over the burst "
                              "(instead of --runs at --kill-after)")
     parser.add_argument("--burners", type=int, default=0, help="processes burning CPU throughout")
+    parser.add_argument("--lease", default="15,10,2",
+                        help="the replicas' lease duration, renew deadline and retry period, seconds")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--qps", type=float, default=50, help="kube-scheduler clientConnection qps (burst: 2x)")
     parser.add_argument("--timeout", type=float, default=240, help="seconds a run may take to bind every pod")
@@ -653,6 +656,10 @@ def main(argv: list[str] | None = None) -> None:
     sizes = burst_sizes(opts.pods, opts.seed)
     nodes = opts.nodes or default_nodes(opts.pods, opts.seed)
     kill_after = opts.kill_after or max(1, opts.pods // 3)
+    lease_parts = [int(x) for x in opts.lease.split(",")]
+    if len(lease_parts) != 3:
+        parser.error("--lease takes three numbers: duration,renew deadline,retry period")
+    lease = (lease_parts[0], lease_parts[1], lease_parts[2])
     # the sweep's bind counts: spread from the first bind to near the burst's end, shuffled so that a drift of the
     # machine over the sweep does not line up with k
     counts = [kill_after] * opts.runs if not opts.sweep else \
@@ -676,7 +683,8 @@ def main(argv: list[str] | None = None) -> None:
                         r = run_once(cp, run_id=f"{kind}-{n}", kill=kind, pods=opts.pods, sizes=sizes,
                                      allocatable=allocatable, kill_after=k, log_dir=log_dir,
                                      timeout=opts.timeout, qps=opts.qps, burst=int(2 * opts.qps), run_no=n,
-                                     keep_connections=opts.proxy == "keep", tree=opts.extender_tree)
+                                     keep_connections=opts.proxy == "keep", tree=opts.extender_tree,
+                                     lease=lease)
                         results.append(r)
                         print(f"{kind} run {n}: {r.binds_before_kill} binds before the kill at {r.rate_before}/s, "
                               f"gap {r.gap_s} s (longest pause {r.longest_pause_after_kill_s} s), new leader "
@@ -699,7 +707,7 @@ def main(argv: list[str] | None = None) -> None:
     command = "python -m bench.failover " + " ".join(argv if argv is not None else sys.argv[1:])
     header = (f"# Extender failover (real kube-apiserver + kube-scheduler v1.36.2)\n\n`{command}`\n\n{machine_line()}; "
               f"{nodes} GPU nodes, {sum(allocatable.values())} GPUs; {opts.pods} pods asking {sum(sizes)} GPUs; "
-              f"leader killed after {kill_desc(counts)} binds; {opts.burners} CPU burners; "
+              f"leader killed after {kill_desc(counts)} binds; {opts.burners} CPU burners; Lease {opts.lease} s; "
               f"kube-scheduler qps {opts.qps} burst {int(2 * opts.qps)}; "
               f"Service stand-in: {opts.proxy} connections to a replica that leaves the endpoints.\n\n")
     opts.out.with_suffix(".md").write_text(header + md + "\n")

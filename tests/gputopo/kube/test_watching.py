@@ -305,3 +305,27 @@ def test_iter_lines_reads_content_length_and_chunked_bodies(fake, count):
     resp.release_conn()
     assert len(lines) == 1
     assert len(orjson.loads(lines[0])["items"]) == count
+
+
+def test_wait_delivered_returns_once_a_written_version_is_in_the_callers_view(fake, events, start_watcher):
+    """What a new extender leader waits on: its own write, seen through its watch, so every earlier write is too."""
+    fake.add_node(k8s_node("a"))
+    w = start_watcher("nodes")
+    assert w.wait_synced(10)
+    fake.add_node(k8s_node("b"))
+    written = fake.resource_version
+    assert w.wait_delivered(written, 10)
+    assert events.has("ADDED", "b")(events.items)  # delivered to the callback before the wait returned
+    assert not w.wait_delivered(str(int(written) + 1000), 0.2)  # nothing that new was written
+    with pytest.raises(KubeArgumentError, match="not a number"):
+        w.wait_delivered("not-a-version", 1)
+
+
+def test_relist_delivers_a_fresh_snapshot_from_an_idle_watch(fake, events, start_watcher):
+    """The way to catch up where no own write can be waited on: a full list, taken while the watch sits idle."""
+    fake.add_node(k8s_node("a"))
+    w = start_watcher("nodes")
+    assert w.wait_synced(10) and fake.wait_for_watches(1, 10)
+    assert w.relist(10)
+    assert len(events.snapshots()) == 2 and w.stats.lists == 2
+    assert w.resource_version == fake.resource_version
