@@ -36,6 +36,7 @@ from gputopo.contract import Keys
 from gputopo.kube.errors import Conflict, KubeApiError, NotFound
 from gputopo.kube.fetching import get_node, list_objects
 from gputopo.kube.patching import patch_node_metadata
+from gputopo.podspec import affinity_matches as pod_fits_node  # the DaemonSet controller's test, kube-scheduler's rule
 
 log = structlog.get_logger(__name__)
 
@@ -124,48 +125,6 @@ def remove_published(api: kubernetes.client.ApiClient, node_name: str, keys: Key
 
 
 # --- opt-out: does the plugin's own Pod still belong on this Node? ---------------------------------------------
-
-
-def _requirement_holds(req: Mapping[str, Any], values: Mapping[str, str]) -> bool:
-    key, op, wanted = req.get("key", ""), req.get("operator", ""), list(req.get("values") or ())
-    present = key in values
-    if op == "In":
-        return present and values[key] in wanted
-    if op == "NotIn":
-        return not present or values[key] not in wanted
-    if op == "Exists":
-        return present
-    if op == "DoesNotExist":
-        return not present
-    if op in ("Gt", "Lt") and present and len(wanted) == 1:
-        try:
-            have, bound = int(values[key]), int(wanted[0])
-        except ValueError:
-            return False
-        return have > bound if op == "Gt" else have < bound
-    return False
-
-
-def pod_fits_node(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
-    """Whether the Node's labels (and name) satisfy the Pod's nodeSelector and required node affinity: the test
-    the DaemonSet controller applies before it removes its pod from a node that no longer matches."""
-    spec = pod.get("spec") or {}
-    meta = node.get("metadata") or {}
-    labels: Mapping[str, str] = meta.get("labels") or {}
-    fields = {"metadata.name": meta.get("name", "")}
-    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
-        return False
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-    terms = required.get("nodeSelectorTerms")
-    if not terms:
-        return True
-    return any(
-        (term.get("matchExpressions") or term.get("matchFields"))
-        and all(_requirement_holds(r, labels) for r in term.get("matchExpressions") or ())
-        and all(_requirement_holds(r, fields) for r in term.get("matchFields") or ())
-        for term in terms
-    )
 
 
 def own_pod(api: kubernetes.client.ApiClient, node_name: str, pod_name: str) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ containers, so two of one name would share one part of a plan while counting twi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -101,3 +102,76 @@ def effective_count(containers: Sequence[ContainerNeed]) -> int:
 def pod_device_count(pod: Mapping[str, Any], resource: str) -> int:
     """The pod's effective request of `resource`. Raises PodSpecError."""
     return effective_count(container_needs(pod, resource))
+
+
+# -- where a pod may run: kube-scheduler's NodeAffinity filter, on the JSON dicts ------------------------------------
+
+_INT64 = re.compile(r"^[+-]?[0-9]+$")  # what Go's strconv.ParseInt(s, 10, 64) accepts, range checked apart
+
+
+def _sequence(value: Any) -> Sequence[Any]:
+    return value if isinstance(value, list | tuple) else ()
+
+
+def _int64(text: Any) -> int | None:
+    if not isinstance(text, str) or not _INT64.match(text):
+        return None
+    n = int(text)
+    return n if -(2**63) <= n < 2**63 else None
+
+
+def expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """One nodeSelectorRequirement. A malformed one (In without values, Gt with two, a non-integer bound) matches
+    nothing, as kube-scheduler drops a term it cannot parse."""
+    key, op = expr.get("key"), expr.get("operator")
+    values = [str(v) for v in _sequence(expr.get("values"))]
+    present = key in labels
+    if op in ("In", "NotIn"):
+        if not values:
+            return False
+        inside = present and labels[key] in values  # type: ignore[index]
+        return inside if op == "In" else not inside
+    if op in ("Exists", "DoesNotExist"):
+        if values:
+            return False
+        return present if op == "Exists" else not present
+    if op in ("Gt", "Lt"):
+        if len(values) != 1:
+            return False
+        bound = _int64(values[0])
+        have = _int64(labels.get(key)) if present else None  # type: ignore[arg-type]
+        if bound is None or have is None:
+            return False
+        return have > bound if op == "Gt" else have < bound
+    return False
+
+
+def _field_matches(expr: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """matchFields: only metadata.name, with In or NotIn."""
+    if expr.get("key") != "metadata.name" or expr.get("operator") not in ("In", "NotIn"):
+        return False
+    return expression_matches(expr, {"metadata.name": str(_dict(node.get("metadata")).get("name") or "")})
+
+
+def term_matches(term: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """A nodeSelectorTerm: its expressions and fields ANDed; an empty term matches nothing."""
+    exprs = [_dict(e) for e in _sequence(term.get("matchExpressions"))]
+    fields = [_dict(e) for e in _sequence(term.get("matchFields"))]
+    if not exprs and not fields:
+        return False
+    labels = _dict(_dict(node.get("metadata")).get("labels"))
+    return all(expression_matches(e, labels) for e in exprs) and all(_field_matches(f, node) for f in fields)
+
+
+def affinity_matches(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """NodeAffinity Filter: spec.nodeSelector (every label equal) AND the required terms (ORed)."""
+    spec = _dict(pod.get("spec"))
+    labels = _dict(_dict(node.get("metadata")).get("labels"))
+    for k, v in _dict(spec.get("nodeSelector")).items():
+        if labels.get(k) != v:
+            return False
+    required = _dict(_dict(_dict(spec.get("affinity")).get("nodeAffinity")).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"))
+    if not required:
+        return True
+    return any(term_matches(_dict(t), node) for t in _sequence(required.get("nodeSelectorTerms")))

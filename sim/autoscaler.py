@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from gputopo.podspec import affinity_matches, expression_matches, term_matches  # noqa: F401 (part of this model)
+
 # -- defaults (docs/reference/autoscaling.md section 4) --------------------------------------------------------------
 SCAN_INTERVAL_S = 10.0  # --scan-interval
 POD_BUFFER_S = 2.0  # unschedulablePodTimeBuffer
@@ -42,7 +44,6 @@ UNSCHEDULABLE_NODE = "node(s) were unschedulable"
 TOO_MANY_PODS = "Too many pods"
 
 _FILTERED_EFFECTS = ("NoSchedule", "NoExecute")  # PreferNoSchedule is a scoring hint only
-_INT64 = re.compile(r"^[+-]?[0-9]+$")  # what Go's strconv.ParseInt(s, 10, 64) accepts, range checked apart
 _SUFFIX = {
     "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40), "Pi": Decimal(2**50),
     "Ei": Decimal(2**60), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
@@ -154,70 +155,6 @@ def untolerated_taint(pod: Mapping[str, Any], node: Mapping[str, Any]) -> Mappin
         if not any(tolerates(t, taint) for t in tolerations):
             return taint
     return None
-
-
-def _int64(text: Any) -> int | None:
-    if not isinstance(text, str) or not _INT64.match(text):
-        return None
-    n = int(text)
-    return n if -(2**63) <= n < 2**63 else None
-
-
-def expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """One nodeSelectorRequirement. A malformed one (In without values, Gt with two, a non-integer bound) matches
-    nothing, as kube-scheduler drops a term it cannot parse."""
-    key, op = expr.get("key"), expr.get("operator")
-    values = [str(v) for v in _list(expr.get("values"))]
-    present = key in labels
-    if op in ("In", "NotIn"):
-        if not values:
-            return False
-        inside = present and labels[key] in values  # type: ignore[index]
-        return inside if op == "In" else not inside
-    if op in ("Exists", "DoesNotExist"):
-        if values:
-            return False
-        return present if op == "Exists" else not present
-    if op in ("Gt", "Lt"):
-        if len(values) != 1:
-            return False
-        bound = _int64(values[0])
-        have = _int64(labels.get(key)) if present else None  # type: ignore[arg-type]
-        if bound is None or have is None:
-            return False
-        return have > bound if op == "Gt" else have < bound
-    return False
-
-
-def _field_matches(expr: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
-    """matchFields: only metadata.name, with In or NotIn."""
-    if expr.get("key") != "metadata.name" or expr.get("operator") not in ("In", "NotIn"):
-        return False
-    return expression_matches(expr, {"metadata.name": str(_dict(node.get("metadata")).get("name") or "")})
-
-
-def term_matches(term: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
-    """A nodeSelectorTerm: its expressions and fields ANDed; an empty term matches nothing."""
-    exprs = [_dict(e) for e in _list(term.get("matchExpressions"))]
-    fields = [_dict(e) for e in _list(term.get("matchFields"))]
-    if not exprs and not fields:
-        return False
-    labels = _dict(_dict(node.get("metadata")).get("labels"))
-    return all(expression_matches(e, labels) for e in exprs) and all(_field_matches(f, node) for f in fields)
-
-
-def affinity_matches(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
-    """NodeAffinity Filter: spec.nodeSelector (every label equal) AND the required terms (ORed)."""
-    spec = _dict(pod.get("spec"))
-    labels = _dict(_dict(node.get("metadata")).get("labels"))
-    for k, v in _dict(spec.get("nodeSelector")).items():
-        if labels.get(k) != v:
-            return False
-    required = _dict(_dict(_dict(spec.get("affinity")).get("nodeAffinity")).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"))
-    if not required:
-        return True
-    return any(term_matches(_dict(t), node) for t in _list(required.get("nodeSelectorTerms")))
 
 
 def allocatable(node: Mapping[str, Any]) -> dict[str, int]:
