@@ -33,9 +33,16 @@ def test_plugin_killed_during_allocate_gives_no_gpu_twice_strands_no_pod_and_rep
         started = node.start_plugin()
         _, devices = node.wait_registered(started, WAIT)
         assert devices is not None, node.log_tail()
-        failures = []
-        for i, point in enumerate(POINTS):
-            result = run_round(node, i, point)
-            if not result.ok or (point is IN_FLIGHT and result.allocate_cut != 1):  # the kill did cut a call
-                failures.append(result.as_dict())
+        failures, missed = [], []
+        rounds = iter(range(100))
+        for point in POINTS:
+            for _ in range(3 if point is IN_FLIGHT else 1):  # on a loaded machine a kill can miss the call it aims at
+                result = run_round(node, next(rounds), point)
+                if not result.ok:
+                    failures.append(result.as_dict())
+                if point is not IN_FLIGHT or result.allocate_cut == 1:
+                    break
+                missed.append(result.as_dict())
+            else:
+                failures.append({"in flight": "no Allocate call was cut in 3 tries", "tries": missed})
         assert failures == [], "\n".join([*map(str, failures), node.log_tail()])
