@@ -76,12 +76,28 @@ def parse_owned(value: str | None) -> frozenset[str]:
 
 
 def release(owner_key: str, annotations: Mapping[str, str]) -> dict[str, None]:
-    """The annotations that end the hold this plugin set (uninstall, opt-out): the ownership annotation and each
-    autoscaler annotation it lists that still has our value; one another value was given since is someone else's."""
-    owned = parse_owned(annotations.get(owner_key))
-    out: dict[str, None] = {k: None for k in HOLD_ANNOTATIONS if k in owned and annotations.get(k) == HOLD_VALUE}
-    if owner_key in annotations:
-        out[owner_key] = None
+    """The annotations that end the hold this plugin set (uninstall, opt-out): what `desired` removes when no hold
+    is wanted, among those the Node carries (the ownership annotation, and each autoscaler annotation it lists that
+    still has our value; one another value was given since is someone else's)."""
+    lifted = _desired(False, owner_key, annotations)
+    return {k: None for k, v in lifted.items() if v is None and k in annotations}
+
+
+def _desired(hold: bool, owner_key: str, observed: Mapping[str, str | None]) -> dict[str, str | None]:
+    owned = parse_owned(observed.get(owner_key))
+    out: dict[str, str | None] = {}
+    now_owned: list[str] = []
+    for key in HOLD_ANNOTATIONS:
+        current = observed.get(key)
+        mine = key in owned and current == HOLD_VALUE  # another value: someone changed it, no longer ours
+        if hold and (current is None or mine):
+            out[key] = HOLD_VALUE
+            now_owned.append(key)
+        elif mine:
+            out[key] = None
+        else:
+            out[key] = current
+    out[owner_key] = ",".join(now_owned) or None
     return out
 
 
@@ -105,19 +121,4 @@ class AutoscalerHold:
     def desired(self, usage: GpuUsage, observed: Mapping[str, str | None]) -> dict[str, str | None]:
         """The values `annotation_keys` should have (None: absent), given what the Node carries now. An
         annotation someone else set is left as it is; ours is set while wanted and removed when not."""
-        hold = self.wanted(usage)
-        owned = parse_owned(observed.get(self.owner_key))
-        out: dict[str, str | None] = {}
-        now_owned: list[str] = []
-        for key in HOLD_ANNOTATIONS:
-            current = observed.get(key)
-            mine = key in owned and current == HOLD_VALUE  # another value: someone changed it, no longer ours
-            if hold and (current is None or mine):
-                out[key] = HOLD_VALUE
-                now_owned.append(key)
-            elif mine:
-                out[key] = None
-            else:
-                out[key] = current
-        out[self.owner_key] = ",".join(now_owned) or None
-        return out
+        return _desired(self.wanted(usage), self.owner_key, observed)

@@ -37,6 +37,7 @@ from gputopo.kube.errors import Conflict, KubeApiError, NotFound
 from gputopo.kube.fetching import get_node, list_objects
 from gputopo.kube.patching import patch_node_metadata
 from gputopo.podspec import affinity_matches as pod_fits_node  # the DaemonSet controller's test, kube-scheduler's rule
+from gputopo.retry import Backoff
 
 log = structlog.get_logger(__name__)
 
@@ -91,6 +92,7 @@ def remove_published(api: kubernetes.client.ApiClient, node_name: str, keys: Key
     CleanupError when keys are left after `attempts`, KubeApiError for a failure a retry does not mend (403)."""
     removed: list[str] = []
     cause = "no attempt"
+    backoff = Backoff(0.2, 2.0, jitter_s=0.0)
     for _ in range(attempts):
         try:
             node = get_node(api, node_name)
@@ -112,7 +114,7 @@ def remove_published(api: kubernetes.client.ApiClient, node_name: str, keys: Key
             if not e.retryable:
                 raise
             cause = f"{e.status} {e.reason}"
-            time.sleep(0.2)
+            time.sleep(backoff.failed())
             continue
         removed.extend(k for k in removal.keys if k not in removed)
     try:
