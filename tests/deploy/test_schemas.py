@@ -115,3 +115,55 @@ def test_unique_object_identities() -> None:
         ids = [(o["apiVersion"], o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects]
         duplicates = {i for i in ids if ids.count(i) > 1}
         assert not duplicates, f"{name}: duplicate objects {duplicates}"
+
+
+def _render_umbrella(tmp_path, values: dict) -> dict[str, str]:
+    """Template path -> text of a parent chart that lists this chart with `condition: gpu-topology.enabled`,
+    rendered by Helm's own engine (the one `helm template` runs), so Helm's dependency handling and values-schema
+    check are the real ones."""
+    import shutil
+
+    import helm_python
+    import yaml
+    from helm_python import _native as helm_native
+
+    from tests.deploy.rendering import CHART
+
+    umbrella = tmp_path / "umbrella"
+    shutil.copytree(CHART, umbrella / "charts" / "gpu-topology")
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    (umbrella / "Chart.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "v2", "name": "umbrella", "version": "0.0.1",
+        "dependencies": [{"name": "gpu-topology", "version": version, "condition": "gpu-topology.enabled"}]}))
+    chart = helm_python.Chart.load(umbrella)
+    options = {"name": "platform", "namespace": "platform", "is_install": True}
+    return dict(json.loads(helm_native.call_string("helm_render", chart._raw(), json.dumps(values),
+                                                   json.dumps(options))))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_parent_chart_can_switch_the_chart_off(tmp_path, enabled: bool) -> None:
+    """`condition: gpu-topology.enabled` in a parent chart passes `enabled` down: the schema must allow it."""
+    files = _render_umbrella(tmp_path, {"gpu-topology": {"enabled": enabled}})
+    ours = [path for path, text in files.items() if path.startswith("umbrella/charts/gpu-topology/") and text.strip()]
+    if enabled:
+        assert any(path.endswith("plugin-daemonset.yaml") for path in ours), sorted(files)
+    else:
+        assert ours == []
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_chart_itself_ignores_enabled(enabled: bool) -> None:
+    from tests.deploy.rendering import ChartVariant
+
+    alone = render_chart(ChartVariant("gpu-topology", "gpu-topology", {"enabled": enabled}))
+    assert generated_masked(alone) == generated_masked(render_chart(CHART_VARIANTS["defaults"]))
+
+
+def test_enabled_must_be_a_boolean() -> None:
+    import helm_python
+
+    from tests.deploy.rendering import ChartVariant
+
+    with pytest.raises(helm_python.HelmError, match="enabled"):
+        render_chart(ChartVariant("gpu-topology", "gpu-topology", {"enabled": "no"}))
