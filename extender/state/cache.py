@@ -720,7 +720,7 @@ class NodeCache:
         if plan.node != rec.node:
             self._report(f"pod/{rec.uid}", f"plan is for node {plan.node}, pod is on {rec.node}", pod=rec.key)
             return
-        for other in [r for r in self.reservations.all() if r.uid == rec.uid and r.node != rec.node]:
+        for other in [r for r in self.reservations.of_pod(rec.uid) if r.node != rec.node]:
             self.reservations.release(other.uid, other.node)
         with self.lock_for(rec.node):
             if self.reservations.get(rec.uid, rec.node) is not None or self._settled.get(rec.uid) == rec.node:

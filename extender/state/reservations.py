@@ -58,8 +58,20 @@ class Reservations:
         self.clock = clock
         self._lock = threading.Lock()
         self._by_node: dict[str, dict[str, Reservation]] = {}
+        # uid -> the nodes it is reserved on: a pod's own reservations without a scan of every one (a restart
+        # rebuilds tens of thousands, one pod event at a time)
+        self._nodes_of: dict[str, set[str]] = {}
         self.masks: dict[str, int] = {}
         self.on_change: Callable[[str], None] = lambda node: None  # called (under the lock) after a mask changes
+
+    def _pop(self, held: dict[str, Reservation], uid: str, node: str) -> Reservation:
+        """Remove one reservation (the caller holds the lock and recomputes the node's mask)."""
+        nodes = self._nodes_of.get(uid)
+        if nodes is not None:
+            nodes.discard(node)
+            if not nodes:
+                del self._nodes_of[uid]
+        return held.pop(uid)
 
     def _recompute(self, node: str) -> None:
         held = self._by_node.get(node)
@@ -80,6 +92,7 @@ class Reservations:
                           plan, replicas=replicas, instances=instances)
         with self._lock:
             self._by_node.setdefault(node, {})[uid] = res
+            self._nodes_of.setdefault(uid, set()).add(node)
             self._recompute(node)
         return res
 
@@ -99,6 +112,11 @@ class Reservations:
         with self._lock:
             return list(self._by_node.get(node, {}).values())
 
+    def of_pod(self, uid: str) -> list[Reservation]:
+        """The pod's reservations, whatever their nodes."""
+        with self._lock:
+            return [self._by_node[n][uid] for n in self._nodes_of.get(uid, ())]
+
     def all(self) -> list[Reservation]:
         with self._lock:
             return [r for held in self._by_node.values() for r in held.values()]
@@ -111,11 +129,11 @@ class Reservations:
         """Drop the pod's reservation on `node` (every node when None)."""
         out = []
         with self._lock:
-            nodes = [node] if node is not None else list(self._by_node)
+            nodes = [node] if node is not None else list(self._nodes_of.get(uid, ()))
             for n in nodes:
                 held = self._by_node.get(n)
                 if held and uid in held:
-                    out.append(held.pop(uid))
+                    out.append(self._pop(held, uid, n))
                     self._recompute(n)
         return out
 
@@ -124,7 +142,7 @@ class Reservations:
         with self._lock:
             held = self._by_node.get(node)
             if held and held.get(uid) is expected:
-                del held[uid]
+                self._pop(held, uid, node)
                 self._recompute(node)
                 return True
         return False
@@ -175,9 +193,9 @@ class Reservations:
                         r = held[uid] = replace(r, replicas=tuple((g, max(1, t - fell.get(g, 0)))
                                                                   for g, t in r.replicas))
                     if shared_used is not None and all(shared_used.get(g, 0) >= t for g, t in r.replicas):
-                        out.append(held.pop(uid))
+                        out.append(self._pop(held, uid, node))
                 elif r.ids <= used_ids:
-                    out.append(held.pop(uid))
+                    out.append(self._pop(held, uid, node))
             if out:
                 self._recompute(node)
         return out
@@ -195,10 +213,10 @@ class Reservations:
                 idx = [index_of(i) for i in r.ids]
                 if r.replicas:  # counted per GPU id, no mask to redo
                     if any(i is None for i in idx):
-                        dropped.append(held.pop(uid))
+                        dropped.append(self._pop(held, uid, node))
                     continue
                 if any(i is None for i in idx):
-                    dropped.append(held.pop(uid))
+                    dropped.append(self._pop(held, uid, node))
                     continue
                 mask = 0
                 for i in idx:
@@ -217,7 +235,7 @@ class Reservations:
             for node, held in list(self._by_node.items()):
                 gone = [uid for uid, r in held.items() if r.expires_at <= now and not r.bound and not bound(r)]
                 for uid in gone:
-                    out.append(held.pop(uid))
+                    out.append(self._pop(held, uid, node))
                 if gone:
                     self._recompute(node)
         return out
