@@ -42,6 +42,7 @@ from gputopo.contract import DEFAULT_KEYS
 from gputopo.core import Topology, topology_to_json
 from sim.ports import free_ports
 from tests.helpers.paths import REPO
+from tests.helpers.polling import scaled
 
 # Beside the clone, never inside it (360 MB of binaries); nothing but this tier needs it, and it skips without.
 KUBE_SHARED = Path(os.environ.get("GPU_TOPOLOGY_KUBE_DIR") or REPO.parent / "shared" / "kube")
@@ -186,7 +187,9 @@ def start_process(name: str, argv: Sequence[str], log: Path, env: Mapping[str, s
 
 def wait_until(what: str, check: Callable[[], object], timeout: float, proc: Proc | None = None,
                interval: float = 0.1) -> None:
-    """Poll `check()` until truthy; RuntimeError naming `what` (and the process's log tail) on timeout or exit."""
+    """Poll `check()` until truthy; RuntimeError naming `what` (and the process's log tail) on timeout or exit.
+    `timeout` is the idle machine's, stretched by the load (tests.helpers.polling.scaled)."""
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     while True:
         try:
