@@ -21,11 +21,13 @@ import structlog
 from extender.config import SETTINGS, ExtenderConfig
 from extender.logs import configure_logging
 from extender.webhook.command import command as webhook_command
-from gputopo.extras import require as require_extra
+from gputopo import extras
 
 log = structlog.get_logger(__name__)
 
 GIL_SWITCH_INTERVAL_S = 0.0005
+# The extra each subcommand needs beyond the base install.
+_NEEDS = {"serve": "extender", "webhook": "extender"}
 
 
 def is_loopback(host: str) -> bool:
@@ -55,13 +57,22 @@ def check_plain_http(host: str, tls: bool, allow_insecure_remote: bool) -> None:
     )
 
 
-@click.group()
+class _Group(click.Group):
+    """Marks a subcommand whose extra is not installed in `gpu-extender --help`, as gpuplugin's group does, and
+    answers it, any arguments and `--help` included, with one line naming what to install (gputopo.extras)."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands:
+            stand_in = extras.stand_in("gpu-extender", cmd_name, _NEEDS.get(cmd_name))
+            if stand_in is not None:
+                return stand_in
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_Group, context_settings={"terminal_width": 100})  # a missing extra's line stays whole
 @click.version_option(package_name="gpu-topology-scheduling")
-@click.pass_context
-def main(ctx: click.Context) -> None:
+def main() -> None:
     """Topology-aware kube-scheduler HTTP extender for GPUs."""
-    if ctx.invoked_subcommand in ("serve", "webhook"):  # before their own options: `serve --help` says it too
-        require_extra(f"gpu-extender {ctx.invoked_subcommand}", "extender")
 
 
 @main.command(epilog=SETTINGS.epilog)

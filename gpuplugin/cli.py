@@ -31,28 +31,14 @@ class _LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         extra = _NEEDS.get(cmd_name) if cmd_name in self.list_commands(ctx) else None
-        module = extras.missing(extra) if extra else None
-        if extra and module:
-            return _missing_extra(cmd_name, extra, module)
+        stand_in = extras.stand_in("gpuplugin", cmd_name, extra)
+        if stand_in is not None:
+            return stand_in
         if cmd_name in _BUILTIN:
             return importlib.import_module(f"gpuplugin.commands.{cmd_name.replace('-', '_')}").command
         for ep in entry_points(group=ENTRY_POINT_GROUP, name=cmd_name):
             return ep.load()
         return None
-
-
-def _missing_extra(name: str, extra: str, module: str) -> click.Command:
-    """Stands in for a subcommand whose extra is not installed: listed in `gpuplugin --help` with what to install,
-    and answering any arguments, `--help` included, with that one line and exit 2 (its own help needs its imports)."""
-    line = extras.message(f"gpuplugin {name}", extra, module)
-
-    def fail() -> None:
-        click.echo(line, err=True)
-        raise SystemExit(extras.EXIT_MISSING_EXTRA)
-
-    return click.Command(name, callback=fail, add_help_option=False, short_help=f"(not installed: pip install "
-                         f"'{extras.DISTRIBUTION}[{extra}]')", context_settings={"ignore_unknown_options": True,
-                                                                                 "allow_extra_args": True})
 
 
 @click.group(cls=_LazyGroup, context_settings={"terminal_width": 100})  # a missing extra's line stays whole

@@ -3,14 +3,16 @@
 `pip install gpu-topology-scheduling` (no extras) installs both console scripts but only the shared library's
 dependencies; the device plugin needs `[plugin]`, the extender `[extender]`, the demo `[demo]`. Without this check a
 command run there ends in a ModuleNotFoundError traceback from deep inside an import; with it, in one line naming
-the missing module and the extra to install, exit 2. The modules are those pyproject.toml's extras provide (a test
+the missing module and the extra to install, exit 2, and the group's --help marks the command with what to
+install (`stand_in`, used by both binaries' groups). The modules are those pyproject.toml's extras provide (a test
 keeps the two in step).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import sys
+
+import click
 
 DISTRIBUTION = "gpu-topology-scheduling"
 # extra -> the top-level modules its distributions provide that the product imports.
@@ -42,9 +44,20 @@ def message(command: str, extra: str, module: str) -> str:
             f"pip install '{DISTRIBUTION}[{extra}]'")
 
 
-def require(command: str, extra: str) -> None:
-    """Exit 2 with one line on stderr when `extra` is not installed."""
-    module = missing(extra)
-    if module is not None:
-        print(message(command, extra, module), file=sys.stderr)
+def stand_in(program: str, name: str, extra: str | None) -> click.Command | None:
+    """What a click group returns for its subcommand `name` when `extra` (None: it needs none) is not installed,
+    else None (load the real one). Both binaries' groups use it, so their --help marks a command the same way."""
+    module = missing(extra) if extra else None
+    if extra is None or module is None:
+        return None
+    line = message(f"{program} {name}", extra, module)
+
+    def fail() -> None:
+        click.echo(line, err=True)
         raise SystemExit(EXIT_MISSING_EXTRA)
+
+    # Listed in the group's --help with what to install; any arguments, --help included, get the one line (the
+    # command's own help needs its imports).
+    return click.Command(name, callback=fail, add_help_option=False,
+                         short_help=f"(not installed: pip install '{DISTRIBUTION}[{extra}]')",
+                         context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

@@ -86,10 +86,22 @@ def _foreign_event(component: str) -> Any:
             event_dict["message"] = event_dict.pop("event", "")
             event_dict["event"] = f"{component}.{library}.message"
             event_dict["logger"] = record.name
-            event_dict.pop("color_message", None)  # uvicorn's ANSI twin of the message
         return event_dict
 
     return rename
+
+
+# Fields libraries pass in `extra=` for a coloured terminal formatter only: uvicorn's `color_message`, the message
+# again with ANSI escapes. Our renderers print the plain message, so these would only put escapes in the output.
+_TERMINAL_ONLY = ("color_message",)
+
+
+def _drop_terminal_only(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
+    """Runs after ExtraAdder, which copies every `extra=` field of a record into the event (dropping them before
+    it, as this module once did, let them back in)."""
+    for key in _TERMINAL_ONLY:
+        event_dict.pop(key, None)
+    return event_dict
 
 
 def configure_logging(level: str = "warning", stream: TextIO | None = None, *, component: str = "plugin") -> None:
@@ -118,7 +130,7 @@ def configure_logging(level: str = "warning", stream: TextIO | None = None, *, c
     )
     # The standard library's records (uvicorn, kubernetes, urllib3, grpc) through the same processors.
     formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[*shared, _foreign_event(component), structlog.stdlib.ExtraAdder()],
+        foreign_pre_chain=[*shared, _foreign_event(component), structlog.stdlib.ExtraAdder(), _drop_terminal_only],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *tail, renderer],
     )
     handler = logging.StreamHandler(stream)

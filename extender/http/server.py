@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import logging
 import os
 import re
 import resource
@@ -457,12 +459,39 @@ def handing_over_server(config: uvicorn.Config, hand_over: Callable[[], None]) -
     return HandingOverServer(config)
 
 
+# uvicorn's lines about the process rather than a listener: every uvicorn.Server logs them, so a companion beside
+# the main server said "Started server process" a second time (and "Shutting down").
+_PROCESS_LINES = frozenset({"Started server process [%d]", "Finished server process [%d]", "Shutting down"})
+_IN_COMPANION: contextvars.ContextVar[bool] = contextvars.ContextVar("in_companion", default=False)
+
+
+class _MainServerSpeaks(logging.Filter):
+    """Drops the process lines a companion logs; the main server logs them once. The companion runs in a task of
+    its own (serve_beside), whose context alone holds the mark."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_IN_COMPANION.get() and record.msg in _PROCESS_LINES)
+
+
+_MAIN_SERVER_SPEAKS = _MainServerSpeaks()
+
+
 def companion_server(config: uvicorn.Config) -> uvicorn.Server:
-    """A uvicorn server that leaves the signals to the main server (serve_beside stops it)."""
+    """A uvicorn server that leaves the signals, and the process's start and finish lines, to the main server
+    (serve_beside stops it)."""
+    logging.getLogger("uvicorn.error").addFilter(_MAIN_SERVER_SPEAKS)  # uvicorn.server's logger; added once
+
     class CompanionServer(uvicorn.Server):
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             yield
+
+        async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+            mark = _IN_COMPANION.set(True)
+            try:
+                await super().serve(sockets)
+            finally:
+                _IN_COMPANION.reset(mark)
 
     return CompanionServer(config)
 
