@@ -84,6 +84,16 @@ if [ "$BASE" != "$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile.extender)" ]; the
 fi
 case "$BASE" in */*) BASE_REF=$BASE ;; *) BASE_REF=docker.io/library/$BASE ;; esac
 
+unmount_under() {  # unmount_under DIR: every mount at or below DIR, the deepest first
+  local dir target
+  dir=$(realpath -m "$1")
+  awk -v d="$dir" '$2 == d || index($2, d "/") == 1 { print $2 }' /proc/mounts | sort -r \
+    | while read -r target; do
+        target=$(printf '%b' "$target")  # /proc/mounts writes a space as \040
+        umount "$target" 2>/dev/null || umount -l "$target"
+      done
+}
+
 make_stand_in() {
   # Debian release and Python minor come from the base image's tag, e.g. python:3.11-slim-bookworm.
   local release=${BASE##*-} python_minor
@@ -94,7 +104,11 @@ make_stand_in() {
   prefix=$("$python" -c 'import sys; print(sys.base_prefix)')
   need debootstrap debootstrap
   local rootfs="$STATE/stand-in-rootfs"
-  if mountpoint -q "$rootfs/proc" 2>/dev/null; then umount "$rootfs/proc"; fi
+  # debootstrap mounts proc (and sys, dev/pts where it can) inside the rootfs and may leave them mounted; rm
+  # --one-file-system then refuses to cross them and stops the script. The trap unmounts them on any exit, so a
+  # failure midway leaves no mount behind either; the rootfs itself stays for the next run to remove.
+  trap 'unmount_under "$STATE/stand-in-rootfs"' EXIT
+  unmount_under "$rootfs"
   rm -rf --one-file-system "$rootfs"
   step "stand-in base: Debian $release (debootstrap minbase) + $python from $prefix"
   # ca-certificates, netbase, tzdata and the libraries CPython's modules link, as the official slim image keeps.
@@ -118,6 +132,7 @@ make_stand_in() {
     || { cat "$STATE/ensurepip.log" >&2; exit 1; }
   ln -sf pip3 "$rootfs/usr/local/bin/pip"
   find "$rootfs/usr/local" -depth -name __pycache__ -exec rm -rf {} +
+  unmount_under "$rootfs"  # before the copy: its tar stays on the rootfs's file system, and rm must too
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/lib/apt/lists/* \
     "$rootfs"/debootstrap "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* \
     "$rootfs"/usr/share/locale/*
@@ -131,7 +146,9 @@ make_stand_in() {
     --cmd "$python" --label gpu-topology.stand-in=true "$ctr"
   "${BUILDAH[@]}" commit --quiet "$ctr" "$BASE_REF" >/dev/null
   "${BUILDAH[@]}" rm "$ctr" >/dev/null
+  unmount_under "$rootfs"
   rm -rf --one-file-system "$rootfs"
+  trap - EXIT
 }
 
 if "${BUILDAH[@]}" inspect --type image "$BASE_REF" >/dev/null 2>&1; then

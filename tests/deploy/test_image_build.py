@@ -91,3 +91,73 @@ def test_both_images_build_and_each_runs_its_binary() -> None:
         assert re.search(rf"image \S+-{component}:dev: \d+ MB \(\d+ bytes; \d+ MB on top of the \d+ MB base\), "
                          r"built in \d+ s", out), component
     assert fingerprint.stale_message() is None, "the script records the inputs of the build that passed"
+
+
+# Stand-ins for the stand-in base's tools: debootstrap leaves a file system mounted at the rootfs's proc (it mounts
+# proc there while it runs; one it left made the script's first run fail); chroot answers ldconfig, and ensurepip
+# with FAKE_CHROOT_RC; buildah has no base image and none to pull, and mounts a container at a plain directory.
+FAKE_TOOLS = {
+    "debootstrap": """#!/bin/bash
+rootfs=${@: -2:1}
+mkdir -p "$rootfs/proc" "$rootfs/sbin" "$rootfs/usr/share/doc/x" "$rootfs/var/lib/apt/lists"
+mount -t tmpfs -o size=1m gpu-topology-test-proc "$rootfs/proc"
+""",
+    "chroot": """#!/bin/bash
+case "$*" in *ensurepip*) exit "${FAKE_CHROOT_RC:-0}" ;; esac
+""",
+    "buildah": """#!/bin/bash
+while [ $# -gt 0 ]; do case "$1" in --root|--runroot|--storage-driver) shift 2 ;; --*) shift ;; *) break ;; esac; done
+case "$1" in
+  inspect|pull) exit 1 ;;
+  from) echo fake-ctr ;;
+  mount) mkdir -p "$FAKE_MNT" && echo "$FAKE_MNT" ;;
+esac
+""",
+}
+
+
+def mounts_under(path: Path) -> list[str]:
+    return [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+            if line.split()[1].startswith(f"{path}/")]
+
+
+def can_mount(tmp_path: Path) -> bool:
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "probe", str(probe)], capture_output=True).returncode:
+        return False
+    subprocess.run(["umount", str(probe)], check=True)
+    return True
+
+
+@pytest.mark.parametrize("chroot_rc", [0, 1], ids=["whole run", "failing midway"])
+def test_the_stand_in_base_leaves_no_mount_and_removes_its_rootfs(tmp_path: Path, chroot_rc: int) -> None:
+    """A mount left inside the stand-in's rootfs neither stops the script at its clean-up (rm --one-file-system
+    refuses to cross it) nor outlives a run that fails midway."""
+    if os.geteuid() != 0 or shutil.which("mount") is None or not can_mount(tmp_path):
+        pytest.skip("needs root and mount(2) to leave a file system mounted in the rootfs")
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name, text in FAKE_TOOLS.items():
+        (tools / name).write_text(text)
+        (tools / name).chmod(0o755)
+    state = tmp_path / "state"
+    env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}", GPU_TOPOLOGY_IMAGE_STATE=str(state),
+               FAKE_MNT=str(tmp_path / "container"), FAKE_CHROOT_RC=str(chroot_rc))
+    try:
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "build_image.sh"), "--only", "plugin",
+                               "--repository", "localhost/gpu-topology-test"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+        left = mounts_under(tmp_path)
+    finally:
+        for target in sorted(mounts_under(tmp_path), reverse=True):
+            subprocess.run(["umount", "-l", target], check=False)
+    out = done.stdout + done.stderr
+    assert left == [], out[-3000:]
+    if chroot_rc:
+        assert done.returncode == 1, out[-3000:]
+    else:
+        # past the stand-in: the fake buildah then has no base image to measure, so the script stops there
+        assert "stand-in base made in" in out, out[-3000:]
+        assert not (state / "stand-in-rootfs").exists()
+        assert (tmp_path / "container" / "usr" / "local" / "bin" / "python3").is_symlink()
