@@ -25,6 +25,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from extender.webhook import review
 from extender.webhook.command import command
 from extender.webhook.config import SETTINGS
+from gputopo.contract import DEFAULT_KEYS
 from tests.deploy import schemas, security
 from tests.deploy.rendering import (
     CHART,
@@ -311,6 +312,7 @@ def _passes(programs: list[Any], pod: dict[str, Any]) -> bool:
 
 
 POLICY = review.Policy(SCHEDULER, "nvidia.com/gpu", "gpu-topology.io/webhook")
+NVLINK = {DEFAULT_KEYS.require_nvlink: "true"}
 PS_LABELS = {"training.kubeflow.org/job-name": "tf-0", "training.kubeflow.org/operator-name": "tfjob-controller",
              "training.kubeflow.org/replica-type": "ps", "training.kubeflow.org/replica-index": "0"}
 
@@ -329,6 +331,10 @@ def _pods() -> dict[str, dict[str, Any]]:
         "no scheduler name": lambda r: r["object"]["spec"].pop("schedulerName"),
         "another scheduler": lambda r: r["object"]["spec"].update(schedulerName="volcano"),
         "ours already": lambda r: r["object"]["spec"].update(schedulerName=SCHEDULER),
+        "ours already, require-nvlink": lambda r: (r["object"]["spec"].update(schedulerName=SCHEDULER),
+                                                   r["object"]["metadata"].update(annotations=dict(NVLINK))),
+        "another scheduler, require-nvlink": lambda r: (r["object"]["spec"].update(schedulerName="volcano"),
+                                                        r["object"]["metadata"].update(annotations=dict(NVLINK))),
         "no resources": lambda r: r["object"]["spec"]["containers"][0].pop("resources"),
         "another resource": lambda r: r["object"]["spec"]["containers"][0].update(
             resources={"limits": {"amd.com/gpu": "1"}}),
@@ -351,17 +357,20 @@ def _pods() -> dict[str, dict[str, Any]]:
 
 RENAMED = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n" \
           "      rename: acme.example/inference\n"
+# Pods let through that the webhook answers without a patch: 0 GPUs, and a pod already naming our scheduler with
+# no topology annotation (it needs no affinity; the condition cannot read the annotations' meaning).
+CALLS = {"zero GPUs", "ours already"}
 MATCH_VARIANTS: dict[str, tuple[ChartVariant, review.Policy, set[str]]] = {
     # rendering, the webhook's policy as its args give it, the pods it lets through without patching (a call)
-    "defaults": (WEBHOOK_VARIANTS["defaults"], POLICY, {"zero GPUs"}),
+    "defaults": (WEBHOOK_VARIANTS["defaults"], POLICY, CALLS),
     "sharing config with a rename": (
         ChartVariant("gpu-topology", "gpu-topology", {"webhook": {"enabled": True}, "plugin": {"sharing": {
             "enabled": True, "configs": {"ts": RENAMED}}}}),
         review.Policy(SCHEDULER, "nvidia.com/gpu", "gpu-topology.io/webhook", extra_resources=(
-            "acme.example/inference",)), {"zero GPUs"}),
+            "acme.example/inference",)), CALLS),
     "whole jobs": (ChartVariant("gpu-topology", "gpu-topology", {"webhook": {"enabled": True, "wholeJobs": True}}),
                    review.Policy(SCHEDULER, "nvidia.com/gpu", "gpu-topology.io/webhook", whole_jobs=True),
-                   {"zero GPUs"}),
+                   CALLS),
 }
 
 
@@ -374,13 +383,14 @@ def _variant_conditions(variant: str) -> list[Any]:
 @pytest.mark.parametrize("name", sorted(_pods()))
 def test_match_conditions_let_through_every_pod_the_webhook_would_patch(variant: str, name: str) -> None:
     """A condition that dropped a pod the webhook patches would lose it silently; letting through a pod it leaves
-    alone only costs a call (a pod asking for 0 GPUs). The webhook's own policy is what the same rendering's args
-    give it (test_the_rendered_args_give_the_policy)."""
+    alone only costs a call (a pod asking for 0 GPUs). A patch is a schedulerName or, for a pod already naming our
+    scheduler, the node affinity of its topology annotations, the only part of them the Cluster Autoscaler sees.
+    The webhook's own policy is what the same rendering's args give it (test_the_rendered_args_give_the_policy)."""
     _, policy, extra_calls = MATCH_VARIANTS[variant]
     pod = _pods()[name]
     passes = _passes(_variant_conditions(variant), pod)
     request = recorded(lambda r: r.update(object=pod))["request"]
-    patched = review.decide(request, policy).outcome == review.PATCHED
+    patched = bool(review.decide(request, policy).patch)
     assert passes or not patched
     assert passes == (patched or name in extra_calls), name
 
@@ -402,6 +412,26 @@ def test_a_parameter_server_reaches_the_webhook_only_with_whole_jobs() -> None:
     assert not _passes(_conditions(renderings()["helm:defaults"]), ps)
     assert _passes(_conditions(renderings()["helm:custom"]), ps)  # wholeJobs
     assert _passes(_conditions(renderings()["kustomize:deploy/webhook"]), ps)
+
+
+def test_a_pod_naming_the_charts_scheduler_reaches_the_webhook_and_one_naming_another_does_not() -> None:
+    """The condition names the scheduler the chart installs (`scheduler.schedulerName`), whatever it is called:
+    a pod naming it gets its affinity; one naming the default name of another install, or another scheduler, is
+    never sent."""
+    def naming(scheduler: str, resource: str = "nvidia.com/gpu") -> dict[str, Any]:
+        pod = copy.deepcopy(_pods()["ours already, require-nvlink"])
+        pod["spec"]["schedulerName"] = scheduler
+        pod["spec"]["containers"][0]["resources"] = {"limits": {resource: "2"}}
+        return pod
+
+    custom = _conditions(renderings()["helm:custom"])  # scheduler.schedulerName topology-aware, acme.example/gpu
+    assert _passes(custom, naming("topology-aware", "acme.example/gpu"))
+    assert not _passes(custom, naming(SCHEDULER, "acme.example/gpu"))
+    assert not _passes(custom, naming("volcano", "acme.example/gpu"))
+    for name in ("helm:defaults", "kustomize:deploy/webhook"):
+        conditions = _conditions(renderings()[name])
+        assert _passes(conditions, naming(SCHEDULER)) and _passes(conditions, naming("default-scheduler"))
+        assert not _passes(conditions, naming("topology-aware")) and not _passes(conditions, naming("volcano"))
 
 
 # -- bad values ----------------------------------------------------------------------------------------------------
