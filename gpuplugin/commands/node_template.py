@@ -22,6 +22,17 @@ the same labels the publisher computes (gpuplugin.publisher) and the same resour
   own (`kubelet.kubernetes.io`, `node.kubernetes.io`); a prefix there is refused here (exit 2) rather than by a
   kubelet that will not start.
 
+`--gpu-label KEY[=VALUE]` adds the cloud provider's GPU label (CA's `GPULabel()`, its `--gpu-label`): CA counts a
+node as a GPU node when it carries that label or advertises a known GPU resource (`nvidia.com/gpu`, ...), and reads
+the label's value as the GPU type (`--gpu-total` limits, metrics). A node that carries the label while its GPUs
+are not yet allocatable is treated as still starting, with the GPU count of its group's template, rather than as
+a ready node with no room: without the label on the template and the nodes, a loop in that window may add a
+second node. The key is the provider's (reference/autoscaling.md 1.4): AWS `k8s.amazonaws.com/accelerator`, GKE
+`cloud.google.com/gke-accelerator`, Azure `kubernetes.azure.com/accelerator`, Cluster API
+`cluster-api/accelerator`; with the externalgrpc provider it is whatever the provider's `GPULabel` RPC answers
+(CA asks once and keeps the answer). VALUE defaults to the GPU model the plugin labels (`<prefix>/gpu-model`), which
+only an NVML recording names; otherwise it must be given.
+
 A Karpenter NodeOverlay is not offered: the reference gives its apiVersion and `spec.capacity`, not how it names
 the instance types it applies to, and this command prints only spellings the reference gives.
 """
@@ -29,13 +40,14 @@ the instance types it applies to, and this command prints only spellings the ref
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
-from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
+from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys, dns_subdomain_problem
 from gputopo.core import CoreError, Topology
 
 FORMATS = ("labels", "aws", "capi", "kubelet")
@@ -43,6 +55,10 @@ AWS_LABEL_TAG = "k8s.io/cluster-autoscaler/node-template/label/"
 AWS_RESOURCE_TAG = "k8s.io/cluster-autoscaler/node-template/resources/"
 CAPI_PREFIX = "capacity.cluster-autoscaler.kubernetes.io/"
 MIG_STRATEGIES = ("none", "single", "mixed")
+# The resources CA knows as GPUs (reference/autoscaling.md 1.5): a node with the GPU label and none of these
+# allocatable reads to CA as not ready.
+CA_GPU_RESOURCES = ("nvidia.com/gpu", "habana.ai/gaudi", "gpu.intel.com/xe", "amd.com/gpu", "microsoft.com/directx")
+_LABEL_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 
 
 class _ExitTwo(click.ClickException):
@@ -69,6 +85,28 @@ def kubelet_label_problem(key: str) -> str | None:
         return (f"{key}: kubelets may set no label under kubernetes.io or k8s.io but the kubelet's own; use an "
                 "--annotation-prefix outside them")
     return None
+
+
+def gpu_label(spec: str, labels: dict[str, str], model_key: str) -> tuple[str, str]:
+    """(key, value) of `--gpu-label KEY[=VALUE]`, the value defaulting to the template's GPU model label
+    (`model_key`): refused (exit 2) here rather than by the cloud's API or the kubelet when the key or value is not
+    one Kubernetes accepts, the key is one of ours, or no value is given and the topology names no model."""
+    key, sep, value = spec.partition("=")
+    prefix, slash, name = key.rpartition("/")
+    problem = dns_subdomain_problem(prefix) if slash else None
+    if problem or len(name) > 63 or not _LABEL_NAME_RE.match(name):
+        raise _ExitTwo(f"--gpu-label: {key!r} is not a label key ([prefix/]name, name at most 63 letters, digits, "
+                       f"'-', '_', '.'{'; prefix ' + problem if problem else ''})")
+    if key in labels:
+        raise _ExitTwo(f"--gpu-label: {key} is one of the plugin's own labels")
+    if not sep:
+        if model_key not in labels:
+            raise _ExitTwo(f"--gpu-label: give {key}=VALUE (the GPU type): the topology file names no GPU model "
+                           "(an NVML recording does)")
+        value = labels[model_key]
+    if value and (len(value) > 63 or not _LABEL_NAME_RE.match(value)):
+        raise _ExitTwo(f"--gpu-label: {value!r} is not a label value (at most 63 letters, digits, '-', '_', '.')")
+    return key, value
 
 
 @dataclass(frozen=True)
@@ -190,8 +228,14 @@ def render(template: NodeTemplate, fmt: str, resource_name: str) -> tuple[list[s
               help="The plugin's resource for whole GPUs (its --resource-name).")
 @click.option("--annotation-prefix", default=DEFAULT_PREFIX, show_default=True,
               help="The plugin's --annotation-prefix (prefix of the labels).")
+@click.option("--gpu-label", "gpu_label_spec", metavar="KEY[=VALUE]",
+              help="Also declare the cloud provider's GPU label, the one Cluster Autoscaler's GPULabel() names: "
+                   "k8s.amazonaws.com/accelerator (AWS), cloud.google.com/gke-accelerator (GKE), "
+                   "kubernetes.azure.com/accelerator (Azure), cluster-api/accelerator (Cluster API), or what an "
+                   "externalgrpc provider's GPULabel RPC answers. VALUE is the GPU type [default: the GPU model "
+                   "of an NVML recording].")
 def command(topology_file: str, fmt: str, sharing_config: str | None, mig_strategy: str | None, resource_name: str,
-            annotation_prefix: str) -> None:
+            annotation_prefix: str, gpu_label_spec: str | None) -> None:
     """Print the labels and extended resources a node-group template needs for scale from zero."""
     from gputopo.contract import extended_resource_problem
     from gputopo.logs import configure_logging
@@ -211,7 +255,19 @@ def command(topology_file: str, fmt: str, sharing_config: str | None, mig_strate
                          mig_strategy=mig_strategy)
     except (CoreError, ValueError) as e:  # SharingConfigError is a ValueError
         raise _ExitTwo(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    unready: list[str] = []
+    if gpu_label_spec is not None:
+        key, value = gpu_label(gpu_label_spec, template.labels, keys.model_label)
+        if fmt == "kubelet" and kubelet_label_problem(key):
+            raise _ExitTwo(f"--format kubelet: --gpu-label {key}: NodeRestriction lets no kubelet set a label under "
+                           "kubernetes.io or k8s.io but its own; leave that label to the provider")
+        template = NodeTemplate({**template.labels, key: value}, template.resources)
+        if not any(template.resources.get(r, 0) > 0 for r in CA_GPU_RESOURCES):
+            unready.append(f"warning: the Cluster Autoscaler counts a node with the GPU label {key} and none of "
+                           f"{', '.join(CA_GPU_RESOURCES)} as not ready (ResourceUnready): leave the label off "
+                           "such a group")
     lines, warnings = render(template, fmt, resource_name)
+    warnings += unready
     if not template.resources:
         warnings.append("warning: a node of this kind advertises no GPU resource (every GPU is MIG and the MIG "
                         "strategy is none): nothing for an autoscaler to scale up for")
