@@ -98,9 +98,11 @@ class PluginConfig(BaseModel):
     sharing_config_label: str = Field(DEFAULT_CONFIG_LABEL, description="Node label naming this node's config.")
     sharing_poll_interval: float = Field(10.0, description="Seconds between re-reads of the sharing config and the "
                                                            "node label.")
-    sharing_labels: bool = Field(True, description="Write the GFD labels of the shared layout (nvidia.com/gpu."
-                                                   "replicas, .sharing-strategy, .product) when sharing is "
-                                                   "configured; turn off where GFD writes them.")
+    sharing_labels: bool | Literal["auto"] = Field(
+        "auto", description="Write the GFD labels of the shared layout (nvidia.com/gpu.replicas, .sharing-strategy, "
+                            ".product, nvidia.com/mps.capable) when sharing is configured. auto: only while the Node "
+                            "carries no nvidia.com/gfd.timestamp (GPU Feature Discovery labels it), re-decided on "
+                            "every publication; --sharing-labels always, --no-sharing-labels never.")
     mps_root: Path = Field(DEFAULT_MPS_ROOT, description="Host directory of the MPS pipe, log and shm directories "
                                                          "(a hostPath mounted at the same path).")
     mps_control: str = Field(DEFAULT_CONTROL, description="The MPS control program run per shared set.")
@@ -136,7 +138,7 @@ class PluginConfig(BaseModel):
             raise ValueError(f"{v!r} must be a bare file name other than kubelet.sock")
         return v
 
-    @field_validator("publish", "health_recovery", mode="before")
+    @field_validator("publish", "health_recovery", "sharing_labels", mode="before")
     @classmethod
     def _lower(cls, v: Any) -> Any:
         return v.strip().lower() if isinstance(v, str) else v

@@ -9,7 +9,9 @@ What is removed, and nothing else (gputopo.contract.Keys lists them):
 - of the autoscaler annotations, only those `<prefix>/autoscaler-hold` names and that still carry our value: a hold
   someone else set, or changed since, stays (gpuplugin.autoscaler_hold.release);
 - the labels fabric, gpu-model, gpu-count, allreduce-gbps-<k>, free-gpus.<resource>; with `gfd_labels` also the
-  GPU Feature Discovery labels the plugin writes for its sharing layout (off by default: GFD may be their writer).
+  GPU Feature Discovery labels the plugin writes for its sharing layout (off by default: GFD may be their writer),
+  and only on a Node GFD does not label (no nvidia.com/gfd.timestamp): there they are GFD's, as the plugin's
+  default (auto) leaves them.
 The admin's opt-in label `<prefix>/device-plugin` is never touched.
 
 Each removal is decided on the Node as it is read, sent conditional on that version (a 409 re-reads), and read
@@ -74,6 +76,12 @@ def gfd_label_keys() -> tuple[str, ...]:
     return (REPLICAS, STRATEGY, PRODUCT, MPS_CAPABLE)
 
 
+def gfd_runs_on(node: Mapping[str, Any]) -> bool:
+    from gpuplugin.sharing.labels import GFD_TIMESTAMP
+
+    return GFD_TIMESTAMP in ((node.get("metadata") or {}).get("labels") or {})
+
+
 def owned_on(node: Mapping[str, Any], keys: Keys, *, gfd_labels: bool = False) -> Removal:
     """The keys of ours this Node carries now (a pure function of the Node)."""
     meta = node.get("metadata") or {}
@@ -81,7 +89,7 @@ def owned_on(node: Mapping[str, Any], keys: Keys, *, gfd_labels: bool = False) -
     labels: Mapping[str, str] = meta.get("labels") or {}
     ann: dict[str, None] = {k: None for k in keys.published_annotations if k in annotations}
     ann.update(release(keys.autoscaler_hold, annotations))
-    gfd = gfd_label_keys() if gfd_labels else ()
+    gfd = gfd_label_keys() if gfd_labels and not gfd_runs_on(node) else ()
     lab: dict[str, None] = {k: None for k in labels if keys.is_published_label(k) or k in gfd}
     return Removal(ann, lab)
 

@@ -17,7 +17,16 @@ What is written (prefix configurable, default gpu-topology.io; see docs/contract
   replica now. A pod asking k replicas needs k distinct GPUs, which the replica count does not say; the webhook
   turns that into node affinity on this label, so kube-scheduler's filter and node autoscalers read it;
 - with `autoscaler_hold`, the Cluster Autoscaler's and Karpenter's "do not remove" annotations while the node is
-  busy by physical GPUs and their own GPU ratio would misread it (gpuplugin.autoscaler_hold says when and whose).
+  busy by physical GPUs and their own GPU ratio would misread it (gpuplugin.autoscaler_hold says when and whose);
+- with `extra_labels`, the GPU Feature Discovery labels of the shared layout (gpuplugin.sharing.labels); under
+  `gfd_labels="auto"` only while the Node carries no GFD_TIMESTAMP, re-decided on the Node as each step reads it.
+  GFD labels the same keys, and two writers would flip them for ever; when GFD appears the plugin stops writing and
+  removes nothing (the keys are GFD's now), and it never removes a key it did not write itself in this run;
+- with `config_refusal` (sharing configured), the Node condition GPUSharingConfigValid (False with the reason while
+  the sharing config asked for is refused, True once one is served) and a Warning Event SharingConfigRefused once
+  per distinct refusal, so a refused config shows in `kubectl describe node`, not only in the plugin's log. The
+  condition is decided on the Node's status as read, the Event on the last refusal reported (a restarted plugin
+  takes it from the condition): neither is sent again on every poll.
 
 Why it behaves as it does:
 - "used" comes from the kubelet's PodResources API on every poll, never from memory: after a restart the state is
@@ -43,6 +52,13 @@ RBAC it needs (the smallest that works; resourceNames cannot name "my own node" 
     - apiGroups: [""]
       resources: ["nodes"]
       verbs: ["get", "patch"]
+    # with sharing configured: the config condition and its Events
+    - apiGroups: [""]
+      resources: ["nodes/status"]
+      verbs: ["patch"]
+    - apiGroups: [""]
+      resources: ["events"]
+      verbs: ["create"]
 """
 
 from __future__ import annotations
@@ -54,13 +70,14 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, Self
+from typing import Any, Literal, Protocol, Self
 
 import kubernetes.client
 import structlog
 
 from gpuplugin.autoscaler_hold import DEFAULT_THRESHOLD, AutoscalerHold, GpuUsage, gpu_usage, parse_owned
 from gpuplugin.podresources import PodResourcesError
+from gpuplugin.sharing.labels import GFD_TIMESTAMP
 from gputopo.contract import Keys
 from gputopo.core.allocator import best_possible_gbps
 from gputopo.core.codec import Mig, NodeState, Sharing, state_from_json, state_to_json, topology_to_json
@@ -68,7 +85,7 @@ from gputopo.core.errors import TopologyFormatError
 from gputopo.core.topology import Topology
 from gputopo.kube.errors import Conflict, KubeApiError, NotFound
 from gputopo.kube.fetching import get_node
-from gputopo.kube.patching import patch_node_metadata
+from gputopo.kube.patching import node_condition, patch_node_condition, patch_node_metadata, post_node_event
 from gputopo.retry import Backoff
 from gputopo.workers import Worker
 
@@ -78,6 +95,12 @@ _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 _LABEL_VALUE_MAX = 63
 
 IdsProvider = Callable[[], Iterable[str]]
+
+CONFIG_CONDITION = "GPUSharingConfigValid"
+CONFIG_REFUSED = "SharingConfigRefused"
+CONFIG_ACCEPTED = "SharingConfigAccepted"
+EVENT_COMPONENT = "gpu-topology-plugin"
+_UNSET = object()
 
 
 def sanitize_label_value(value: str) -> str:
@@ -155,6 +178,8 @@ class NodePublisher(Worker):
         extra_labels: Callable[[], Mapping[str, str | None]] | None = None,
         mig: Callable[[], Mig | None] | None = None,
         autoscaler_hold: AutoscalerHold | None = None,
+        gfd_labels: bool | Literal["auto"] = True,
+        config_refusal: Callable[[], str | None] | None = None,
     ) -> None:
         if not node_name:
             raise ValueError("node name is required to publish (set NODE_NAME from the downward API)")
@@ -178,6 +203,14 @@ class NodePublisher(Worker):
         self._follow_until: float | None = None
         self._sharing = sharing  # the state's "sharing" member, from PodResources (issue 22)
         self._extra_labels = extra_labels  # the GFD labels of the shared layout
+        self._gfd_mode = gfd_labels  # True: always write them; "auto": while GFD does not label the Node
+        self._gfd_running = False  # the Node, as last read, carries GFD_TIMESTAMP
+        self._gfd_written: set[str] = set()  # GFD keys this run set a value for: the only ones it may remove
+        self._config_refusal = config_refusal  # why the sharing config is refused now, None while it is served
+        self._condition: dict[str, Any] | None = None  # CONFIG_CONDITION as the Node last carried it
+        self._node_uid: str | None = None
+        self._event_posted: Any = _UNSET  # the refusal last posted as an Event (None: none since one was served)
+        self._report_error: str | None = None  # the last failure to report, logged once
         self._mig = mig  # the state's "mig" member (gpuplugin.mig_publication.mig_block), issue 23
         self._hold = autoscaler_hold
         # every size's label is this stem + the size: stale sizes on the Node are found by it
@@ -244,8 +277,21 @@ class NodePublisher(Worker):
         state = NodeState((previous.generation if previous else 0) + 1, used, unhealthy, sharing, mig)
         return state_to_json(state), state
 
+    def _writes_gfd(self) -> bool:
+        return self._extra_labels is not None and (self._gfd_mode is True
+                                                   or (self._gfd_mode == "auto" and not self._gfd_running))
+
+    def _gfd_wanted(self) -> dict[str, str | None]:
+        if not self._writes_gfd():
+            return {}  # stop writing, remove nothing: GFD may own these keys now
+        assert self._extra_labels is not None
+        extra = dict(self._extra_labels())
+        if self._gfd_mode == "auto":  # a removal only of a key this run wrote: another writer's stays
+            extra = {k: v for k, v in extra.items() if v is not None or k in self._gfd_written}
+        return extra
+
     def _all_labels(self) -> dict[str, str | None]:
-        extra = dict(self._extra_labels()) if self._extra_labels is not None else {}
+        extra = self._gfd_wanted()
         # sizes the Node carries from an earlier layout (more whole GPUs, or any before every GPU went MIG)
         stale = {k: None for k in self._observed_allreduce if k not in self._labels}
         return {**stale, **self._labels, **extra}
@@ -259,6 +305,17 @@ class NodePublisher(Worker):
         meta = node.get("metadata") or {}
         annotations = meta.get("annotations") or {}
         labels = meta.get("labels") or {}
+        gfd_running = GFD_TIMESTAMP in labels  # before _all_labels(): it decides which keys are ours
+        if gfd_running != self._gfd_running and self._extra_labels is not None and self._gfd_mode == "auto":
+            log.info("plugin.publish.gfd_labels", node=self.node_name, writing=not gfd_running,
+                     why=f"{GFD_TIMESTAMP} {'found' if gfd_running else 'absent'}: GPU Feature Discovery "
+                         f"{'labels' if gfd_running else 'does not label'} this node")
+        self._gfd_running = gfd_running
+        self._node_uid = meta.get("uid")
+        self._condition = node_condition(node, CONFIG_CONDITION)
+        if self._event_posted is _UNSET:  # a restart: the refusal the condition shows was posted already
+            c = self._condition
+            self._event_posted = c.get("message") if c is not None and c.get("status") == "False" else None
         observed: dict[str, str | None] = {
             self.topology_key: annotations.get(self.topology_key),
             self.state_key: annotations.get(self.state_key),
@@ -293,6 +350,7 @@ class NodePublisher(Worker):
         if self._observed is None or self._clock() - self._observed_at >= self._resync:
             self._observe(get_node(self._api, self.node_name))
             fresh = True
+        self._report_config()  # before _plan(): it does not wait on PodResources
         state, ann_diff, label_diff, hold_diff = self._plan()
         if hold_diff and not fresh:
             # The autoscaler annotations are shared with people: decide on the Node as it is now, not as the last
@@ -312,6 +370,9 @@ class NodePublisher(Worker):
             self._observed = None  # re-read before the next try: the Node may have changed or gone
             raise
         self._last_patch_at = self._clock()
+        gfd = self._gfd_wanted().keys()
+        self._gfd_written |= {k for k in label_diff if k in gfd and label_diff[k] is not None}
+        self._gfd_written -= {k for k in label_diff if label_diff[k] is None}
         self._observe(node)
         self._set_state(state)
         if self._hold is not None and held_before is not None:
@@ -325,6 +386,37 @@ class NodePublisher(Worker):
             keys=sorted([*ann_diff, *label_diff, *hold_diff]),
         )
         return True
+
+    def _report_config(self) -> None:
+        """The sharing config's condition and Event (see the module's docstring). A failure here (RBAC of an older
+        install) is logged once and retried at the next step; publication goes on without it."""
+        if self._config_refusal is None:
+            return
+        refusal = self._config_refusal()
+        try:
+            if refusal is not None and refusal != self._event_posted:
+                post_node_event(self._api, {"metadata": {"name": self.node_name, "uid": self._node_uid}},
+                                reason=CONFIG_REFUSED, message=refusal, component=EVENT_COMPONENT)
+                log.info("plugin.sharing.refusal_reported", node=self.node_name, reason=refusal)
+            self._event_posted = refusal
+            status, reason = (False, CONFIG_REFUSED) if refusal is not None else (True, CONFIG_ACCEPTED)
+            message = refusal or "the sharing config asked for is served"
+            c = self._condition or {}
+            wanted = ("True" if status else "False", reason, message)
+            if (c.get("status"), c.get("reason"), c.get("message")) != wanted:
+                node = patch_node_condition(self._api, self.node_name, condition_type=CONFIG_CONDITION,
+                                            status=status, reason=reason, message=message,
+                                            transitioned=c.get("status") != wanted[0])
+                self._condition = node_condition(node, CONFIG_CONDITION)
+        except KubeApiError as e:
+            error = f"{e.status} {e.reason}: {e.message}"
+            if error != self._report_error:
+                hint = "check the ClusterRole: patch on nodes/status, create on events" if e.status == 403 else ""
+                log.warning("plugin.sharing.report_failed", node=self.node_name, error=error, hint=hint,
+                            action="retried at the next publication")
+            self._report_error = error
+            return
+        self._report_error = None
 
     def _log_hold(self, state: NodeState, before: frozenset[str], after: frozenset[str]) -> None:
         if bool(before) == bool(after):
@@ -514,6 +606,10 @@ def start_publisher(
     # settings objects of tests and older callers may lack it: the hold is then on at CA's own threshold
     threshold = getattr(cfg, "autoscaler_busy_threshold", DEFAULT_THRESHOLD)
     options.setdefault("autoscaler_hold", AutoscalerHold(cfg.keys, threshold))
+    options.setdefault("gfd_labels", getattr(cfg, "sharing_labels", True))
+    if options.get("sharing") is not None and hasattr(manager, "refused"):
+        # sharing is configured: the node's refusal of its config becomes a Node condition and Event
+        options.setdefault("config_refusal", lambda: manager.refused)
     publisher = NodePublisher(
         api,
         cfg.node_name or "",

@@ -85,7 +85,8 @@ def _node_names(api: Any, nodes: tuple[str, ...], every: bool, keys: Keys, gfd_l
               help="The plugin's --annotation-prefix (prefix of its keys).")
 @click.option("--gfd-labels", is_flag=True,
               help="Also remove the GPU Feature Discovery labels the plugin writes for sharing (nvidia.com/gpu."
-                   "replicas, .sharing-strategy, .product, nvidia.com/mps.capable): only where GFD does not run.")
+                   "replicas, .sharing-strategy, .product, nvidia.com/mps.capable), on Nodes GFD does not label "
+                   "(no nvidia.com/gfd.timestamp): where it does, they are GFD's and stay.")
 @click.option("--daemonset", metavar="NAMESPACE/NAME",
               help="The plugin's DaemonSet: moved to no node and its pods waited for before cleaning.")
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=DEFAULT_WAIT_S, show_default=True,

@@ -4,8 +4,9 @@ NVIDIA's GFD derives them from the same config (internal/lm/resource.go): `nvidi
 replica count ("1" without sharing), `nvidia.com/gpu.sharing-strategy` none | time-slicing | mps,
 `nvidia.com/gpu.product` gets `-SHARED` when replicas are advertised under the unrenamed resource (a renamed one
 already says it in its name), `nvidia.com/mps.capable` is true under MPS. A node here can hold several replica
-counts (devices per entry): the label carries the largest. Run GFD with the same config, or turn these off
-(--no-sharing-labels), so two writers do not disagree.
+counts (devices per entry): the label carries the largest. Where GFD runs it is their writer: by default (auto)
+the plugin writes them only on a Node without GFD_TIMESTAMP (gpuplugin.publisher), so two writers never disagree;
+--sharing-labels writes them anyway (GFD run with the same config), --no-sharing-labels never.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ REPLICAS = "nvidia.com/gpu.replicas"
 STRATEGY = "nvidia.com/gpu.sharing-strategy"
 PRODUCT = "nvidia.com/gpu.product"
 MPS_CAPABLE = "nvidia.com/mps.capable"
+# NVIDIA's GPU Feature Discovery stamps every Node it labels with this label (unless run with --no-timestamp):
+# gpu-feature-discovery main.go, `gfdLabels["nvidia.com/gfd.timestamp"]`, and the expected labels of the
+# k8s-device-plugin e2e tests, where GFD now lives. Present: GFD writes the keys above on this Node.
+GFD_TIMESTAMP = "nvidia.com/gfd.timestamp"
 
 
 def _label_value(text: str) -> str:

@@ -135,6 +135,9 @@ class SharingNode(Worker):
         self._sick: set[str] = set()  # GPU uuids
         self._label: str | None = None
         self._problems = Problems()
+        # why the config asked for now is refused (one line), None while it is served: the publisher turns it into
+        # a Node condition and Event, so the platform team sees it without reading this log
+        self.refused: str | None = None
         self._subs: set[Subscription] = set()
         self._plan_watch: Any = None
         self.applied = 0
@@ -238,14 +241,23 @@ class SharingNode(Worker):
             config = NO_SHARING if choice.path is None else read_config(choice.path)
             self.config = config
             if choice.path is None:
-                return whole_layout(self.topology)
-            mig = self._mig_view() if self._mig_view is not None else None
-            return resolve(config, self.topology, self.whole_resource, mig)
+                layout = whole_layout(self.topology)
+            else:
+                mig = self._mig_view() if self._mig_view is not None else None
+                layout = resolve(config, self.topology, self.whole_resource, mig)
         except SharingConfigError as e:
+            self._set_refused(" ".join(str(e).split()))  # one line: an Event's and a condition's message
             if self._problems.first(str(e)):
                 log.warning("plugin.sharing.config_refused", error=str(e), field=e.field,
                             action="serving the last good config")
             return None
+        self._set_refused(None)
+        return layout
+
+    def _set_refused(self, why: str | None) -> None:
+        if why != self.refused:
+            self.refused = why
+            self._changed()  # the publisher reports it now, not at its next poll
 
     def _blocked(self, layout: Layout, in_use: Mapping[str, Iterable[str]]) -> list[str]:
         """Device ids in use that `layout` would stop advertising under their resource."""

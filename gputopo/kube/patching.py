@@ -2,11 +2,20 @@
 
 Merge patch, not the client's default strategic merge: it means the same thing on every apiserver and `None`
 deletes a key, which is how stale annotations and labels are removed.
+
+Also what a Node tells the people running the cluster without anyone reading a log (both shown by `kubectl describe
+node`): a condition in its status and a core/v1 Event about it. Events go to the `default` namespace, where the
+kubelet records a Node's own, so they are listed beside the kubelet's. A condition is written with a strategic merge
+patch of nodes/status (the one place it is used here): the apiserver merges `conditions` by `type`, so the kubelet's
+conditions (Ready, ...) and a concurrent heartbeat are left alone.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import kubernetes.client
@@ -15,6 +24,9 @@ from gputopo.kube.client import call_json, request_timeout
 from gputopo.kube.errors import KubeArgumentError
 
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+NODE_EVENT_NAMESPACE = "default"
+_MESSAGE_MAX = 1024  # the apiserver refuses longer Event messages
 
 
 def _string_map(what: str, values: Mapping[str, str | None] | None) -> dict[str, str | None] | None:
@@ -102,3 +114,65 @@ def patch_pod_annotations(
         _content_type=MERGE_PATCH,
         _request_timeout=request_timeout(api),
     )
+
+
+# --- what a Node tells people: its condition, an Event about it ---------------------------------------------
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def post_node_event(api: kubernetes.client.ApiClient, node: Mapping[str, Any], *, reason: str, message: str,
+                    component: str, event_type: str = "Warning") -> dict[str, Any]:
+    """Create one Event about `node` (a Node dict, for its name and uid) -> the created Event. Raises
+    KubeApiError (Forbidden without `create` on events)."""
+    meta = node.get("metadata") or {}
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise KubeArgumentError(f"node name must be a non-empty string, got {name!r}")
+    now = _now()
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        # a unique name per call, as client-go's recorder makes them: "<object>.<hex>"
+        "metadata": {"generateName": f"{name}.", "namespace": NODE_EVENT_NAMESPACE},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": meta.get("uid") or name},
+        "reason": reason,
+        "message": message[:_MESSAGE_MAX],
+        "type": event_type,
+        "source": {"component": component, "host": os.environ.get("NODE_NAME") or socket.gethostname()},
+        "reportingComponent": component,
+        "reportingInstance": name,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    core = kubernetes.client.CoreV1Api(api)
+    return call_json(f"create event for node {name}", core.create_namespaced_event, NODE_EVENT_NAMESPACE, body,
+                     _request_timeout=request_timeout(api))
+
+
+def node_condition(node: Mapping[str, Any], condition_type: str) -> dict[str, Any] | None:
+    """The condition of that type the Node carries now, or None."""
+    for c in (node.get("status") or {}).get("conditions") or ():
+        if isinstance(c, dict) and c.get("type") == condition_type:
+            return c
+    return None
+
+
+def patch_node_condition(api: kubernetes.client.ApiClient, name: str, *, condition_type: str, status: bool,
+                         reason: str, message: str, transitioned: bool = True) -> dict[str, Any]:
+    """Set one condition on the Node's status -> the updated Node. `transitioned`: the status differs from the one
+    the Node carried, so lastTransitionTime moves (a new message alone keeps it)."""
+    if not isinstance(name, str) or not name:
+        raise KubeArgumentError(f"node name must be a non-empty string, got {name!r}")
+    now = _now()
+    condition: dict[str, Any] = {"type": condition_type, "status": "True" if status else "False", "reason": reason,
+                                 "message": message[:_MESSAGE_MAX], "lastHeartbeatTime": now}
+    if transitioned:
+        condition["lastTransitionTime"] = now
+    core = kubernetes.client.CoreV1Api(api)
+    return call_json(f"patch status of node {name}", core.patch_node_status, name,
+                     {"status": {"conditions": [condition]}}, _content_type=STRATEGIC_MERGE_PATCH,
+                     _request_timeout=request_timeout(api))

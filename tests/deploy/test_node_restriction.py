@@ -117,3 +117,25 @@ def test_the_manifests_carry_the_charts_node_policy() -> None:
         return spec
 
     assert normalised(manifest) == normalised(chart)
+
+
+def test_gfd_labels_auto_by_default_and_the_policy_admits_them_unless_off() -> None:
+    """auto (the default): the plugin decides per node whether GPU Feature Discovery labels it, so the policy must
+    admit the GFD keys; true and false pass the plugin's old flags; nothing else is taken."""
+    for gfd, flags in ((None, []), ("auto", []), (True, ["--sharing-labels"]), (False, ["--no-sharing-labels"])):
+        sharing = {**SHARING, **({"gfdLabels": gfd} if gfd is not None else {})}
+        objects = _render({"plugin": {"sharing": sharing}})
+        (ds,) = find(objects, "DaemonSet", "gpu-topology-plugin")
+        args = [a for c in ds["spec"]["template"]["spec"]["containers"] for a in c.get("args") or []]
+        assert [a for a in args if "sharing-labels" in a] == flags, gfd
+        (policy,) = find(objects, "ValidatingAdmissionPolicy", "gpu-topology-plugin-node-patches")
+        assert all(f"'{label}'" in _text(policy) for label in GFD) is (gfd is not False), gfd
+    with pytest.raises(Exception, match="gfdLabels"):
+        _render({"plugin": {"sharing": {**SHARING, "gfdLabels": "sometimes"}}})
+
+
+def test_the_plugins_policy_lets_it_set_only_its_sharing_condition_on_its_nodes_status() -> None:
+    (policy,) = find(_render({}), "ValidatingAdmissionPolicy", "gpu-topology-plugin-node-patches")
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["nodes", "nodes/status"]
+    assert "c.type != 'GPUSharingConfigValid'" in _text(policy)

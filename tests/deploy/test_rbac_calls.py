@@ -152,7 +152,9 @@ def test_requests_map_to_what_rbac_checks(method: str, path: str, query: dict[st
 
 def test_comparison_notices_an_undeclared_call_and_an_unused_one() -> None:
     plugin = [RecordedRequest("GET", "/api/v1/nodes/n", {}), RecordedRequest("PATCH", "/api/v1/nodes/n", {}),
-              RecordedRequest("GET", "/api/v1/pods", {}), RecordedRequest("GET", "/api/v1/pods", {"watch": "1"})]
+              RecordedRequest("GET", "/api/v1/pods", {}), RecordedRequest("GET", "/api/v1/pods", {"watch": "1"}),
+              RecordedRequest("PATCH", "/api/v1/nodes/n/status", {}),
+              RecordedRequest("POST", "/api/v1/namespaces/default/events", {})]
     assert_equals_table("plugin", plugin)
     with pytest.raises(AssertionError, match="does not declare"):
         assert_equals_table("plugin", [*plugin, RecordedRequest("PUT", "/api/v1/nodes/n", {})])
@@ -167,9 +169,12 @@ def test_comparison_notices_an_undeclared_call_and_an_unused_one() -> None:
 
 
 @pytest.fixture
-def plugin_node() -> Iterator[GpuNode]:
-    """`gpuplugin run` as on a GPU node (tests/fakes/gpunode.py), reading PodResources often (its state change)."""
-    with gpu_node(NODE, DGX1, args=["--device-id-strategy", "index", "--pod-resources-poll-interval", "0.2"]) as node:
+def plugin_node(tmp_path: Path) -> Iterator[GpuNode]:
+    """`gpuplugin run` as on a GPU node (tests/fakes/gpunode.py), reading PodResources often (its state change),
+    with a directory of sharing configs (the node label may name one it does not have: a refusal)."""
+    (tmp_path / "default").write_text("version: v1\n")
+    with gpu_node(NODE, DGX1, args=["--device-id-strategy", "index", "--pod-resources-poll-interval", "0.2",
+                                    "--sharing-config-dir", str(tmp_path), "--sharing-poll-interval", "0.2"]) as node:
         yield node
 
 
@@ -194,6 +199,10 @@ def test_plugin_calls_exactly_its_declared_api(plugin_node: GpuNode) -> None:
         _relist(fake, ("pods",))
         assert eventually(lambda: state_from_json(annotations().get(f"{PREFIX}/state", '{"v":1}')).used == {"1", "2"},
                           WAIT), "the new state never reached the Node"
+        # A refused sharing config: the node label names a config the directory lacks (a condition and an Event).
+        fake.update_node(NODE, {"metadata": {"labels": {"nvidia.com/device-plugin.config": "missing"}}})
+        assert fake.wait_for_requests(lambda r: r.method == "POST" and r.path.endswith("/events"), timeout=WAIT), (
+            "no Event about the refused config")
     except AssertionError as e:
         raise AssertionError(f"{e}\n{plugin_node.log_tail()}") from None
     plugin_node.stop()

@@ -48,6 +48,13 @@ def test_owned_keys_are_the_plugins_only() -> None:
     assert "nvidia.com/gpu.product" in owned_on(node(labels, annotations), K, gfd_labels=True).labels
 
 
+def test_gfd_labels_are_never_removed_from_a_node_gfd_labels() -> None:
+    """The uninstall hook asks for them (gfdLabels auto or on); where GFD stamps the node they are GFD's."""
+    gfd = {"nvidia.com/gpu.product": "H100", "nvidia.com/gpu.replicas": "1", "nvidia.com/gfd.timestamp": "1765000000",
+           K.fabric_label: "nvswitch"}
+    assert set(owned_on(node(gfd), K, gfd_labels=True).labels) == {K.fabric_label}
+
+
 def test_a_hold_not_listed_as_ours_stays() -> None:
     annotations = {CA_SCALE_DOWN_DISABLED: HOLD_VALUE, KARPENTER_DO_NOT_DISRUPT: HOLD_VALUE}
     assert not owned_on(node(annotations=annotations), K)

@@ -319,10 +319,49 @@ def test_the_dra_driver_writes_its_own_nodes_slices_only(cluster: Cluster) -> No
 # -- the real plugin under its policy -----------------------------------------------------------------------------
 
 
+def _status_patch(c: httpx.Client, node: str, status: dict[str, Any]) -> httpx.Response:
+    """What gputopo.kube.patching.patch_node_condition sends: a strategic merge patch of nodes/status."""
+    return c.patch(f"/api/v1/nodes/{node}/status", content=json.dumps({"status": status}),
+                   headers={"Content-Type": "application/strategic-merge-patch+json"})
+
+
+def _condition(type_: str, status: str) -> dict[str, str]:
+    return {"type": type_, "status": status, "reason": "SharingConfigRefused", "message": "config 'x' refused",
+            "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+
+
+def test_the_plugin_sets_only_its_sharing_condition_on_its_own_node(cluster: Cluster) -> None:
+    """A refused sharing config shows as the condition GPUSharingConfigValid and an Event: the plugin may patch that
+    one condition of its own Node's status, merged beside the others; another condition type, another status field
+    or another node's status is refused. Events about its Node it may create."""
+    cp = cluster.cp
+    cp.request("PATCH", f"/api/v1/nodes/{NODE_A}/status", {"status": {"conditions": [
+        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ready",
+         "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}},
+        content_type="application/strategic-merge-patch+json")
+    with cluster.client(cluster.tokens[PLUGIN]) as c:
+        r = _status_patch(c, NODE_A, {"conditions": [_condition("GPUSharingConfigValid", "False")]})
+        assert r.status_code == 200, r.text[:400]
+        _refused(_status_patch(c, NODE_A, {"conditions": [_condition("Ready", "False")]}), "another condition",
+                 "only its condition GPUSharingConfigValid")
+        _refused(_status_patch(c, NODE_A, {"capacity": {"example.com/gpus": "8"}}), "capacity",
+                 "only its condition GPUSharingConfigValid")
+        _refused(_status_patch(c, NODE_B, {"conditions": [_condition("GPUSharingConfigValid", "False")]}),
+                 "node B", f"on node {NODE_A} may change only its own Node")
+        event = {"metadata": {"generateName": f"{NODE_A}."}, "involvedObject": {"kind": "Node", "name": NODE_A},
+                 "reason": "SharingConfigRefused", "message": "config 'x' refused", "type": "Warning"}
+        r = c.post("/api/v1/namespaces/default/events", content=json.dumps(event),
+                   headers={"Content-Type": "application/json"})
+        assert r.status_code == 201, r.text[:400]
+    conditions = {x["type"]: x["status"] for x in cluster.node(NODE_A)["status"]["conditions"]}
+    assert conditions["GPUSharingConfigValid"] == "False" and conditions["Ready"] == "True"
+    assert "example.com/gpus" not in cluster.node(NODE_A)["status"].get("capacity", {})
+
+
 def test_the_real_plugin_publishes_under_its_policy(cluster: Cluster) -> None:
     """`gpuplugin run` with the token of its pod on node A (as the kubelet mounts it) and a time-slicing config:
-    everything it writes (topology, state, the topology labels, free-gpus of the shared resource, the GFD labels)
-    reaches node A through the chart's policy, with no refusal in its log."""
+    everything it writes (topology, state, the topology labels, free-gpus of the shared resource, the GFD labels, the
+    condition GPUSharingConfigValid) reaches node A through the chart's policy, with no refusal in its log."""
     if cluster.source != "chart":
         pytest.skip("GPU sharing (and its GFD labels) is configured by the chart only")
     import os
@@ -354,9 +393,11 @@ def test_the_real_plugin_publishes_under_its_policy(cluster: Cluster) -> None:
             def published() -> bool:
                 meta = cluster.node(NODE_A)["metadata"]
                 labels = meta.get("labels") or {}
+                conditions = cluster.node(NODE_A).get("status", {}).get("conditions") or []
                 return (DEFAULT_KEYS.state in (meta.get("annotations") or {})
                         and labels.get(REPLICAS) == "2" and DEFAULT_KEYS.fabric_label in labels
-                        and any(DEFAULT_KEYS.is_free_gpus_label(k) for k in labels))
+                        and any(DEFAULT_KEYS.is_free_gpus_label(k) for k in labels)
+                        and any(x["type"] == "GPUSharingConfigValid" and x["status"] == "True" for x in conditions))
 
             try:
                 wait_until(f"the plugin publishing on {NODE_A}", published, 60)
