@@ -278,16 +278,18 @@ class Placement:
 
     # -- replicas of shared GPUs (extender.placement.shared) ---------------------------------------------------
 
-    def shared_choice(self, entry: NodeEntry, resource: str, size: int) -> SharedChoice | Failed | Unresolvable:
-        """The node's answer, memoised on everything it depends on (nodes in equal states share it)."""
+    def shared_choice(self, entry: NodeEntry, resource: str, size: int, largest: int | None = None
+                      ) -> SharedChoice | Failed | Unresolvable:
+        """The node's answer, memoised on everything it depends on (nodes in equal states share it). `largest`: the
+        most one container asks (Need.largest_request; None: `size`), what failRequestsGreaterThanOne bounds."""
         pending = self.cache.reservations.pending_replicas(entry.name)
-        key = choice_key(entry, resource, size, pending)
+        key = choice_key(entry, resource, size, pending, largest)
         if key is None:
-            return shared_choice(entry, resource, size, pending)
+            return shared_choice(entry, resource, size, pending, largest)
         table = self.memo.shared()
         hit = table.get(key)
         if hit is None:
-            hit = table[key] = shared_choice(entry, resource, size, pending)
+            hit = table[key] = shared_choice(entry, resource, size, pending, largest)
         return hit
 
     def _split(self, names: list[str], need: Need, resource: str, extra: Mapping[str, NodeEntry] | None
@@ -307,7 +309,7 @@ class Placement:
             elif need.resource is None and not entry.shares(resource):
                 whole.append(name)
             else:
-                shared[name] = self.shared_choice(entry, resource, need.size)
+                shared[name] = self.shared_choice(entry, resource, need.size, need.largest_request)
         return whole, shared
 
     def _filter_shared(self, names: list[str], need: Need, resource: str, extra: Mapping[str, NodeEntry] | None
@@ -333,11 +335,14 @@ class Placement:
         scores.update(zip(shared, shared_scores(choices), strict=True))
         return [scores[n] for n in names], found
 
-    def choose_shared(self, entry: NodeEntry | None, resource: str, size: int) -> SharedChoice:
-        """The replicas bind commits to (the caller holds the node's lock). Raises NoFit."""
+    def choose_shared(self, entry: NodeEntry | None, resource: str, size: int, largest: int | None = None
+                      ) -> SharedChoice:
+        """The replicas bind commits to (the caller holds the node's lock). Raises NoFit. Without `largest` (the
+        most one container asks) a pod is read as one container asking `size`: a caller that knows the pod's
+        containers passes Need.largest_request, or bind refuses what filter let through."""
         if entry is None:
             raise NoFit(UNKNOWN_NODE, True)
-        choice = self.shared_choice(entry, resource, size)
+        choice = self.shared_choice(entry, resource, size, largest)
         if not isinstance(choice, SharedChoice):
             raise NoFit(choice, isinstance(choice, Unresolvable))
         return choice

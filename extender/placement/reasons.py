@@ -264,9 +264,13 @@ def not_shared(resource: str) -> Reason:
     return Reason(f"shares no GPU as {resource}", category=f"shares no GPU as {resource}")
 
 
-def one_replica_per_pod(size: int, resource: str) -> Reason:
-    return Reason(f"asks for {_replicas(size)} of {resource}; this node's sharing config refuses more than one per "
-                  "pod (failRequestsGreaterThanOne)")
+def one_replica_per_container(largest: int, resource: str) -> Reason:
+    """`largest` is the most one container asks: Allocate is called per container, and the option refuses only a
+    request for more than one (a pod of two containers asking one each is admitted)."""
+    return Reason(f"a container asks for {_replicas(largest)} of {resource}; this node's sharing config refuses "
+                  "more than one per container (failRequestsGreaterThanOne)",
+                  category=f"a container asks for more than one replica of {resource}; the node's sharing config "
+                           "refuses that (failRequestsGreaterThanOne)")
 
 
 def too_few_shared(size: int, shared: int, resource: str) -> Reason:

@@ -41,10 +41,19 @@ class Need:
     # distinct GPUs; or a MIG resource (`nvidia.com/mig-1g.18gb`): `size` instances of that profile. None: the
     # configured resource, whole GPUs, or replicas / MIG instances on the nodes that serve that name so.
     resource: str | None = None
+    # the most any one container (init containers included) asks: the kubelet calls Allocate per container, so
+    # NVIDIA's failRequestsGreaterThanOne bounds this, not `size`. None (a Need made without its containers): taken
+    # as `size`, as if one container asked it all, the reading that never admits what the plugin would refuse.
+    container_max: int | None = None
 
     @property
     def constrained(self) -> bool:
         return self.size > 1 and (self.require_nvlink or self.min_gbps > 0)
+
+    @property
+    def largest_request(self) -> int:
+        """The largest single Allocate request this pod makes: what a per-request limit is checked against."""
+        return self.size if self.container_max is None else self.container_max
 
 
 @dataclass(frozen=True)
@@ -179,7 +188,8 @@ def pod_needs(pod: Any, resource: str, keys: Keys, shared: frozenset[str] = froz
     if mig is not None:
         asked, containers, size = mig
     require_nvlink, min_gbps = constraints(_dict(meta.get("annotations")), keys)
-    need = Need(size=size, require_nvlink=require_nvlink, min_gbps=min_gbps, resource=asked)
+    need = Need(size=size, require_nvlink=require_nvlink, min_gbps=min_gbps, resource=asked,
+                container_max=max((c.count for c in containers), default=0))
     return PodNeeds(
         uid=str(meta.get("uid") or ""),
         namespace=str(meta.get("namespace") or "default"),

@@ -97,8 +97,8 @@ def test_refusals_name_the_reason(standalone) -> None:
     assert out["FailedNodes"] == {"full": f"needs 2 replicas of {SHARED} on 2 distinct GPUs, 0 GPUs with a free "
                                           "one: GPU 0,1 full, GPU 2 unhealthy"}
     unres = out["FailedAndUnresolvableNodes"]
-    assert unres["one-each"] == (f"asks for 2 replicas of {SHARED}; this node's sharing config refuses more than "
-                                 "one per pod (failRequestsGreaterThanOne)")
+    assert unres["one-each"] == (f"a container asks for 2 replicas of {SHARED}; this node's sharing config refuses "
+                                 "more than one per container (failRequestsGreaterThanOne)")
     assert unres["few"] == f"needs 2 replicas of {SHARED} on 2 distinct GPUs, node shares only 1 GPU that way"
     assert unres["whole"] == f"shares no GPU as {SHARED}"
     assert both["NodeNames"] == [] and "not both" in both["Error"] and SHARED in both["Error"]
