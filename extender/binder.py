@@ -255,7 +255,7 @@ class Binder:
         """Replicas of k distinct shared GPUs (extender.placement.shared): the plan names the parent GPUs, and the
         reservation holds one replica on each until the node's state counts it. The caller holds the node lock."""
         try:
-            choice = self.placement.choose_shared(entry, resource, needs.size)
+            choice = self.placement.choose_shared(entry, resource, needs.size, needs.need.largest_request)
         except NoFit as e:
             raise BindFailed("no_fit", f"node {req.node} cannot take pod {req.key}: {e.reason}") from None
         assert entry is not None and entry.topo is not None

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from tests.extender.conftest import DGX1
-from tests.extender.test_sharing import SHARED, sharing_block
-from tests.helpers.scheduler import cache_args, pod_json
+from tests.extender.test_sharing import SHARED, plans, sharing_block
+from tests.helpers.scheduler import bind_body, cache_args, pod_json
 
 REFUSAL = ("a container asks for {n} replicas of " + SHARED + "; this node's sharing config refuses more than one "
            "per container (failRequestsGreaterThanOne)")
@@ -73,3 +73,15 @@ def test_init_containers_are_requests_of_their_own(standalone) -> None:
     assert sidecar["NodeNames"] == NAMES
     assert init["NodeNames"] == ["several"]
     assert init["FailedAndUnresolvableNodes"] == {"one-each": REFUSAL.format(n=2)}
+
+
+def test_bind_commits_what_filter_passed_one_replica_per_container_on_distinct_gpus(standalone) -> None:
+    """Bind chooses the replicas again under the node's lock: it must read the pod per container as filter did,
+    or filter passes the pod and every bind refuses it."""
+    pod = split_pod("pair", [1, 1])
+    with standalone(NODES[:1]) as (_, client):
+        assert client.post("/filter", json=cache_args(pod, ["one-each"])).json()["NodeNames"] == ["one-each"]
+        assert client.post("/bind", json=bind_body(pod, "one-each")).json() == {"Error": ""}
+        containers = plans(client)["pair"]["containers"]
+    assert len(containers["app-0"]) == len(containers["app-1"]) == 1
+    assert containers["app-0"] != containers["app-1"]
