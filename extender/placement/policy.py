@@ -19,11 +19,28 @@ from a whole free 8-GPU NVSwitch node loses the node's 8-GPU capability (loss 8)
 another node loses nothing; taking 2 GPUs out of 3 free loses less than breaking a node's only free pair.
 
 Value of a choice (what prioritize ranks nodes by, `island_values`):
-    value = its all-reduce GB/s - island_penalty x (GB/s of the best rings of the larger common sizes it breaks
+    raw   = its all-reduce GB/s - island_penalty x (GB/s of the best rings of the larger common sizes it breaks
             where no other candidate node offers an equally fast free ring of that size)
-in absolute GB/s, floored at 1% of its GB/s. While whole NVSwitch nodes are plentiful a 2-GPU pod takes the fastest
-pair; once the last one is left, it prefers a node whose 8-GPU island is already broken, or a PCIe server whose
-8-GPU ring was slow anyway, keeping the island for the 8-GPU pod that needs it.
+    value = raw                      where raw >= level
+            level^2 / (2 level - raw) below it (in (0, level), rising with raw, meeting raw at level)
+    level = 1% of the smallest GB/s among the ranking's fits (`value_level`)
+in absolute GB/s. While whole NVSwitch nodes are plentiful a 2-GPU pod takes the fastest pair; once the last one is
+left, it prefers a node whose 8-GPU island is already broken, or a PCIe server whose 8-GPU ring was slow anyway,
+keeping the island for the 8-GPU pod that needs it.
+Values must stay positive (scoring.priority_scores bands nodes by value / best value, which means nothing once the
+best is 0 or less), but the order must stay the raw one: a floor per fit (it was max(raw, 1% of its own GB/s))
+made breaking the only 240 GB/s NVSwitch island (raw 240 - 240 = 0, floored to 2.4) tie with a 16.8 GB/s PCIe pair
+breaking a 14.4 GB/s ring (raw 2.4), and even beat a PCIe pair whose raw value lay between 0 and 2.4. One map for
+the whole ranking, the identity above `level`, keeps every distinct raw value distinct and in order. `level` lies at
+or under every fit's old floor, so a ranking where no raw value was floored gets exactly the values it had.
+Below the level the pod's own GB/s no longer pays for what it breaks, and there equal raw values still tie (the
+NVSwitch pair, 240 - 240, and a DGX-1's, 40 - 40, at the demo's train-08). So within a band, where nodes are ordered
+by packing, a fit below the level comes after those of equal packing above it, and among those below it the order
+is by raw value, then by the scarce GB/s destroyed, least first (`standing`'s order key): of two equal choices, the
+one that leaves the faster island whole ranks strictly higher when the band has room. Above the level the key is
+the packing alone, as before.
+A single GPU has no all-reduce GB/s to weigh against islands: its value is 0, as before (all single-GPU fits share
+band 0 and packing decides, scoring's q = 1).
 
 The core's allocator memoises best_subset and best_possible_gbps under its own lock, so these functions may be
 called from any thread.
@@ -33,7 +50,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from extender.placement import reasons
@@ -197,20 +214,63 @@ def scarcity_cut(offered: Mapping[float, int], spare: int) -> float:
     return float("-inf")
 
 
-def island_value(f: Fit, cuts: Mapping[int, float], penalty: float) -> float:
-    """Its GB/s, less `penalty` x the GB/s of every larger island it breaks that is scarce (scarcity_cut)."""
+def scarce_loss(f: Fit, cuts: Mapping[int, float]) -> float:
+    """The GB/s of every larger island it breaks that is scarce (scarcity_cut)."""
     loss = 0.0
     for s, before, after in f.islands:
         if cuts[s] < before - _EPS and before > after:
             loss += before - after
-    return max(f.gbps - penalty * loss, VALUE_FLOOR * f.gbps)
+    return loss
+
+
+def raw_value(f: Fit, cuts: Mapping[int, float], penalty: float) -> float:
+    """Its GB/s, less `penalty` x scarce_loss; may be 0 or less (island_value maps it to what prioritize ranks)."""
+    return f.gbps - penalty * scarce_loss(f, cuts)
+
+
+def value_level(gbps: Iterable[float]) -> float:
+    """The level under which island_value compresses raw values into (0, level): VALUE_FLOOR x the smallest
+    positive GB/s among a ranking's fits, so it lies at or under each fit's own VALUE_FLOOR x GB/s (where a raw
+    value is not small for its fit, it is left as it is); 0 when no fit has GB/s (single GPUs)."""
+    return VALUE_FLOOR * min((g for g in gbps if g > 0), default=0.0)
+
+
+def island_value(f: Fit, cuts: Mapping[int, float], penalty: float, level: float) -> float:
+    """What prioritize ranks the fit by: its raw_value where that is at least `level` (value_level of the ranking),
+    else level^2 / (2 level - raw), positive and strictly rising with the raw value, so a choice whose GB/s pays less
+    for the scarce islands it breaks never ties with, or beats, one that pays more (module docstring). A single GPU
+    (no GB/s) is worth 0, whatever it breaks: packing alone ranks those."""
+    return standing(f, cuts, penalty, level)[0]
+
+
+# (packing, then for a fit valued below the level: its raw value and less the scarce GB/s it destroys)
+OrderKey = tuple[float, float, float]
+_ABOVE = (float("inf"), 0.0)
+
+
+def standing(f: Fit, cuts: Mapping[int, float], penalty: float, level: float) -> tuple[float, OrderKey]:
+    """(island_value, order_key): what prioritize bands the fit by, and what orders it within its band."""
+    if f.gbps <= 0:
+        return 0.0, (f.packing, *_ABOVE)
+    loss = scarce_loss(f, cuts)
+    raw = f.gbps - penalty * loss
+    if raw >= level:
+        return raw, (f.packing, *_ABOVE)
+    # rounded, so float noise in sums of GB/s does not split equal choices
+    return level * level / (2 * level - raw), (f.packing, round(raw, PACKING_DIGITS), -round(loss, PACKING_DIGITS))
 
 
 def island_values(counts: Mapping[Fit, int], penalty: float, spare: int) -> list[float]:
     """Each distinct fit's island_value. Breaking one of many equal islands costs nothing (a lightly loaded cluster
     stays greedy); breaking one of the last few is paid for."""
+    return [v for v, _ in standings(counts, penalty, spare)]
+
+
+def standings(counts: Mapping[Fit, int], penalty: float, spare: int) -> list[tuple[float, OrderKey]]:
+    """Each distinct fit's standing: its island_value and its order key within a band."""
     cuts = {s: scarcity_cut(at, spare) for s, at in island_supply(counts).items()}
-    return [island_value(f, cuts, penalty) for f in counts]
+    level = value_level(f.gbps for f in counts)
+    return [standing(f, cuts, penalty, level) for f in counts]
 
 
 def scarce_islands(counts: Mapping[Fit, int], fit: Fit, spare: int) -> list[tuple[int, float, float]]:
@@ -236,8 +296,7 @@ def rank(fits: Sequence[Fit], penalty: float, spare: int) -> Ranking:
     counts = Counter(fits)
     counts.pop(NO_FIT, None)
     distinct = list(counts)
-    values = island_values(counts, penalty, spare)
-    scores = priority_scores([(v, f.packing) for f, v in zip(distinct, values, strict=True)])
+    scores = priority_scores(standings(counts, penalty, spare))
     by_fit = dict(zip(distinct, scores, strict=True))
     by_fit[NO_FIT] = 0
     return Ranking(list(map(by_fit.__getitem__, fits)), by_fit, counts)
@@ -248,11 +307,12 @@ class Ranker:
     sends prioritize after each filter, the passed list a few nodes apart from the last one, and valuing each of
     ~750 distinct states from scratch was most of a prepared prioritize at 5,000 nodes). Equal to rank() always.
 
-    A state's island value depends on the others only through one cut per larger size (scarcity_cut). The cuts
-    are kept from per-size node counts (island_supply's) updated by the states that came or went; while none moves,
-    only new states are valued. Likewise the scores: while the best value and
-    each band's set of packings stay, only new states get a score. `lock` keeps one caller at a time (others call
-    rank())."""
+    A state's island value depends on the others only through one cut per larger size (scarcity_cut) and the
+    ranking's value_level. The cuts are kept from per-size node counts (island_supply's), the level from the
+    distinct states' GB/s, both updated by the states that came or went; while none moves, only new states are
+    valued. Likewise the scores: while the best value and each band's set of order keys (standing's: the packing,
+    and below the value level what the fit breaks) stay, only new states get a score. `lock` keeps one caller at a
+    time (others call rank())."""
 
     def __init__(self, penalty: float, spare: int) -> None:
         self.penalty, self.spare = penalty, spare
@@ -263,11 +323,13 @@ class Ranker:
         self._counts: Counter[Fit] = Counter()
         self._supply: dict[int, dict[float, int]] = {}
         self._cut: dict[int, float] = {}
-        self._values: dict[Fit, float] = {}
+        self._gbps: Counter[float] = Counter()  # distinct states per GB/s, for value_level
+        self._level = 0.0
+        self._values: dict[Fit, tuple[float, OrderKey]] = {}  # standing(): value, order key
         self._best = 0.0
-        self._bands: dict[Fit, int] = {}
-        self._packings: list[Counter[float]] = [Counter(), Counter(), Counter()]
-        self._levels: list[dict[float, int]] = [{}, {}, {}]
+        self._bands: dict[Fit, tuple[int, OrderKey]] = {}  # band, order key
+        self._keys: list[Counter[OrderKey]] = [Counter(), Counter(), Counter()]
+        self._levels: list[dict[OrderKey, int]] = [{}, {}, {}]
         self._scores: dict[Fit, int] = {NO_FIT: 0}
 
     def rank(self, fits: Sequence[Fit]) -> Ranking:
@@ -286,9 +348,15 @@ class Ranker:
         old = self._counts
         changed = {f for f, _ in counts.items() ^ old.items()}
         touched: set[int] = set()
-        supply = self._supply
+        supply, gbps = self._supply, self._gbps
         for f in changed:
             d = counts.get(f, 0) - old.get(f, 0)
+            if f not in old:
+                gbps[f.gbps] += 1
+            elif f not in counts:
+                gbps[f.gbps] -= 1
+                if not gbps[f.gbps]:
+                    del gbps[f.gbps]
             for s, before, _after in f.islands:
                 at = supply.setdefault(s, {})
                 n = at.get(before, 0) + d
@@ -297,61 +365,67 @@ class Ranker:
                 else:
                     del at[before]
                 touched.add(s)
-        cuts_moved = False
+        moved = False
         for s in touched:
             cut = scarcity_cut(supply[s], self.spare)
             if not supply[s]:
                 del supply[s]
             if self._cut.get(s) != cut:
-                cuts_moved = True
+                moved = True
                 self._cut[s] = cut
+        level = value_level(gbps)
+        if level != self._level:
+            moved = True
+            self._level = level
         self._counts = counts
         values = self._values
-        if cuts_moved:
-            values = self._values = {f: island_value(f, self._cut, self.penalty) for f in counts}
+        if moved:
+            values = self._values = {f: standing(f, self._cut, self.penalty, level) for f in counts}
         else:
             for f in changed:
                 if f not in counts:
                     values.pop(f, None)
                 elif f not in values:
-                    values[f] = island_value(f, self._cut, self.penalty)
-        best = max(values.values(), default=0.0)
-        if cuts_moved or best != self._best or not self._patch_scores(changed, counts):
+                    values[f] = standing(f, self._cut, self.penalty, level)
+        best = max((v for v, _ in values.values()), default=0.0)
+        if moved or best != self._best or not self._patch_scores(changed, counts):
             self._score_all(best)
 
     def _patch_scores(self, changed: set[Fit], counts: Counter[Fit]) -> bool:
-        """Scores for the states that came, drop those that went; False when a band's packings changed (then
+        """Scores for the states that came, drop those that went; False when a band's order keys changed (then
         every level may move)."""
-        bands, packings, scores, values = self._bands, self._packings, self._scores, self._values
-        keys = [set(p) for p in packings]
+        bands, keys, scores, values = self._bands, self._keys, self._scores, self._values
+        had = [set(k) for k in keys]
         for f in changed:
             if f in counts:
                 if f not in bands:
-                    b = bands[f] = band_of(values[f], self._best)
-                    packings[b][f.packing] += 1
+                    value, key = values[f]
+                    b = band_of(value, self._best)
+                    bands[f] = b, key
+                    keys[b][key] += 1
             elif f in bands:
-                b = bands.pop(f)
+                b, key = bands.pop(f)
                 scores.pop(f, None)
-                packings[b][f.packing] -= 1
-                if not packings[b][f.packing]:
-                    del packings[b][f.packing]
-        if any(keys[b] != packings[b].keys() for b in range(3)):
+                keys[b][key] -= 1
+                if not keys[b][key]:
+                    del keys[b][key]
+        if any(had[b] != keys[b].keys() for b in range(3)):
             return False
         for f in changed:
             if f in counts and f not in scores:
-                scores[f] = self._levels[bands[f]][f.packing]
+                b, key = bands[f]
+                scores[f] = self._levels[b][key]
         return True
 
     def _score_all(self, best: float) -> None:
         self._best = best
-        values = self._values
-        bands = self._bands = {f: band_of(v, best) for f, v in values.items()}
-        packings: list[Counter[float]] = [Counter(), Counter(), Counter()]
-        for f, b in bands.items():
-            packings[b][f.packing] += 1
-        self._packings = packings
-        levels = self._levels = [band_levels(b, p) for b, p in enumerate(packings)]
-        scores = self._scores = {f: levels[b][f.packing] for f, b in bands.items()}
+        bands = self._bands = {f: (band_of(v, best), key) for f, (v, key) in self._values.items()}
+        keys: list[Counter[OrderKey]] = [Counter(), Counter(), Counter()]
+        for b, key in bands.values():
+            keys[b][key] += 1
+        self._keys = keys
+        levels = self._levels = [band_levels(b, k) for b, k in enumerate(keys)]
+        scores = self._scores = {f: levels[b][key] for f, (b, key) in bands.items()}
         scores[NO_FIT] = 0
 
 

@@ -17,25 +17,31 @@ only the order within one request matters, and there are only 11 integer levels.
    node's remainder for the common sizes, weighted by size, then a tight fit) ranked among the
    distinct values in the band: the best gets the band's top level, the next one level lower, and so on; with more
    distinct values than levels, ranks share levels proportionally. So among equally good nodes, the one that keeps
-   its remainder best shaped and fits most tightly always scores strictly higher when the band has room.
+   its remainder best shaped and fits most tightly always scores strictly higher when the band has room. The
+   extender's own ranking passes a key that extends the packing (placement.policy.standing): for nodes valued
+   below their ranking's value level it adds the raw value, then the scarce island GB/s the choice destroys, so
+   that of two such equal choices the one that breaks less scores higher.
 Nodes that cannot take the pod (prioritize may see a node that stopped fitting since filter) score 0.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import TypeAlias
 
 MIN_SCORE, MAX_SCORE = 0, 10
 # (lowest q, first level, number of levels), best band first
 BANDS: tuple[tuple[float, int, int], ...] = ((0.999, 6, 5), (0.5, 3, 3), (0.0, 0, 3))
+# what orders nodes within a band: the packing value, or a tuple that starts with it (one kind per call)
+Order: TypeAlias = float | tuple[float, ...]
 
 
-def priority_scores(values: Sequence[tuple[float, float] | None]) -> list[int]:
+def priority_scores(values: Sequence[tuple[float, Order] | None]) -> list[int]:
     """values[i] = (value, packing) for node i, or None when the pod does not fit there.
-    Packing values are compared as given (round them first: equal packings must be equal floats)."""
+    Packing values (or keys, Order) are compared as given (round them first: equal packings must be equal floats)."""
     best = max((v[0] for v in values if v is not None), default=0.0)
     bands: list[int] = []
-    distinct: list[set[float]] = [set(), set(), set()]
+    distinct: list[set[Order]] = [set(), set(), set()]
     for v in values:
         if v is None:
             bands.append(-1)
@@ -52,7 +58,7 @@ def band_of(value: float, best: float) -> int:
     return 0 if best <= 0 or value >= BANDS[0][0] * best else 1 if value >= BANDS[1][0] * best else 2
 
 
-def band_levels(band: int, packings: Collection[float]) -> dict[float, int]:
+def band_levels(band: int, packings: Collection[Order]) -> dict[Order, int]:
     """The level of each distinct packing value in the band."""
     _, first, levels = BANDS[band]
     n = len(packings)

@@ -68,15 +68,18 @@ def test_a_ranker_ranks_a_list_changing_a_node_at_a_time_as_rank_does(
 def test_island_values_charge_exactly_the_scarce_islands(states: list[tuple[Fit, int]], spare: int,
                                                           penalty: float) -> None:
     """Scarce: fewer than `spare` other candidate nodes (nodes in the same state count) offer a free ring of that
-    size at least as fast (within eps). Counted here for each island, node by node."""
+    size at least as fast (within eps). Counted here for each island, node by node; raw values under the ranking's
+    level (1% of its smallest GB/s) mapped into (0, level) as policy's docstring says, single GPUs worth 0."""
     counts = dict(states)  # one count per distinct state (the last one drawn)
 
     def scarce(s: int, before: float) -> bool:
         offering = sum(n for f, n in counts.items() for s2, b2, _ in f.islands if s2 == s and b2 >= before - 1e-9)
         return offering - 1 < spare
 
-    expected = [max(f.gbps - penalty * sum(b - a for s, b, a in f.islands if scarce(s, b) and b > a),
-                    0.01 * f.gbps) for f in counts]
+    raws = [f.gbps - penalty * sum(b - a for s, b, a in f.islands if scarce(s, b) and b > a) for f in counts]
+    level = 0.01 * min((f.gbps for f in counts if f.gbps > 0), default=0.0)
+    expected = [0.0 if f.gbps <= 0 else raw if raw >= level else level * level / (2 * level - raw)
+                for f, raw in zip(counts, raws, strict=True)]
     assert policy.island_values(counts, penalty, spare) == pytest.approx(expected, abs=1e-9)
     for f in counts:
         assert policy.scarce_islands(counts, f, spare) == [i for i in f.islands if scarce(i[0], i[1])]

@@ -1,6 +1,7 @@
 """docs/placement.md's demo section states what the demo prints: each line of its example output appears in a run of
-the demo with its defaults, and each fact its narrative states (where train-04 and the first 8-GPU pod land, which
-nodes were still empty) holds. A change of placement then fails here until the section is rewritten."""
+the demo with its defaults, and each fact its narrative states (where train-04, train-08 and the first 8-GPU pod
+land, which nodes were still empty, the means by pod size) holds. A change of placement then fails here until the
+section is rewritten."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from tests.helpers.paths import REPO, short_dir
 
 DOC = REPO / "docs" / "placement.md"
-LANDED = re.compile(r"^\[(\d+)/\d+\] (\S+) -> (\S+) GPUs ([\d,]+) ")
+LANDED = re.compile(r"^\[(\d+)/\d+\] (\S+) -> (\S+) GPUs ([\d,]+) (?:([\d.]+) GB/s)?")
 
 
 def section() -> str:
@@ -47,6 +48,16 @@ def landings(output: str) -> list[tuple[str, str, list[int]]]:
     return found
 
 
+def bandwidths(output: str) -> dict[int, list[float]]:
+    """The estimated all-reduce GB/s of each multi-GPU pod placed, by its number of GPUs."""
+    by: dict[int, list[float]] = {}
+    for line in output.splitlines():
+        m = LANDED.match(line)
+        if m and m.group(5):
+            by.setdefault(len(m.group(4).split(",")), []).append(float(m.group(5)))
+    return by
+
+
 def test_every_line_of_the_documented_output_is_printed(demo_output: str) -> None:
     (block,) = re.findall(r"```\n(.*?)```", section(), flags=re.S)
     lines, _, summary = block.partition("...\n")
@@ -64,16 +75,27 @@ def test_the_narrative_facts_hold(demo_output: str) -> None:
     assert where["train-00-2gpu"] == ("a6000-bridges", [0, 1])
     before_04 = [node for pod, node, _ in placed[:[p for p, _, _ in placed].index("train-04-2gpu")]]
     assert set(before_04) == {"a6000-bridges"} and len(before_04) == 4
-    # train-04 takes the NVSwitch node while the PCIe-only server and both DGX-1s are empty
-    assert where["train-04-2gpu"] == ("p4d-a100-nvswitch", [0, 1])
-    assert "`train-04-2gpu` lands on `p4d-a100-nvswitch`" in text
-    assert "while `rtx5090-pcie` and both DGX-1s are still empty" in text
-    # the PCIe server gets its first pod only when the NVSwitch node has one GPU left
-    first_pcie = next(i for i, (_, node, _) in enumerate(placed) if node == "rtx5090-pcie")
-    assert placed[first_pcie][0] == "train-08-2gpu"
-    on_p4d = sum(len(gpus) for _, node, gpus in placed[:first_pcie] if node == "p4d-a100-nvswitch")
-    assert on_p4d == 7  # no pod finished there before train-08 arrived
-    assert "`train-08-2gpu` goes to `rtx5090-pcie` only when the NVSwitch node has one GPU left" in text
-    # the first 8-GPU pod gets a DGX-1's ring
-    assert where["train-10-8gpu"] == ("dgx1-v100-a", list(range(8)))
-    assert "`train-10-8gpu`, gets a DGX-1's 40 GB/s ring" in text
+    # once it is full, train-04 takes the PCIe-only server while the NVSwitch node and both DGX-1s stay empty
+    assert where["train-04-2gpu"] == ("rtx5090-pcie", [0, 1])
+    assert "So `train-04-2gpu` lands on `rtx5090-pcie`" in text
+    assert "while `p4d-a100-nvswitch` and both DGX-1s stay empty" in text
+    # the next pods join it until it has one GPU left, when train-08 arrives
+    first_off = next(i for i, (_, node, _) in enumerate(placed) if i > len(before_04) and node != "rtx5090-pcie")
+    assert placed[first_off][0] == "train-08-2gpu"
+    on_pcie = [gpus for _, node, gpus in placed[:first_off] if node == "rtx5090-pcie"]
+    assert sum(map(len, on_pcie)) == 7 and {len(g) for g in on_pcie} == {1, 2}  # none finished there meanwhile
+    assert "`train-08-2gpu` arrives when the RTX 5090 server has one GPU left" in text
+    # train-08 breaks a DGX-1's 40 GB/s island, not the NVSwitch node's 240 GB/s one
+    assert where["train-08-2gpu"][0] == "dgx1-v100-a"
+    assert "so it goes to `dgx1-v100-a`" in text
+    before_10 = placed[:[p for p, _, _ in placed].index("train-10-8gpu")]
+    assert all(node != "p4d-a100-nvswitch" for _, node, _ in before_10)
+    # so the first 8-GPU pod gets the whole NVSwitch node
+    assert where["train-10-8gpu"] == ("p4d-a100-nvswitch", list(range(8)))
+    assert "The first 8-GPU pod, `train-10-8gpu`, then gets the whole NVSwitch node, a 240 GB/s ring" in text
+    # the means the section quotes: by pod size, and weighted by GPUs
+    by = bandwidths(demo_output)
+    assert f"they average {sum(by[2]) / len(by[2]):.1f} GB/s here" in text
+    assert by[8][0] == 240.0 and "the 8-GPU pod gets 240 instead of 40" in text
+    weighted = sum(n * g for n, gs in by.items() for g in gs) / sum(n * len(gs) for n, gs in by.items())
+    assert f"the mean of the multi-GPU pods rises from 67.0 to {weighted:.1f} GB/s" in text
