@@ -83,10 +83,14 @@ class Keys:
     # Node annotations (written by the plugin).
     @property
     def topology(self) -> str:
+        """Node annotation: the node's GPUs, their links, NUMA nodes and NICs as versioned JSON (docs/contracts.md),
+        which the extender plans on; rewritten only when the hardware changes."""
         return self._key("topology")
 
     @property
     def state(self) -> str:
+        """Node annotation: which GPUs are used or unhealthy now (and, with sharing or MIG, replicas and instances),
+        with a generation, so the extender knows what is free without asking the kubelet."""
         return self._key("state")
 
     def free_gpus_label(self, resource: str) -> str | None:
@@ -115,14 +119,18 @@ class Keys:
     # Node labels (for humans and selectors).
     @property
     def fabric_label(self) -> str:
+        """Node label: `nvswitch`, `nvlink` or `pcie`, how the node's GPUs are linked; require-nvlink becomes
+        node affinity on it."""
         return self._key("fabric")
 
     @property
     def model_label(self) -> str:
+        """Node label: the GPU model, for selectors and dashboards."""
         return self._key("gpu-model")
 
     @property
     def count_label(self) -> str:
+        """Node label: how many GPUs the node has."""
         return self._key("gpu-count")
 
     def allreduce_label(self, size: int) -> str:
@@ -150,57 +158,69 @@ class Keys:
     # Pod annotations written by the extender at bind, and by the plugin at Allocate.
     @property
     def plan(self) -> str:
+        """Pod annotation: the GPU ids per container the extender chose at bind (versioned JSON); the plugin's
+        GetPreferredAllocation and Allocate honour it."""
         return self._key("plan")
 
     @property
     def gbps(self) -> str:
+        """Pod annotation: the estimated all-reduce GB/s of the planned GPUs; also in the runtime annotations of a
+        container's Allocate response."""
         return self._key("allreduce-gbps")
 
     @property
     def gpus(self) -> str:
+        """Container annotation in the Allocate response (for the runtime, not on the Pod): the GPU ids the container
+        got, comma-separated."""
         return self._key("gpus")
 
     @property
     def requeued(self) -> str:
-        """When the extender last touched a pod it had refused, so that kube-scheduler retries it: a refusal of
-        ours that ended by time alone comes with no cluster event (extender.requeue)."""
+        """Pod annotation: when the extender last touched a pod it had refused, so that kube-scheduler retries it:
+        a refusal of ours that ended by time alone comes with no cluster event (extender.requeue)."""
         return self._key("requeued")
 
     @property
     def placement(self) -> str:
-        """Why the extender chose this node and these GPUs (extender.placement.explain), next to the plan; for
-        humans."""
+        """Pod annotation: why the extender chose this node and these GPUs (extender.placement.explain), next to
+        the plan; for humans."""
         return self._key("placement")
 
     # Pod annotations a user may set.
     @property
     def require_nvlink(self) -> str:
+        """Pod annotation a user may set: `"true"` places a multi-GPU pod only on GPUs joined by NVLink or NVSwitch."""
         return self._key("require-nvlink")
 
     @property
     def min_gbps(self) -> str:
+        """Pod annotation a user may set: the least estimated all-reduce GB/s a multi-GPU pod accepts."""
         return self._key("min-allreduce-gbps")
 
-    # Pod annotations a user may set to place the pods of one job together (extender.jobs.membership): the job's
-    # name when nothing the ecosystem writes says it, and how many GPU pods it has.
+    # Pod annotations a user may set to place the pods of one job together (extender.jobs.membership).
     @property
     def job(self) -> str:
+        """Pod annotation a user may set: the job's name, where nothing the ecosystem writes (Kubeflow, JobSet, LWS,
+        PodGroups) says it, so the job's pods are placed together."""
         return self._key("job")
 
     @property
     def job_size(self) -> str:
+        """Pod annotation a user may set: how many GPU pods the job has, with `job`."""
         return self._key("job-size")
 
-    # Pod and namespace label a user may set: "disabled" keeps the admission webhook (extender.webhook) from
-    # setting the pod's schedulerName; "enabled" opts a namespace in when the webhook runs opt-in.
+    # Labels a user may set (extender.webhook).
     @property
     def webhook(self) -> str:
+        """Pod and namespace label a user may set: `disabled` keeps the admission webhook from setting the pod's
+        schedulerName; `enabled` opts a namespace (or pod) in when the webhook runs opt-in."""
         return self._key("webhook")
 
-    # Label of an extender replica's own Pod under leader election: "leader" or "standby". The Service that
-    # kube-scheduler calls selects "leader", so only the Lease holder gets its requests.
+    # Labels of the extender's own Pods.
     @property
     def extender_role(self) -> str:
+        """Pod label of an extender replica under leader election: `leader` or `standby`. The Service
+        kube-scheduler calls selects `leader`, so only the Lease holder gets its requests."""
         return self._key("extender-role")
 
 

@@ -371,7 +371,7 @@ def key_docs() -> list[KeyDoc]:
         if isinstance(key, str):
             text = " ".join(inspect.cleandoc(doc or "").split())
             # A docstring that opens with its kind ("Node label: ...") says it better than the heading above it.
-            kind = re.match(r"((?:Node|Pod)\b[^:.]*\b(?:label|annotation))\b[^:.]*:\s*", text)
+            kind = re.match(r"((?:Node|Pod|Container)\b[^:.]*\b(?:label|annotation))\b[^:.]*:\s*", text)
             group = groups.get(name, "")
             if kind:
                 group, text = text[:kind.end()].rstrip(": "), text[kind.end():]
@@ -386,7 +386,25 @@ def render_contract() -> str:
              "`gpu-topology.io` (the chart's `annotationPrefix`, the binaries' `--annotation-prefix`).", "",
              "| key | kind | meaning |", "|---|---|---|"]
     lines += [f"| `{d.key}` | {_cell(d.group)} | {_cell(d.description)} |" for d in docs]
+    lines += ["", "## Node conditions and Events", "",
+              "What the plugin writes on its Node besides labels and annotations (gpuplugin.publisher).", "",
+              "| kind | type or reason | when |", "|---|---|---|"]
+    lines += [f"| {kind} | `{name}` | {_cell(when)} |" for kind, name, when in node_signals()]
     return "\n".join(lines) + "\n"
+
+
+def node_signals() -> list[tuple[str, str, str]]:
+    """(kind, type or reason, when) of every Node condition and Event the plugin writes, from its constants."""
+    from gpuplugin import publisher
+
+    return [
+        ("Node condition", publisher.CONFIG_CONDITION,
+         "with sharing configured: `False` (reason `" + publisher.CONFIG_REFUSED + "`, the one-line refusal) while "
+         "the sharing config the node asks for is refused, `True` (reason `" + publisher.CONFIG_ACCEPTED + "`) once "
+         "one is served"),
+        ("Warning Event on the Node", publisher.CONFIG_REFUSED,
+         "once per distinct refusal of a sharing config, from component `" + publisher.EVENT_COMPONENT + "`"),
+    ]
 
 
 # --- files ----------------------------------------------------------------------------------------------------------

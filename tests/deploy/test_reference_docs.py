@@ -188,3 +188,17 @@ def test_contract_lists_every_key_with_the_default_prefix() -> None:
                 *DEFAULT_KEYS.published_annotations):
         assert key in keys
     assert "gpu-topology.io/allreduce-gbps-<size>" in keys
+
+
+def test_every_key_says_what_it_is_for() -> None:
+    """A key without a docstring in gputopo.contract.Keys would be listed with an empty meaning."""
+    missing = [d.key for d in gen_reference.key_docs() if not d.description.strip()]
+    assert not missing, f"keys without a meaning (give their Keys member a docstring): {missing}"
+
+
+def test_node_conditions_and_events_come_from_the_plugins_constants() -> None:
+    from gpuplugin import publisher
+
+    text = gen_reference.render_contract()
+    for name in (publisher.CONFIG_CONDITION, publisher.CONFIG_REFUSED, publisher.CONFIG_ACCEPTED):
+        assert f"`{name}`" in text
