@@ -53,6 +53,9 @@ ADMIN_TOKEN_USER = "gpu-topology-admin"
 # The chart's second scheduler's ServiceAccount (release gpu-topology in namespace gpu-topology) as a user name:
 # a static token user of this name is what RBAC subjects and admission policies of that account match.
 EXTENDER_ACCOUNT = "system:serviceaccount:gpu-topology:gpu-topology-scheduler"
+# What add_node registers a Node with besides GPUs; a node-group template must say the same
+# (tests/helpers/autoscaler.py).
+NODE_CAPACITY = {"cpu": "64", "memory": "512Gi", "pods": "250"}
 
 
 def etcd_binary() -> str | None:
@@ -447,7 +450,8 @@ class ControlPlane:
 
     def add_node(self, name: str, *, labels: Mapping[str, str] | None = None,
                  annotations: Mapping[str, str] | None = None, extended: Mapping[str, str] | None = None,
-                 cpu: str = "64", memory: str = "512Gi", pods: str = "250") -> dict[str, Any]:
+                 cpu: str = NODE_CAPACITY["cpu"], memory: str = NODE_CAPACITY["memory"],
+                 pods: str = NODE_CAPACITY["pods"]) -> dict[str, Any]:
         """Create a Node as a kubelet leaves it once up: hostname label, capacity = allocatable (cpu, memory, pods and
         `extended`), a Ready condition, and none of the not-ready taint the apiserver's admission adds on create."""
         meta: dict[str, Any] = {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",

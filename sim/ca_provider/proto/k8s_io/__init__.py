@@ -1,0 +1,1 @@
+"""Generated code of Kubernetes' protos (scripts/gen_ca_proto.py)."""

@@ -1,0 +1,1 @@
+"""Generated code of Kubernetes' apimachinery (scripts/gen_ca_proto.py)."""

@@ -1,0 +1,1 @@
+"""Generated code of Kubernetes' apimachinery/pkg/runtime/schema (scripts/gen_ca_proto.py)."""
