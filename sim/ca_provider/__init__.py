@@ -22,7 +22,6 @@ and per-group options answer UNIMPLEMENTED, which CA accepts (it then uses its d
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
+import structlog
 from google.protobuf import any_pb2
 
 from gpuplugin.commands.node_template import NodeTemplate, build, gpu_label
@@ -40,7 +40,7 @@ from sim.ca_provider.proto import externalgrpc_pb2 as pb
 from sim.ca_provider.proto import externalgrpc_pb2_grpc as pb_grpc
 from sim.ca_provider.proto.k8s_io.api.core.v1 import generated_pb2 as core
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 GPU = "nvidia.com/gpu"
 PROVIDER = "gpu-topology-sim"
@@ -138,7 +138,7 @@ class SimProvider(pb_grpc.CloudProviderServicer):
                               {"spec": {"providerID": provider_id(group.id, member.name)}},
                               content_type="application/merge-patch+json")
         except Exception as e:  # told to CA as the instance's error; the test reads self.errors
-            log.exception("starting %s failed", member.name)
+            log.exception("sim.ca_provider.start_failed", node=member.name)
             self.errors.append(f"start {member.name}: {e}")
         finally:
             member.started.set()
@@ -148,7 +148,7 @@ class SimProvider(pb_grpc.CloudProviderServicer):
         try:
             member.stack.close()
         except Exception as e:
-            log.exception("stopping %s failed", member.name)
+            log.exception("sim.ca_provider.stop_failed", node=member.name)
             self.errors.append(f"stop {member.name}: {e}")
         with self._lock:
             self._members[group].pop(member.name, None)
@@ -237,7 +237,7 @@ class SimProvider(pb_grpc.CloudProviderServicer):
                 self._next[group.id] += 1
                 self._members[group.id][member.name] = member
                 new.append(member)
-        log.info("scale-up of %s by %d: %s", group.id, request.delta, [m.name for m in new])
+        log.info("sim.ca_provider.scaled_up", group=group.id, delta=request.delta, nodes=[m.name for m in new])
         for member in new:
             self._spawn(self._start, group, member)
         return pb.NodeGroupIncreaseSizeResponse()
@@ -261,7 +261,7 @@ class SimProvider(pb_grpc.CloudProviderServicer):
             doomed = [members[n] for n in names]
             for m in doomed:
                 m.deleting = True
-        log.info("scale-down of %s: %s", group.id, names)
+        log.info("sim.ca_provider.scaled_down", group=group.id, nodes=names)
         for member in doomed:
             self._spawn(self._stop, group.id, member)
         return pb.NodeGroupDeleteNodesResponse()

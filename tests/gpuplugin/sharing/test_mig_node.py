@@ -90,6 +90,8 @@ def test_none_keeps_mig_gpus_out_with_a_reason_and_a_repartition_is_seen_without
         assert "GPU-b1000004-5e7d-4000-8000-000000000004: MIG enabled" in reason
         node.setting = MigStrategy.MIXED
         assert eventually(lambda: node.status().resources.keys() >= {ONE, TWO, THREE}, WAIT)
+        # a resource is served a moment before its registration reaches the kubelet
+        assert eventually(lambda: kubelet.registrations(ONE) >= 1, WAIT)
         registrations = kubelet.registrations(ONE)
         # GPUs 5-7 re-partitioned all-1g.10gb: NVML shows it, the node re-advertises on the same registrations
         backend.replace(parse_recording(mig_recording(H100_80GB, [None] * 3 + ["pending"] + [list(ALL_1G)] * 4)))
