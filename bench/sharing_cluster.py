@@ -285,7 +285,7 @@ class Ours(Gang):
         entry = self.cache.nodes[node.name]
         try:
             if replicas:
-                return node, self.placement.choose_shared(entry, SHARED, req.per_pod).gpus, False
+                return node, self.placement.choose_shared(entry, SHARED, req.per_pod, req.per_pod).gpus, False
             return node, self.placement.choose(entry, self.cache.free_mask(entry), need).gpus, True
         except NoFit:
             return None

@@ -278,10 +278,10 @@ class Placement:
 
     # -- replicas of shared GPUs (extender.placement.shared) ---------------------------------------------------
 
-    def shared_choice(self, entry: NodeEntry, resource: str, size: int, largest: int | None = None
+    def shared_choice(self, entry: NodeEntry, resource: str, size: int, largest: int
                       ) -> SharedChoice | Failed | Unresolvable:
         """The node's answer, memoised on everything it depends on (nodes in equal states share it). `largest`: the
-        most one container asks (Need.largest_request; None: `size`), what failRequestsGreaterThanOne bounds."""
+        most one container asks (Need.largest_request), what failRequestsGreaterThanOne bounds."""
         pending = self.cache.reservations.pending_replicas(entry.name)
         key = choice_key(entry, resource, size, pending, largest)
         if key is None:
@@ -335,11 +335,9 @@ class Placement:
         scores.update(zip(shared, shared_scores(choices), strict=True))
         return [scores[n] for n in names], found
 
-    def choose_shared(self, entry: NodeEntry | None, resource: str, size: int, largest: int | None = None
-                      ) -> SharedChoice:
-        """The replicas bind commits to (the caller holds the node's lock). Raises NoFit. Without `largest` (the
-        most one container asks) a pod is read as one container asking `size`: a caller that knows the pod's
-        containers passes Need.largest_request, or bind refuses what filter let through."""
+    def choose_shared(self, entry: NodeEntry | None, resource: str, size: int, largest: int) -> SharedChoice:
+        """The replicas bind commits to (the caller holds the node's lock). Raises NoFit. `largest`: the most one
+        container asks (Need.largest_request), as filter read it, or bind refuses what filter let through."""
         if entry is None:
             raise NoFit(UNKNOWN_NODE, True)
         choice = self.shared_choice(entry, resource, size, largest)

@@ -56,7 +56,7 @@ def _not_shared(resource: str) -> Unresolvable:
     return Unresolvable(reasons.not_shared(resource))
 
 
-def choice_key(entry: NodeEntry, resource: str, size: int, pending: Mapping[str, int], largest: int | None = None
+def choice_key(entry: NodeEntry, resource: str, size: int, pending: Mapping[str, int], largest: int
                ) -> Hashable | None:
     """Everything shared_choice depends on, for the memo (None: not worth remembering, the answer is immediate).
     The largest container's request matters only where failRequestsGreaterThanOne is set, so elsewhere pods of one
@@ -66,16 +66,16 @@ def choice_key(entry: NodeEntry, resource: str, size: int, pending: Mapping[str,
     if entry.topo is None or sharing is None or view is None:
         return None
     ids = entry.topo.ids
-    per_request = (size if largest is None else largest) if sharing.one_per_pod else None
+    per_request = largest if sharing.one_per_pod else None
     return (entry.fingerprint, entry.unhealthy_mask, entry.unschedulable, view.gpus, view.replicas, view.used,
             tuple(pending.get(ids[g], 0) for g in view.gpus), sharing.strategy, sharing.one_per_pod, resource,
             size, per_request)
 
 
-def shared_choice(entry: NodeEntry, resource: str, size: int, pending: Mapping[str, int], largest: int | None = None
+def shared_choice(entry: NodeEntry, resource: str, size: int, pending: Mapping[str, int], largest: int
                   ) -> SharedChoice | Failed | Unresolvable:
     """The replicas `entry` would give a pod asking for `size` of `resource`, or why it cannot. `largest` is the
-    most one of its containers asks (None: `size`, one container asking all): failRequestsGreaterThanOne is checked
+    most one of its containers asks (Need.largest_request): failRequestsGreaterThanOne is checked
     by the plugin's Allocate per container, as NVIDIA's is, so it bounds that, not the pod's total; the pod's
     containers still get `size` distinct GPUs between them (extender.state.pods.split_plan)."""
     if entry.topo is None:
@@ -86,9 +86,8 @@ def shared_choice(entry: NodeEntry, resource: str, size: int, pending: Mapping[s
     view = sharing.resource(resource) if sharing is not None else None
     if sharing is None or view is None:
         return _not_shared(resource)
-    per_request = size if largest is None else largest
-    if per_request > 1 and sharing.one_per_pod:
-        return Unresolvable(reasons.one_replica_per_container(per_request, resource))
+    if largest > 1 and sharing.one_per_pod:
+        return Unresolvable(reasons.one_replica_per_container(largest, resource))
     if len(view.gpus) < size:
         return Unresolvable(reasons.too_few_shared(size, len(view.gpus), resource))
     topo = entry.topo

@@ -346,7 +346,7 @@ def test_choice_is_k_distinct_gpus_with_a_free_replica_and_the_best_ring(which: 
     pending = {t.gpus[0].id: 1}  # one replica of GPU 0 in flight
     used = {i: min(rep, u) + (1 if i == 0 else 0) for i, (rep, u) in enumerate(per_gpu)}
     free = [i for i, (rep, _) in enumerate(per_gpu) if used[i] < rep and i not in unhealthy]
-    got = shared_choice(entry, SHARED, k, pending)
+    got = shared_choice(entry, SHARED, k, pending, k)
     if len(free) < k:
         assert isinstance(got, Failed) and not isinstance(got, Unresolvable)
         return
