@@ -64,6 +64,11 @@ class NodeGroupSpec:
     min_size: int = 0
     max_size: int = 3
     gpu_type: str = "gpu"  # the GPU label's value: the type CA reports (topology files name no model)
+    sharing_config: Path | None = None  # the group's NVIDIA sharing config: its template advertises the replicas
+
+    def plugin_args(self) -> tuple[str, ...]:
+        """What the plugin on a node of this group is started with, beyond its topology."""
+        return ("--sharing-config-file", str(self.sharing_config)) if self.sharing_config is not None else ()
 
 
 # start_node(name, group, labels) -> a context that keeps a simulated GPU node up while open and removes it on exit
@@ -87,7 +92,8 @@ def group_template(spec: NodeGroupSpec, gpu_label_key: str = DEFAULT_GPU_LABEL) 
     """What one node of the group carries, by `gpuplugin node-template --topology T --gpu-label KEY=TYPE`'s own
     functions: the plugin's labels and advertised resources, plus the GPU label."""
     template = build(load_topology_file(spec.topology), (), keys=DEFAULT_KEYS, resource_name=GPU,
-                     sharing_config=None, mig_strategy=None)
+                     sharing_config=str(spec.sharing_config) if spec.sharing_config is not None else None,
+                     mig_strategy=None)
     key, value = gpu_label(f"{gpu_label_key}={spec.gpu_type}", template.labels, DEFAULT_KEYS.model_label)
     return NodeTemplate({**template.labels, key: value}, template.resources)
 

@@ -84,7 +84,7 @@ def running_autoscaler(cp: ControlPlane, binary: Path, groups: Sequence[NodeGrou
     def start_node(name: str, group: NodeGroupSpec, labels: Mapping[str, str]) -> Iterator[object]:
         # the labels a node group's kubelet registers with (`gpuplugin node-template --format kubelet`)
         with real_gpu_node(cp, name, topology=group.topology, labels=labels,
-                           args=(plugin_args or {}).get(group.id, ())) as node:
+                           args=(*group.plugin_args(), *(plugin_args or {}).get(group.id, ()))) as node:
             yield node
 
     grpc_port, metrics_port = free_ports(2)
