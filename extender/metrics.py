@@ -16,6 +16,9 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.
 _EFFICIENCY_BUCKETS = (0.1, 0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 PREFIX = "gpu_extender"
 _GB = 1e9
+# 256 B to 16 MiB by fours: a /filter of a nodeCacheCapable scheduler carries the pod and node names (kilobytes to
+# tens of kilobytes at 5,000 nodes); one without nodeCacheCapable carries whole Node objects (megabytes)
+_BODY_BUCKETS = tuple(float(256 * 4 ** k) for k in range(9))
 _BANDWIDTH_BUCKETS = tuple(g * _GB for g in (5, 10, 20, 40, 80, 120, 160, 240, 320, 400, 800))
 
 
@@ -27,6 +30,12 @@ class ExtenderMetrics:
                                 ["verb", "code"], registry=r)
         self.latency = Histogram(f"{PREFIX}_request_seconds", "Time to answer an extender verb.", ["verb"],
                                  buckets=_LATENCY_BUCKETS, registry=r)
+        self.request_bytes = Histogram(f"{PREFIX}_request_body_bytes",
+                                       "Size of a verb's request body as read, in bytes, by verb.", ["verb"],
+                                       buckets=_BODY_BUCKETS, registry=r)
+        self.response_bytes = Histogram(f"{PREFIX}_response_body_bytes",
+                                        "Size of a verb's answer body as written, in bytes, by verb.", ["verb"],
+                                        buckets=_BODY_BUCKETS, registry=r)
         self.filter_nodes = Counter(f"{PREFIX}_filter_nodes_total",
                                     "Nodes judged by filter: passed, failed or unresolvable.", ["result"], registry=r)
         self.binds = Counter(f"{PREFIX}_bind_total", "Bind outcomes.", ["outcome"], registry=r)

@@ -129,6 +129,7 @@ async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Ex
         return await refused_answer(request, verb, ext, started, why)
     try:
         body = await read_body(request, ext.config.max_body_bytes)
+        ext.metrics.request_bytes.labels(verb).observe(len(body))
         with _no_cyclic_gc():
             result = run(wire.decode(body))
             del body
@@ -141,4 +142,5 @@ async def answer(request: Request, verb: str, run: Callable[[Any], Any], ext: Ex
     except Exception as e:
         code, content = failure(verb, e, ext)
     counted(verb, code, started, ext)
+    ext.metrics.response_bytes.labels(verb).observe(len(content))
     return Response(content, status_code=code, media_type=JSON)
