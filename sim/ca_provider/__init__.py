@@ -104,6 +104,7 @@ class _Member:
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     deleting: bool = False
     started: threading.Event = field(default_factory=threading.Event)
+    node: object = None  # what start_node's context gave (the tests' RealGpuNode), for a caller that reads it
 
 
 class SimProvider(pb_grpc.CloudProviderServicer):
@@ -131,6 +132,13 @@ class SimProvider(pb_grpc.CloudProviderServicer):
         with self._lock:
             return [m.name for m in self._members[group].values() if not m.deleting]
 
+    def started_nodes(self) -> dict[str, object]:
+        """Node name -> what start_node gave, for every node started and not being deleted (a benchmark reads the
+        kubelet's admissions there)."""
+        with self._lock:
+            return {m.name: m.node for ms in self._members.values() for m in ms.values()
+                    if not m.deleting and m.node is not None}
+
     def _registered(self) -> dict[str, str]:
         """providerID -> Node name of the Nodes that carry one of ours, as the API server has them now."""
         nodes = self.kube.request("GET", "/api/v1/nodes").get("items") or []
@@ -139,7 +147,8 @@ class SimProvider(pb_grpc.CloudProviderServicer):
 
     def _start(self, group: NodeGroupSpec, member: _Member) -> None:
         try:
-            member.stack.enter_context(self.start_node(member.name, group, self.templates[group.id].labels))
+            member.node = member.stack.enter_context(self.start_node(member.name, group,
+                                                                     self.templates[group.id].labels))
             self.kube.request("PATCH", f"/api/v1/nodes/{member.name}",
                               {"spec": {"providerID": provider_id(group.id, member.name)}},
                               content_type="application/merge-patch+json")
