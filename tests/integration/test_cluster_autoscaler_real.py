@@ -22,13 +22,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from gputopo.contract import DEFAULT_KEYS, NVLINK_FABRICS
 from sim.ca_provider import NodeGroupSpec, parse_provider_id
 from tests.extender.conftest import A100, PCIE
 from tests.helpers.autoscaler import Autoscaler, running_autoscaler, skip_reason, unpack
-from tests.helpers.controlplane import ControlPlane, start_webhook, tidied
+from tests.helpers.chart_install import install_chart
+from tests.helpers.controlplane import ControlPlane, tidied
 from tests.helpers.realnode import plan_of, real_gpu_node
 
 pytestmark = [pytest.mark.timeout(420)]
@@ -43,25 +43,6 @@ GROUPS = (NodeGroupSpec("pcie", PCIE, 0, 2, gpu_type="rtx5090"),
 JOB_LABEL = "training.kubeflow.org/job-name"
 
 
-def _install(cp: ControlPlane) -> None:
-    """Our extender, the chart's second scheduler (its profiles and extender stanza) and webhook, as deployed."""
-    from tests.deploy.rendering import ChartVariant, render_chart
-
-    objects = render_chart(ChartVariant("gpu-topology", "gpu-topology", {}))
-    extender = cp.start_extender()
-    (cm,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-scheduler-config")]
-    config = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
-    (stanza,) = config["extenders"]
-    cp.start_scheduler([{**stanza, "urlPrefix": extender.url}], name=SCHEDULER,
-                       extra_config={"profiles": config["profiles"]})
-    (hook,) = [o for o in objects if o["kind"] == "MutatingWebhookConfiguration"]
-    (deployment,) = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-webhook")]
-    args = [a for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"][1:]
-            if a.split("=", 1)[0] in ("--scheduler-name", "--resource-name", "--annotation-prefix",
-                                      "--extra-resources", "--replica-resources", "--whole-jobs")]
-    start_webhook(cp, hook["webhooks"][0], *args)
-
-
 @pytest.fixture(scope="module")
 def ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Autoscaler]:
     """CA and its cloud over the shared control plane, with the PCIe server no group owns already publishing."""
@@ -71,7 +52,7 @@ def ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
     real_control_plane: ControlPlane = request.getfixturevalue("real_control_plane")
     with tidied(real_control_plane) as cp:
         cp.ensure_namespace(NS)
-        _install(cp)
+        install_chart(cp)
         with real_gpu_node(cp, "pcie-static", topology=PCIE) as pcie:
             pcie.wait_published(GPU, 8, 90)
             with running_autoscaler(cp, binary, GROUPS) as autoscaler:
