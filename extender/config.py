@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from extender.jobs.owners import OWNER_KINDS
+from extender.membership.owners import OWNER_KINDS
 from gputopo.contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
 from gputopo.core.locality import Locality, LocalityError, parse_locality
 from gputopo.settings import (

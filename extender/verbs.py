@@ -1,6 +1,6 @@
 """kube-scheduler's four verbs over one Extender: decoded JSON in, the answer out as plain data.
 
-A pod of a job (extender.jobs.membership) is filtered and prioritized by its job's plan (extender.jobs.plans),
+A pod of a job (extender.membership.job) is filtered and prioritized by its job's plan (extender.jobs.plans),
 every other pod by extender.placement.engine. Nothing here knows about HTTP: extender.http.answers reads and
 bounds the body, decodes it, calls a verb and maps every failure to an answer; extender.http.routers.scheduler
 publishes the verbs. The answer shapes are the Go structs of k8s.io/kube-scheduler/extender/v1

@@ -42,14 +42,6 @@ from typing import Any
 import structlog
 
 from extender.jobs import reasons
-from extender.jobs.membership import (
-    JobRef,
-    Membership,
-    MembershipError,
-    MixedGpuCounts,
-    common_gpu_count,
-    job_membership,
-)
 from extender.jobs.planner import (
     JobPlan,
     JobPlanError,
@@ -63,6 +55,14 @@ from extender.jobs.planner import (
 )
 from extender.jobs.reasons import literal, plural
 from extender.jobs.spread import Claims, first_pod_nodes
+from extender.membership.job import (
+    JobRef,
+    Membership,
+    MembershipError,
+    MixedGpuCounts,
+    common_gpu_count,
+    job_membership,
+)
 from extender.metrics import ExtenderMetrics
 from extender.placement.engine import FilterOutcome
 from extender.placement.reasons import Failed, Unresolvable

@@ -34,10 +34,10 @@ from typing import Any
 import structlog
 
 from extender.config import ExtenderConfig
-from extender.jobs.groups import GroupSizes
-from extender.jobs.index import JobIndex
-from extender.jobs.membership import Membership, MembershipError, job_membership
-from extender.jobs.ownership import OwnerShapes
+from extender.membership.groups import GroupSizes
+from extender.membership.index import JobIndex
+from extender.membership.job import Membership, MembershipError, job_membership
+from extender.membership.ownership import OwnerShapes
 from extender.state.mig import NodeMig, node_mig
 from extender.state.pods import PodNeeds, PodSpecError, parse_quantity, pod_needs
 from extender.state.reservations import JOB, POD, Reservation, Reservations
@@ -114,7 +114,7 @@ class PodRecord:
     plan: Plan | None
     plan_text: str | None
     priority: int | None = None  # spec.priority (preemption compares victims by it)
-    membership: Membership | None = None  # its job (extender.jobs.membership), sizes left to the filter
+    membership: Membership | None = None  # its job (extender.membership.job), sizes left to the filter
     membership_error: str | None = None  # why its job cannot be read
 
     @property

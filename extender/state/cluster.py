@@ -1,6 +1,7 @@
 """Feeds the node cache from the apiserver: a Watcher on Nodes, one on Pods (list, watch, re-list on 410), and one on
-each kind of group object and of job owner object that sizes jobs (extender.jobs.groups, extender.jobs.ownership),
-where it exists: a kind that is not installed or not granted is looked for again every `group_retry_s`, quietly."""
+each kind of group object and of job owner object that sizes jobs (extender.membership.groups,
+extender.membership.ownership), where it exists: a kind that is not installed or not granted is looked for again
+every `group_retry_s`, quietly."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import kubernetes.client
 import structlog
 
-from extender.jobs.groups import GROUP_RESOURCES
+from extender.membership.groups import GROUP_RESOURCES
 from extender.state.cache import NodeCache
 from extender.state.slices import CLAIMS, SLICES, DraView
 from gputopo.kube import SYNC, Watcher

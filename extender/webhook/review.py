@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from extender.jobs.membership import KUBEFLOW_JOB
+from extender.membership.job import KUBEFLOW_JOB
 from extender.webhook.affinity import topology_affinity
 from gputopo.contract import DEFAULT_KEYS, Keys, is_mig_resource
 from gputopo.podspec import PodSpecError, pod_device_count

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.jobs.owners import OWNER_KINDS
-from extender.jobs.ownership import OWNER_RESOURCES
+from extender.membership.owners import OWNER_KINDS
+from extender.membership.ownership import OWNER_RESOURCES
 from tests.deploy.rendering import (
     CHART_VARIANTS,
     DEPLOY,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import kubernetes.client
 
-from extender.jobs.membership import GroupKind, GroupRef
+from extender.membership.job import GroupKind, GroupRef
 from gputopo.kube import make_api_client
 from tests.extender.jobs.conftest import WAIT, cluster, pod_group
 from tests.fakes.kubeapi import FakeKubeApi

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.jobs import membership as m
-from extender.jobs.membership import (
+from extender.membership import job as m
+from extender.membership.job import (
     BadJobName,
     BadJobSize,
     ConflictingGroups,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from extender.jobs.membership import job_membership
+from extender.membership.job import job_membership
 from extender.service import Extender
 from gputopo.kube import make_api_client
 from sim.scheduler import SchedulerDriver

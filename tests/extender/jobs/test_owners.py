@@ -10,9 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from extender.config import ExtenderConfig
-from extender.jobs.membership import OwnerSize, Source, job_membership
-from extender.jobs.owners import OWNER_KINDS, OwnerError, OwnerRef, owner_shape_of, owners_of_pod, size_from_env
-from extender.jobs.ownership import OwnerShapes
+from extender.membership.job import OwnerSize, Source, job_membership
+from extender.membership.owners import OWNER_KINDS, OwnerError, OwnerRef, owner_shape_of, owners_of_pod, size_from_env
+from extender.membership.ownership import OwnerShapes
 from gputopo.contract import Keys
 from gputopo.kube.fetching import ApiResource
 from tests.fakes.kubeapi.jobs import recorded_object

@@ -15,13 +15,13 @@ from typing import Any
 
 import structlog
 
-from extender.jobs.membership import GroupRef, MembershipError, group_sizes_of
+from extender.membership.job import GroupRef, MembershipError, group_sizes_of
 from gputopo.kube.fetching import ApiResource
 
 log = structlog.get_logger(__name__)
 
 MAX_GROUPS = 100_000
-# The kinds whose minimum sizes a job (extender.jobs.membership's GroupKind), as the apiserver serves them.
+# The kinds whose minimum sizes a job (extender.membership.job's GroupKind), as the apiserver serves them.
 GROUP_RESOURCES: tuple[ApiResource, ...] = (
     ApiResource("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup"),  # scheduler-plugins coscheduling
     ApiResource("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup"),  # Volcano

@@ -24,7 +24,7 @@ range in elastic mode is not a size) and `WORLD_SIZE` / `PET_NPROC_PER_NODE` (ku
 pkg/controller.v1/pytorch/envvar.go). Env counts every task the operator lists: a master asking no GPU would make
 the size one too many, so the owner is preferred.
 
-Pure: no I/O. The watched store is extender.jobs.ownership.
+Pure: no I/O. The watched store is extender.membership.ownership.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from extender.jobs.membership import (
+from extender.membership.job import (
     JOBSET_NAME,
     KUBEFLOW_JOB,
     KUBEFLOW_OPERATOR,

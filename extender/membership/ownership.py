@@ -1,6 +1,6 @@
-"""The owner objects the extender watches (extender.jobs.owners' kinds), and a pod's job size read from them.
+"""The owner objects the extender watches (extender.membership.owners' kinds), and a pod's job size read from them.
 
-Fed by one watch per kind (extender.state.cluster), like the group objects (extender.jobs.groups): a kind that is
+Fed by one watch per kind (extender.state.cluster), like the group objects (extender.membership.groups): a kind that is
 not installed, not granted, or not listed in `--job-owner-kinds` is absent, and a pod whose owner is of that kind is
 sized from its env where the operator wrote one, else not at all, with the reason saying why ("PyTorchJob ml/x is
 not readable: kubeflow.org/v1 pytorchjobs forbidden"). Read on the filter path without a lock (`size_of`: plain
@@ -15,8 +15,8 @@ from typing import Any
 
 import structlog
 
-from extender.jobs.membership import OwnerSize
-from extender.jobs.owners import (
+from extender.membership.job import OwnerSize
+from extender.membership.owners import (
     OWNER_APIS,
     OWNER_KINDS,
     OwnerError,

@@ -24,7 +24,7 @@ also carry the PodGroup its gang scheduler made for it: one job, seen twice).
    (kubeflow/common pkg/apis/common/v1/constants.go). None of these carries a pod count.
 
 Size, first found: our annotation `<prefix>/job-size` (GPU pods; it may accompany any tier), the owner object that
-made the pod when the caller has seen it (`owners`, extender.jobs.ownership: a PyTorchJob's, MPIJob's, TFJob's,
+made the pod when the caller has seen it (`owners`, extender.membership.ownership: a PyTorchJob's, MPIJob's, TFJob's,
 JobSet's... GPU replicas, CPU-only ones left out), the deciding source's own count (LWS size, Kueue total count),
 the group object's minimum (PodGroup minMember, Workload minCount) when the caller has seen that object
 (`group_sizes`), the operators' env in the pod (TF_CONFIG, PET_NNODES), else unknown, with the reason why
@@ -117,7 +117,7 @@ class OwnerSize:
 
 
 class OwnerSizes(Protocol):
-    """The owner objects seen (extender.jobs.ownership): a pod's job size from the object that made its pods."""
+    """The owner objects seen (extender.membership.ownership): a pod's job size from the object that made its pods."""
 
     def size_of(self, pod: Mapping[str, Any]) -> OwnerSize: ...
 
