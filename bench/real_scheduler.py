@@ -26,8 +26,10 @@ pods/s = (pods - 1) / that span; from its /metrics at the end of the run, per sc
 scheduler_scheduling_algorithm_duration_seconds (the cycle's algorithm, which on the extender path includes the
 extender's /filter and /prioritize round trips), scheduler_framework_extension_point_duration_seconds for Filter and
 Score (kube-scheduler's own plugins, over every node), scheduler_scheduling_attempt_duration_seconds; and the
-extender's own gpu_extender_request_seconds per verb (server side). Quality on the extender path: every bound pod's
-plan annotation (bench.failover.prove_no_double_allocation): no GPU in two plans of one node, none over allocatable.
+extender's own gpu_extender_request_seconds per verb (server side), its mean request and answer body per verb
+(gpu_extender_request_body_bytes / gpu_extender_response_body_bytes) and its VmRSS at the end of the run. Quality
+on the extender path: every bound pod's plan annotation (bench.failover.prove_no_double_allocation): no GPU in two
+plans of one node, none over allocatable.
 The machine's load average (os.getloadavg) is taken before each run. Results: <out>.md, .json, .png.
 """
 
@@ -39,7 +41,9 @@ import datetime
 import json
 import os
 import re
+import signal
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -173,6 +177,21 @@ def stat_cpu_seconds(stat: str, ticks: int) -> tuple[int, float]:
     return int(rest[1]), (int(rest[11]) + int(rest[12])) / ticks
 
 
+def vm_rss_mib(status: str) -> float | None:
+    """VmRSS in MiB from the text of /proc/<pid>/status (None when absent: a zombie has no memory line)."""
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return None
+
+
+def rss_mib(pid: int) -> float | None:
+    try:
+        return vm_rss_mib(Path(f"/proc/{pid}/status").read_text())
+    except OSError:
+        return None
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds of `pid` and its live descendants (the extender's bind worker)."""
     ticks = os.sysconf("SC_CLK_TCK")
@@ -218,6 +237,11 @@ class RunResult:
     # CPU ms per pod bound, from kube-scheduler's start to the end of the binds (/proc; kube-scheduler's own start
     # included; the extender's process tree: server and bind worker)
     cpu_ms_per_pod: dict[str, float] = field(default_factory=dict)
+    # the extender's mean body bytes per request of each verb it answered, request and answer
+    # (gpu_extender_request_body_bytes / gpu_extender_response_body_bytes), e.g. {"filter_request": 2100.0}
+    extender_bytes: dict[str, float] = field(default_factory=dict)
+    extender_rss_mib: float | None = None  # VmRSS of the extender at the end of its run, before it is stopped
+    profile: str = ""  # the py-spy raw profile of the extender over this run, when one was taken (not timed)
     proof: dict[str, Any] = field(default_factory=dict)
     series: list[float] = field(default_factory=list)  # bind times, seconds since the run's first bind
     error: str = ""
@@ -246,6 +270,10 @@ def cycle_figures(result: RunResult, scheduler_metrics: str, extender_metrics: s
             if count:
                 result.extender_ms[verb] = round(1000 * total / count, 3)
                 result.extender_calls[verb] = int(count)
+            for side in ("request", "response"):
+                total, count = histogram(extender_metrics, f"gpu_extender_{side}_body_bytes", verb=verb)
+                if count:
+                    result.extender_bytes[f"{verb}_{side}"] = round(total / count, 1)
 
 
 def pair_ratios(results: Sequence[RunResult]) -> list[dict[str, Any]]:
@@ -368,12 +396,10 @@ class Extender:
         return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
 
 
-def start_extender(cp: ControlPlane, name: str, extra: Sequence[str], tree: Path) -> Extender:
-    """`gpu-extender serve` from `tree` (`-m` imports the tree's code) against the apiserver as its admin, plain HTTP
-    on 127.0.0.1, no leader election, reservations held 600 s; ready when /readyz answers (watches synced) and it
-    holds no reservation (the previous runs' pods are gone from its view)."""
+def launch_extender(cp: ControlPlane, name: str, extra: Sequence[str], tree: Path) -> Extender:
+    """`gpu-extender serve` started and left to become ready (bench.scale times that)."""
     from sim.ports import free_ports
-    from tests.helpers.controlplane import start_process, wait_until
+    from tests.helpers.controlplane import start_process
 
     port, mport = free_ports(2)
     proc = start_process(name, [
@@ -381,8 +407,18 @@ def start_extender(cp: ControlPlane, name: str, extra: Sequence[str], tree: Path
         "--metrics-port", str(mport), "--metrics-host", "127.0.0.1", "--reservation-timeout", "600",
         "--log-level", "info", *extra], cp.dir / f"{name}.log", env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=tree)
     cp.procs.append(proc)
-    ext = Extender(proc, port, mport)
-    wait_until(f"{name} /readyz", lambda: httpx.get(f"http://127.0.0.1:{mport}/readyz", timeout=2)
+    return Extender(proc, port, mport)
+
+
+def start_extender(cp: ControlPlane, name: str, extra: Sequence[str], tree: Path) -> Extender:
+    """`gpu-extender serve` from `tree` (`-m` imports the tree's code) against the apiserver as its admin, plain HTTP
+    on 127.0.0.1, no leader election, reservations held 600 s; ready when /readyz answers (watches synced) and it
+    holds no reservation (the previous runs' pods are gone from its view)."""
+    from tests.helpers.controlplane import wait_until
+
+    ext = launch_extender(cp, name, extra, tree)
+    proc = ext.proc
+    wait_until(f"{name} /readyz", lambda: httpx.get(f"http://127.0.0.1:{ext.metrics_port}/readyz", timeout=2)
                .status_code == 200, 120, proc, 0.2)
     wait_until(f"{name} holding no reservation", lambda: metric_total(ext.metrics(), "gpu_extender_reservations") == 0,
                60, proc, 0.5)
@@ -408,10 +444,23 @@ def bound_anywhere(cp: ControlPlane) -> int:
     return sum(1 for p in cp.list_items("/api/v1/pods") if (p.get("spec") or {}).get("nodeName"))
 
 
+def attach_py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling every thread of `pid` (and any child) at 100 Hz, idle or not (--idle), into a raw
+    (collapsed stacks) file until `pid` exits, without pausing it (--nonblocking: a paused extender misses
+    kube-scheduler's 5 s timeout under load). Its own idle detection counts threads parked in Condition.wait as busy
+    and --gil names the last GIL holder even when every thread waits, so the waits are told apart by their leaf
+    frame afterwards (bench.scale.IDLE_LEAVES)."""
+    spy = Path(sys.executable).with_name("py-spy")
+    argv = [str(spy), "record", "--pid", str(pid), "--rate", "100", "--format", "raw", "--output", str(out),
+            "--subprocesses", "--idle", "--nonblocking"]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 def run_once(cp: ControlPlane, *, run: int, pair: int, path: str, sizes: Sequence[int], allocatable: dict[str, int],
-             extender_args: Sequence[str], tree: Path, timeout: float) -> RunResult:
+             extender_args: Sequence[str], tree: Path, timeout: float, profile: Path | None = None) -> RunResult:
     """One backlog through one path; every process it starts is stopped by pid and its pods deleted before it
-    returns."""
+    returns. With `profile` (extender path) py-spy samples the extender from before the backlog until it is stopped
+    and writes its stacks there: the sampler's pauses slow the extender, so such a run's figures are not timings."""
     from bench.failover import prove_no_double_allocation
     from tests.helpers.controlplane import extender_stanza
 
@@ -424,6 +473,7 @@ def run_once(cp: ControlPlane, *, run: int, pair: int, path: str, sizes: Sequenc
     cp.ensure_namespace(namespace)
     ext: Extender | None = None
     sched = None
+    spy: subprocess.Popen[bytes] | None = None
     try:
         stanzas = []
         if path == EXTENDER:
@@ -432,6 +482,9 @@ def run_once(cp: ControlPlane, *, run: int, pair: int, path: str, sizes: Sequenc
             if "--filter-best" in extender_args:  # as the chart configures it: filter alone scores
                 del stanza["prioritizeVerb"], stanza["weight"]
             stanzas = [stanza]
+            if profile is not None:
+                spy = attach_py_spy(ext.proc.pid, profile)
+                result.profile = str(profile)
         create_backlog(cp, namespace, sizes, SCHEDULER_NAMES[path])
         time.sleep(1.0)  # the extender's pod watch catches up with the backlog
         watched = {p.name: p.pid for p in cp.procs if p.name in ("etcd", "kube-apiserver")}
@@ -458,6 +511,8 @@ def run_once(cp: ControlPlane, *, run: int, pair: int, path: str, sizes: Sequenc
         time.sleep(0.5)
         sched_metrics = sched.metrics()
         ext_metrics = ext.metrics() if ext is not None else None
+        if ext is not None:
+            result.extender_rss_mib = rss_mib(ext.proc.pid)
         binds = parse_binds(sched.log.read_text(errors="replace"), namespace)
         times = sorted(binds.values())
         result.bound = len(binds)
@@ -483,6 +538,12 @@ def run_once(cp: ControlPlane, *, run: int, pair: int, path: str, sizes: Sequenc
             ext.proc.stop(30)
             if ext.proc in cp.procs:
                 cp.procs.remove(ext.proc)
+        if spy is not None:  # it writes its file once the extender is gone
+            try:
+                spy.wait(60)
+            except subprocess.TimeoutExpired:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(30)
         clear_namespace(cp, namespace)
         result.wall_s = round(time.monotonic() - started, 1)
     return result
