@@ -76,15 +76,20 @@ class Autoscaler:
 @contextlib.contextmanager
 def running_autoscaler(cp: ControlPlane, binary: Path, groups: Sequence[NodeGroupSpec], *,
                        expander: str = "least-waste", unneeded: str = "15s", extra: Sequence[str] = (),
-                       plugin_args: Mapping[str, Sequence[str]] | None = None) -> Iterator[Autoscaler]:
+                       plugin_args: Mapping[str, Sequence[str]] | None = None, publish_delay_s: float = 0.0,
+                       registration_labels: bool = True) -> Iterator[Autoscaler]:
     """The provider serving `groups` and CA pointed at it with the admin kubeconfig; CA is up once its
-    /health-check answers 200 (its first loop ran). On exit CA stops first, then every node the provider started."""
+    /health-check answers 200 (its first loop ran). On exit CA stops first, then every node the provider started.
+    A new node's plugin starts `publish_delay_s` after its Node registered (Ready, no GPUs yet); with
+    `registration_labels=False` the Node registers without the template's labels (the GPU label and the plugin's),
+    as a kubelet without `--node-labels` would, and carries the plugin's only once it publishes them."""
 
     @contextlib.contextmanager
     def start_node(name: str, group: NodeGroupSpec, labels: Mapping[str, str]) -> Iterator[object]:
         # the labels a node group's kubelet registers with (`gpuplugin node-template --format kubelet`)
-        with real_gpu_node(cp, name, topology=group.topology, labels=labels,
-                           args=(*group.plugin_args(), *(plugin_args or {}).get(group.id, ()))) as node:
+        with real_gpu_node(cp, name, topology=group.topology, labels=labels if registration_labels else None,
+                           args=(*group.plugin_args(), *(plugin_args or {}).get(group.id, ())),
+                           publish_delay_s=publish_delay_s) as node:
             yield node
 
     grpc_port, metrics_port = free_ports(2)

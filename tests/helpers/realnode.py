@@ -2,7 +2,8 @@
 node (`gpuplugin run` with the control plane's kubeconfig), the kubelet simulator it registers with, the kubelet's
 PodResources service, and sim.admission admitting the pods bound to the node as the kubelet does. The Node starts
 as a kubelet leaves it (Ready, no GPUs); the plugin publishes its topology and state, the admission its capacity.
-On exit the Node is deleted, so a node of one test never takes another test's pods.
+On exit the Node is deleted, so a node of one test never takes another test's pods. `publish_delay_s` starts the
+plugin that much later while the Node is already up (Ready, no GPUs): the window an autoscaler sees on a new node.
 
     with real_gpu_node(cp, "gpu-a", topology=DGX1) as node:
         node.wait_published(30)
@@ -29,6 +30,9 @@ from sim.ports import free_port
 from tests.helpers.controlplane import ControlPlane, wait_until
 from tests.helpers.paths import short_dir
 from tests.helpers.processes import stop_process
+
+# argv[1] seconds later, the same process becomes argv[2:] (one pid throughout, so stop_process stops either)
+_EXEC_LATER = "import os, sys, time; time.sleep(float(sys.argv[1])); os.execv(sys.argv[2], sys.argv[2:])"
 
 
 @dataclass
@@ -64,7 +68,7 @@ class RealGpuNode:
 @contextmanager
 def real_gpu_node(cp: ControlPlane, name: str, *, topology: Path | None = None, nvml_recording: Path | None = None,
                   args: Sequence[str] = (), labels: Mapping[str, str] | None = None, start_delay_s: float = 0.0,
-                  seed: int = 0) -> Iterator[RealGpuNode]:
+                  seed: int = 0, publish_delay_s: float = 0.0) -> Iterator[RealGpuNode]:
     source = ["--topology", str(topology)] if topology is not None else ["--nvml-recording", str(nvml_recording)]
     with short_dir("rnode-") as root, PodResourcesServer(str(root / "podres.sock")) as podres, \
             KubeletSimulator(root / "dp") as kubelet:
@@ -73,6 +77,8 @@ def real_gpu_node(cp: ControlPlane, name: str, *, topology: Path | None = None, 
         argv = [sys.executable, "-m", "gpuplugin.cli", "run", "--device-plugin-dir", str(root / "dp"), *source,
                 "--pod-resources-socket", str(root / "podres.sock"), "--metrics-port", str(free_port()),
                 "--pod-resources-poll-interval", "0.5", *args]
+        if publish_delay_s > 0:
+            argv = [sys.executable, "-c", _EXEC_LATER, str(publish_delay_s), *argv]
         log = root / "plugin.log"
         with open(log, "wb") as out:
             process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
