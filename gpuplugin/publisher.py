@@ -131,7 +131,8 @@ def topology_labels(keys: Keys, topology: Topology) -> dict[str, str]:
 
 def replica_labels(keys: Keys, state: NodeState) -> dict[str, str]:
     """Per shared resource, how many of its healthy GPUs have a free replica (Keys.free_gpus_label): changes as
-    pods come and go, unlike the topology labels."""
+    pods come and go, unlike the topology labels; and, while the sharing config sets failRequestsGreaterThanOne,
+    Keys.one_replica_label. Both are decided on the state each time: a label of a resource or flag gone is removed."""
     if state.sharing is None:
         return {}
     out = {}
@@ -139,6 +140,10 @@ def replica_labels(keys: Keys, state: NodeState) -> dict[str, str]:
         key = keys.free_gpus_label(res.name)
         if key is not None:
             out[key] = str(sum(1 for g in res.gpus if g.used < g.replicas and g.gpu not in state.unhealthy))
+        # failRequestsGreaterThanOne: no count says the node refuses a container asking 2 (Keys.one_replica_label)
+        one = keys.one_replica_label(res.name) if state.sharing.fail_requests_greater_than_one else None
+        if one is not None:
+            out[one] = "true"
     return out
 
 
@@ -223,7 +228,7 @@ class NodePublisher(Worker):
 
         self._observed: dict[str, str | None] | None = None  # our keys as the Node last carried them
         self._observed_allreduce: frozenset[str] = frozenset()  # allreduce-gbps-<k> labels the Node carries
-        self._observed_replicas: frozenset[str] = frozenset()  # free-gpus.<resource> labels the Node carries
+        self._observed_replicas: frozenset[str] = frozenset()  # free-gpus / one-replica-per-container labels on it
         self._observed_rv: str | None = None
         self._observed_at = 0.0
         self._last_patch_at: float | None = None
@@ -323,7 +328,8 @@ class NodePublisher(Worker):
         if self._hold is not None:
             observed.update({k: annotations.get(k) for k in self._hold.annotation_keys})
         self._observed_allreduce = frozenset(k for k in labels if self._is_allreduce_label(k))
-        self._observed_replicas = frozenset(k for k in labels if self.keys.is_free_gpus_label(k))
+        self._observed_replicas = frozenset(k for k in labels if self.keys.is_free_gpus_label(k)
+                                            or self.keys.is_one_replica_label(k))
         observed.update({k: labels.get(k) for k in self._observed_replicas})
         observed.update({k: labels.get(k) for k in self._all_labels()})
         self._observed = observed

@@ -104,6 +104,18 @@ class Keys:
     def is_free_gpus_label(self, key: str) -> bool:
         return key.startswith(self._key("free-gpus."))
 
+    def one_replica_label(self, resource: str) -> str | None:
+        """Node label: `"true"` while the node's sharing config sets failRequestsGreaterThanOne for the shared
+        resource `resource`, so its plugin refuses a container asking more than one replica. No replica count says
+        that, so node autoscalers read such a node as fitting the pod; the webhook turns a container's request of
+        two or more into node affinity `DoesNotExist` on this label, which kube-scheduler's own filter and the
+        autoscalers' simulation read. Absent where the flag is false. None when the name is too long for a label."""
+        name = f"one-replica-per-container.{resource.rpartition('/')[2]}"
+        return self._key(name) if len(name) <= 63 else None
+
+    def is_one_replica_label(self, key: str) -> bool:
+        return key.startswith(self._key("one-replica-per-container."))
+
     @property
     def autoscaler_hold(self) -> str:
         """Node annotation: the autoscaler annotations (CA_SCALE_DOWN_DISABLED, KARPENTER_DO_NOT_DISRUPT) the plugin
@@ -149,8 +161,10 @@ class Keys:
 
     def is_published_label(self, key: str) -> bool:
         """Whether a Node label is one the plugin writes: fabric, gpu-model, gpu-count, allreduce-gbps-<k>,
-        free-gpus.<resource>. The admin's opt-in label (device_plugin_label) is not: it is the admin's."""
-        if key in (self.fabric_label, self.model_label, self.count_label) or self.is_free_gpus_label(key):
+        free-gpus.<resource>, one-replica-per-container.<resource>. The admin's opt-in label (device_plugin_label)
+        is not: it is the admin's."""
+        if key in (self.fabric_label, self.model_label, self.count_label) or self.is_free_gpus_label(key) \
+                or self.is_one_replica_label(key):
             return True
         size = key.removeprefix(self._key("allreduce-gbps-"))
         return size != key and size.isdigit()

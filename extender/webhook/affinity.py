@@ -18,6 +18,12 @@ publish it (a whole-GPU node where NVIDIA's time-slicing without renaming shares
 node of another plugin or of an older version of ours), where the extender alone decides, as before. Node
 affinity has no OR inside a term, so each of the pod's terms becomes two, one per alternative.
 
+A node whose sharing config sets NVIDIA's failRequestsGreaterThanOne refuses any container asking more than one
+replica (the kubelet calls Allocate per container, init containers too), which its replica count does not say
+either: the plugin labels it `<prefix>/one-replica-per-container.<resource>: "true"` (Keys.one_replica_label), and
+a pod one of whose containers asks two or more replicas gets `DoesNotExist` on it, ANDed into every term like the
+constraints above. Without it an autoscaler read such a node as fitting the pod ("can be moved to") and added none.
+
 The labels are integers rounded down, so a node whose best set is within 1 GB/s above X is left out: the
 affinity never admits a node the extender would refuse for good. What it cannot say is the node's current free
 set: on a node whose NVLink joins only some GPUs, the extender may still refuse while the linked ones are busy.
@@ -52,6 +58,17 @@ def expressions(annotations: Mapping[str, Any], gpus: int, keys: Keys) -> list[d
         out.append({"key": keys.fabric_label, "operator": "In", "values": list(NVLINK_FABRICS)})
     if min_gbps > 0:
         out.append({"key": keys.allreduce_label(gpus), "operator": "Gt", "values": [str(math.ceil(min_gbps) - 1)]})
+    return out
+
+
+def one_replica_expressions(largest: Mapping[str, int], keys: Keys) -> list[dict[str, Any]]:
+    """`DoesNotExist` on Keys.one_replica_label of each replica name some container of the pod asks two or more of
+    (`largest`: name -> the most one container asks; module docstring)."""
+    out = []
+    for name, most in sorted(largest.items()):
+        key = keys.one_replica_label(name) if most >= 2 else None
+        if key is not None:
+            out.append({"key": key, "operator": "DoesNotExist"})
     return out
 
 
@@ -103,11 +120,12 @@ def affinity_patch(spec: Mapping[str, Any], exprs: list[dict[str, Any]],
     return [{"op": "add", "path": f"{_AFFINITY}/{_NODE}/{_REQUIRED}/nodeSelectorTerms", "value": new}]
 
 
-def topology_affinity(pod: Mapping[str, Any], gpus: int, keys: Keys, replicas: Mapping[str, int] | None = None
-                      ) -> tuple[list[dict[str, Any]], str | None]:
-    """(patch operations, the problem when the annotations cannot be read) for a pod of `gpus` whole GPUs and
-    `replicas` per name that is replicas on some nodes. The extender refuses a pod with unreadable annotations in
-    the same words; the webhook then adds only the replicas' requirement."""
+def topology_affinity(pod: Mapping[str, Any], gpus: int, keys: Keys, replicas: Mapping[str, int] | None = None,
+                      largest: Mapping[str, int] | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """(patch operations, the problem when the annotations cannot be read) for a pod of `gpus` whole GPUs,
+    `replicas` per name that is replicas on some nodes, and `largest`, per such name, the most any one of its
+    containers asks. The extender refuses a pod with unreadable annotations in the same words; the webhook then adds
+    only the replicas' requirements."""
     meta = pod.get("metadata")
     ann = meta.get("annotations") if isinstance(meta, dict) else None
     spec = pod.get("spec")
@@ -119,4 +137,5 @@ def topology_affinity(pod: Mapping[str, Any], gpus: int, keys: Keys, replicas: M
         exprs = expressions(ann if isinstance(ann, dict) else {}, gpus, keys)
     except PodSpecError as e:
         problem = str(e)
+    exprs += one_replica_expressions(largest or {}, keys)
     return affinity_patch(spec, exprs, either_replicas(replicas or {}, keys)), problem

@@ -33,7 +33,7 @@ import orjson
 from extender.membership.job import KUBEFLOW_JOB
 from extender.webhook.affinity import topology_affinity
 from gputopo.contract import DEFAULT_KEYS, Keys, is_mig_resource
-from gputopo.podspec import PodSpecError, pod_device_count
+from gputopo.podspec import PodSpecError, container_needs, effective_count, pod_device_count
 
 API_VERSION = "admission.k8s.io/v1"
 SHARED_SUFFIX = ".shared"  # NVIDIA's renameByDefault name of a shared resource (DefaultSharedResourceNameSuffix)
@@ -186,13 +186,16 @@ def _affinity(pod: Mapping[str, Any], policy: Policy) -> tuple[list[dict[str, An
     resource = policy.resource
     try:
         whole = pod_device_count(pod, resource)
-        replicas = {name: pod_device_count(pod, name)
-                    for name in {f"{resource}{SHARED_SUFFIX}", *policy.replica_resources} - {resource}}
+        names = {f"{resource}{SHARED_SUFFIX}", *policy.replica_resources} - {resource}
+        if resource in policy.replica_resources:  # a sharing config shares it unrenamed: replicas on those nodes
+            names.add(resource)
+        # per container: failRequestsGreaterThanOne bounds each Allocate, and the kubelet makes one per container
+        needs = {name: container_needs(pod, name) for name in names}
     except PodSpecError:
         return [], None  # counted above with the other names: nothing more to say
-    if resource in policy.replica_resources:  # a sharing config shares it unrenamed: replicas on those nodes
-        replicas[resource] = whole
-    ops, problem = topology_affinity(pod, whole, policy.keys, replicas)
+    replicas = {name: effective_count(n) for name, n in needs.items()}
+    largest = {name: max((c.count for c in n), default=0) for name, n in needs.items()}
+    ops, problem = topology_affinity(pod, whole, policy.keys, replicas, largest)
     return ops, warning(f"gpu-topology webhook added no node affinity: {problem}") if problem else None
 
 

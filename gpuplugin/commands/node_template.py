@@ -172,6 +172,9 @@ def build(topology: Topology | None, mig_gpus: tuple[Any, ...], *, keys: Keys, r
                 key = keys.free_gpus_label(shared.name)
                 if key is not None:
                     labels[key] = str(len(shared.gpus))
+                one = keys.one_replica_label(shared.name) if shared.fail_requests_greater_than_one else None
+                if one is not None:  # the plugin publishes it too: a scale-from-zero template must refuse alike
+                    labels[one] = "true"
         else:
             resources[resource_name] = topology.size
     strategy = mig_strategy or (str(config.mig_strategy) if config is not None and config.mig_strategy else None)

@@ -12,7 +12,9 @@ which group a Node belongs to, and to add or remove nodes. Here:
   (the tests pass tests.helpers.realnode.real_gpu_node: a Node registered as a kubelet would, the real plugin
   process, the kubelet stand-in), then sets the Node's `spec.providerID` (`gpu-topology-sim://<group>/<name>`), as a
   cloud's node controller does for a kubelet run with `--cloud-provider=external`;
-- `NodeGroupDeleteNodes` leaves that context (the plugin and kubelet stand-in stop, the Node is deleted).
+- `NodeGroupDeleteNodes` leaves that context (the plugin and kubelet stand-in stop, the Node is deleted);
+  `NodeGroupDecreaseTargetSize` (CA's provision timeout) gives up members that have not registered yet, and only
+  those.
 
 What CA is told is decided on state: an instance is running once its Node exists with its providerID (the Nodes
 are re-read on every `NodeGroupNodes`), creating before. Sizes are bounded by each group's min and max. Pricing
@@ -150,8 +152,12 @@ class SimProvider(pb_grpc.CloudProviderServicer):
 
     def _start(self, group: NodeGroupSpec, member: _Member) -> None:
         try:
+            if member.deleting:  # given up (NodeGroupDecreaseTargetSize) before its start began
+                return
             member.node = member.stack.enter_context(self.start_node(member.name, group,
                                                                      self.templates[group.id].labels))
+            if member.deleting:  # given up while starting: it never becomes an instance of the group
+                return
             self.kube.request("PATCH", f"/api/v1/nodes/{member.name}",
                               {"spec": {"providerID": provider_id(group.id, member.name)}},
                               content_type="application/merge-patch+json")
@@ -286,12 +292,31 @@ class SimProvider(pb_grpc.CloudProviderServicer):
 
     def NodeGroupDecreaseTargetSize(self, request: Any, context: grpc.ServicerContext
                                     ) -> pb.NodeGroupDecreaseTargetSizeResponse:
-        """Only for instances that never registered (CA's provision timeout). Every start here registers its Node
-        before the target counts it as running, so there is nothing to give up: refused, as CA expects of a cloud
-        that cannot."""
-        self._group(request.id, context)
-        context.abort(grpc.StatusCode.FAILED_PRECONDITION, "every instance registers; delete nodes instead")
-        raise AssertionError("unreachable")  # abort raises
+        """CA calls this for instances that never registered (its provision timeout, `--max-node-provision-time`):
+        the target drops by giving up members still starting, the newest first; their start is stopped (a start
+        not begun never begins, one under way is closed once it returns, and never gets its providerID). As CA's
+        clouds do, it never removes a registered node (CA deletes those with NodeGroupDeleteNodes): a delta
+        reaching one is refused whole, as is a delta that is not negative."""
+        group = self._group(request.id, context)
+        if request.delta >= 0:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{group.id}: delta {request.delta}: a decrease must be negative")
+        registered = self._registered()
+        with self._lock:
+            members = [m for m in self._members[group.id].values() if not m.deleting]
+            starting = [m for m in members if registered.get(provider_id(group.id, m.name)) != m.name]
+            if -request.delta > len(starting):
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"{group.id}: delta {request.delta} would remove registered nodes: "
+                              f"{len(starting)} of {len(members)} are still starting; delete nodes instead")
+            given_up = starting[request.delta:]  # the newest: members keep their creation order
+            for m in given_up:
+                m.deleting = True
+        log.info("sim.ca_provider.target_decreased", group=group.id, delta=request.delta,
+                 nodes=[m.name for m in given_up])
+        for member in given_up:
+            self._spawn(self._stop, group.id, member)
+        return pb.NodeGroupDecreaseTargetSizeResponse()
 
     def NodeGroupNodes(self, request: Any, context: grpc.ServicerContext) -> pb.NodeGroupNodesResponse:
         group = self._group(request.id, context)

@@ -122,3 +122,58 @@ def test_free_gpus_of_a_shared_resource_follow_the_pods(fake: FakeKubeApi, api: 
     shared[0] = False
     assert pub.publish_once() is True
     assert key not in labels(fake)
+
+
+def test_one_replica_per_container_follows_the_sharing_configs_flag(fake: FakeKubeApi, api: Any) -> None:
+    """`<prefix>/one-replica-per-container.<resource>: "true"` while the config sets failRequestsGreaterThanOne:
+    no replica count says the plugin refuses a container asking two, so the webhook's affinity needs this label to
+    steer such pods (and the autoscaler's simulation) away. A config change that clears the flag, or ends the
+    sharing, removes it; the free-gpus label stays with the sharing."""
+    from gputopo.core.codec import SharedGpu, SharedResource, Sharing
+
+    topology = load_topology_file(HGX)
+    flag = [True]
+    shared = [True]
+
+    def sharing() -> Sharing | None:
+        if not shared[0]:
+            return None
+        gpus = tuple(SharedGpu(g, 4, 0) for g in topology.ids)
+        return Sharing("time-slicing", flag[0], (SharedResource("nvidia.com/gpu.shared", gpus),))
+
+    key = f"{PREFIX}/one-replica-per-container.gpu.shared"
+    free = f"{PREFIX}/free-gpus.gpu.shared"
+    fake.add_node(node_object())
+    pub = NodePublisher(api, NODE, KEYS, topology, None, lambda: (), lambda: (), sharing=sharing)
+    assert pub.publish_once() is True
+    assert labels(fake)[key] == "true"
+    assert pub.publish_once() is False  # unchanged: not re-patched
+    flag[0] = False  # the config changed: failRequestsGreaterThanOne false
+    assert pub.publish_once() is True
+    assert key not in labels(fake)
+    assert labels(fake)[free] == "8"
+    flag[0] = True
+    assert pub.publish_once() is True
+    assert labels(fake)[key] == "true"
+    shared[0] = False
+    assert pub.publish_once() is True
+    assert key not in labels(fake) and free not in labels(fake)
+
+
+def test_a_restarted_plugin_removes_the_flag_label_a_former_config_left(fake: FakeKubeApi, api: Any) -> None:
+    """Decided on state, not on what this process wrote: a label left by a run whose config set the flag goes."""
+    from gputopo.core.codec import SharedGpu, SharedResource, Sharing
+
+    topology = load_topology_file(HGX)
+    key = f"{PREFIX}/one-replica-per-container.gpu.shared"
+    fake.add_node(node_object())
+    fake.update_node(NODE, {"metadata": {"labels": {key: "true"}}})
+
+    def sharing() -> Sharing:
+        gpus = tuple(SharedGpu(g, 4, 0) for g in topology.ids)
+        return Sharing("time-slicing", False, (SharedResource("nvidia.com/gpu.shared", gpus),))
+
+    pub = NodePublisher(api, NODE, KEYS, topology, None, lambda: (), lambda: (), sharing=sharing)
+    assert pub.publish_once() is True
+    assert key not in labels(fake)
+    assert labels(fake)["team"] == "ml"

@@ -76,6 +76,25 @@ def test_shared_replicas_are_declared_with_their_counts(tmp_path: Path) -> None:
     assert resources == {"nvidia.com/gpu": "6", "nvidia.com/gpu.shared": "8"}
 
 
+@pytest.mark.parametrize("flag", [True, False, None], ids=["set", "false", "default"])
+def test_failrequestsgreaterthanone_is_printed_as_the_plugins_label(tmp_path: Path, flag: bool | None) -> None:
+    """A group scaled from zero is judged on its template alone: it must carry the label the plugin would publish,
+    or a pod asking two replicas in one container reads as fitting a node that will refuse it."""
+    config = tmp_path / "sharing.yaml"
+    line = "" if flag is None else f"    failRequestsGreaterThanOne: {str(flag).lower()}\n"
+    config.write_text("version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n" + line +
+                      "    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n")
+    out = run("--topology", HGX, "--format", "labels", "--sharing-config", config)
+    assert out.returncode == 0, out.stderr
+    labels = pairs(out.stdout)
+    assert labels[f"{PREFIX}/free-gpus.gpu.shared"] == "8"
+    key = f"{PREFIX}/one-replica-per-container.gpu.shared"
+    if flag:
+        assert labels[key] == "true"
+    else:  # time-slicing's default is false
+        assert key not in labels
+
+
 def test_capi_annotations_name_one_gpu_resource_and_say_what_is_left_out() -> None:
     out = run("--topology", MIG_MIXED, "--format", "capi", "--mig-strategy", "mixed")
     assert out.returncode == 0, out.stderr

@@ -155,3 +155,31 @@ def test_sizes_stay_within_the_group_bounds(served: tuple[pb_grpc.CloudProviderS
         stub.PricingNodePrice(pb.PricingNodePriceRequest())
     assert priced.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert not starter.started
+
+
+def test_decreasing_the_target_gives_up_only_nodes_that_never_registered(
+        served: tuple[pb_grpc.CloudProviderStub, _Starter]) -> None:
+    """CA's provision timeout: the target drops by the members still starting (newest first), which never become
+    instances; a delta reaching a registered node, or one not negative, is refused whole."""
+    stub, starter = served
+    stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="pcie", delta=1))
+    running = "gpu-topology-sim://pcie/pcie-0"
+    assert eventually(lambda: _states(stub, "pcie") == {running: RUNNING}), _states(stub, "pcie")
+    starter.gate.clear()  # the next node never comes up while the gate is closed
+    stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="pcie", delta=1))
+    assert _states(stub, "pcie") == {running: RUNNING, "gpu-topology-sim://pcie/pcie-1": CREATING}
+    for delta in (-2, 0, 1):
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.NodeGroupDecreaseTargetSize(pb.NodeGroupDecreaseTargetSizeRequest(id="pcie", delta=delta))
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, delta
+        assert "\n" not in (refused.value.details() or "")
+    assert stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id="pcie")).targetSize == 2
+    stub.NodeGroupDecreaseTargetSize(pb.NodeGroupDecreaseTargetSizeRequest(id="pcie", delta=-1))
+    assert stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id="pcie")).targetSize == 1
+    starter.gate.set()  # the start under way returns: it is closed at once and never gets the providerID
+    assert eventually(lambda: "pcie-1" in starter.stopped), starter.stopped
+    assert _states(stub, "pcie") == {running: RUNNING}
+    assert starter.stopped == ["pcie-1"]
+    with pytest.raises(grpc.RpcError) as registered:  # the only member left is registered
+        stub.NodeGroupDecreaseTargetSize(pb.NodeGroupDecreaseTargetSizeRequest(id="pcie", delta=-1))
+    assert "registered" in (registered.value.details() or "")

@@ -180,8 +180,11 @@ def test_k_replicas_of_a_shared_name_need_k_gpus_with_a_free_replica_where_the_l
         if key is None:
             assert "affinity" not in pod["spec"], name
         else:
-            assert _terms(pod) == [{"matchExpressions": [{"key": key, "operator": "DoesNotExist"}]},
-                                   {"matchExpressions": [{"key": key, "operator": "Gt", "values": [str(n - 1)]}]}]
+            # one container asks them all: nodes refusing more than one per container are out too
+            one = {"key": key.replace("/free-gpus.", "/one-replica-per-container."), "operator": "DoesNotExist"}
+            assert _terms(pod) == [{"matchExpressions": [one, {"key": key, "operator": "DoesNotExist"}]},
+                                   {"matchExpressions": [one, {"key": key, "operator": "Gt",
+                                                               "values": [str(n - 1)]}]}]
 
 
 def test_another_managed_name_is_not_taken_for_replicas() -> None:
@@ -200,8 +203,9 @@ FREE = "gpu-topology.io/free-gpus.gpu"
 
 def test_the_unrenamed_resource_gets_the_label_absent_or_enough_free_gpus() -> None:
     pod, _ = _stored(_review(3, {}), UNRENAMED)
-    assert _terms(pod) == [{"matchExpressions": [{"key": FREE, "operator": "DoesNotExist"}]},
-                           {"matchExpressions": [{"key": FREE, "operator": "Gt", "values": ["2"]}]}]
+    one = {"key": "gpu-topology.io/one-replica-per-container.gpu", "operator": "DoesNotExist"}
+    assert _terms(pod) == [{"matchExpressions": [one, {"key": FREE, "operator": "DoesNotExist"}]},
+                           {"matchExpressions": [one, {"key": FREE, "operator": "Gt", "values": ["2"]}]}]
     again = recorded(lambda r: (_gpus(r, 3), r["object"]["spec"].update(affinity=pod["spec"]["affinity"])))
     again["request"]["object"]["spec"].pop("schedulerName", None)
     assert _stored(again, UNRENAMED)[0]["spec"]["affinity"] == pod["spec"]["affinity"], "not split twice"
@@ -224,3 +228,58 @@ def test_with_the_alternative_a_node_matches_exactly_when_it_should(
         labels[FREE] = str(free)
     meets = size < 2 or ((not nvlink or fabric in NVLINK_FABRICS) and (free is None or free >= size))
     assert _node_matches(after, labels) == (_node_matches(before, labels) and meets)
+
+
+ONE = "gpu-topology.io/one-replica-per-container.gpu.shared"
+SHARED_FREE = "gpu-topology.io/free-gpus.gpu.shared"
+
+
+def _containers(request: dict[str, Any], apps: list[int], inits: list[int] = ()) -> None:  # type: ignore[assignment]
+    """The pod's containers replaced by ones asking these counts of nvidia.com/gpu.shared."""
+    spec = request["object"]["spec"]
+    template = spec["containers"][0]
+    spec.pop("schedulerName", None)
+
+    def make(name: str, n: int) -> dict[str, Any]:
+        c = copy.deepcopy(template)
+        c["name"] = name
+        c["resources"] = {"limits": {"nvidia.com/gpu.shared": str(n)}, "requests": {"nvidia.com/gpu.shared": str(n)}}
+        return c
+    spec["containers"] = [make(f"app{i}", n) for i, n in enumerate(apps)]
+    if inits:
+        spec["initContainers"] = [make(f"init{i}", n) for i, n in enumerate(inits)]
+
+
+def test_a_container_asking_two_replicas_keeps_off_nodes_refusing_more_than_one_per_container() -> None:
+    """failRequestsGreaterThanOne refuses per container (the kubelet's Allocate): the plugin's label on such nodes
+    must be absent, in every term, next to the free-gpus alternative."""
+    pod, _ = _stored(recorded(lambda r: _containers(r, [2])))
+    absent = {"key": ONE, "operator": "DoesNotExist"}
+    assert _terms(pod) == [
+        {"matchExpressions": [absent, {"key": SHARED_FREE, "operator": "DoesNotExist"}]},
+        {"matchExpressions": [absent, {"key": SHARED_FREE, "operator": "Gt", "values": ["1"]}]}]
+    assert _node_matches(pod, {SHARED_FREE: "8"})
+    assert not _node_matches(pod, {SHARED_FREE: "8", ONE: "true"})
+
+
+def test_one_replica_per_container_is_judged_per_container_init_containers_too() -> None:
+    """Two containers of one replica each are admitted under the flag (free-gpus only); an init container asking
+    two is refused there like an app container."""
+    split, _ = _stored(recorded(lambda r: _containers(r, [1, 1])))
+    assert all(e["key"] != ONE for t in _terms(split) for e in t["matchExpressions"])
+    assert _node_matches(split, {SHARED_FREE: "8", ONE: "true"})
+    init, _ = _stored(recorded(lambda r: _containers(r, [1], inits=[2])))
+    assert all({"key": ONE, "operator": "DoesNotExist"} in t["matchExpressions"] for t in _terms(init))
+    single, _ = _stored(recorded(lambda r: _containers(r, [1])))
+    assert "affinity" not in single["spec"]
+
+
+def test_the_one_replica_requirement_is_added_once_and_not_when_turned_off() -> None:
+    pod, _ = _stored(recorded(lambda r: _containers(r, [3])))
+
+    def again(r: dict[str, Any]) -> None:
+        _containers(r, [3])
+        r["object"]["spec"]["affinity"] = copy.deepcopy(pod["spec"]["affinity"])
+    assert _stored(recorded(again))[0]["spec"]["affinity"] == pod["spec"]["affinity"]
+    off = review.Policy(SCHEDULER, "nvidia.com/gpu", "gpu-topology.io/webhook", topology_affinity=False)
+    assert "affinity" not in _stored(recorded(lambda r: _containers(r, [3])), off)[0]["spec"]
