@@ -33,7 +33,7 @@ from extender.placement.mig import explain_plan, is_mig_plan, mig_plan
 from extender.placement.shared import SharedChoice, explain_shared
 from extender.state.cache import NodeCache, NodeEntry, PodRecord
 from extender.state.inventory import Inventory
-from extender.state.pods import Need, PodNeeds, PodSpecError, RecentPods, pod_needs, split_plan
+from extender.state.pods import Need, PodNeeds, PodSpecError, RecentPods, split_plan
 from extender.state.reservations import BIND, Reservation
 from extender.state.sharing import thresholds
 from gputopo.contract import Plan, encode_plan
@@ -195,7 +195,7 @@ class Binder:
         if fetched is not None and fetched.node is not None:
             return self._already_bound(req, fetched)
         try:
-            return pod_needs(pod, self.config.resource_name, self.config.keys, self.cache.shared_names)
+            return self.cache.needs.of(pod, self.cache.shared_names)
         except PodSpecError as e:
             raise BindFailed("bad_pod", f"pod {req.key}: {e}") from None
 

@@ -21,7 +21,7 @@ from extender.jobs.plans import JobPod
 from extender.placement.engine import FilterOutcome
 from extender.preempt import NodeVictims, keep_victims
 from extender.service import Extender
-from extender.state.pods import PodNeeds, PodSpecError, nominated_node, pod_needs
+from extender.state.pods import PodNeeds, PodSpecError, nominated_node
 from gputopo.kube import KubeApiError, KubeArgumentError
 
 log = structlog.get_logger(__name__)
@@ -51,7 +51,6 @@ class Verbs:
         """plan_in_thread=False: a job pod's filter answers synchronously too (callers without an event loop)."""
         self.ext = ext
         cfg = ext.config
-        self._needs_args = (cfg.resource_name, cfg.keys)
         self._best_only = cfg.filter_best
         self._plan_in_thread = plan_in_thread
         self._planners = anyio.CapacityLimiter(1)  # plans are made one at a time anyway: hold no more threads
@@ -63,12 +62,12 @@ class Verbs:
         event loop keeps answering binds, probes and other pods."""
         args = wire.extender_args(data)
         extra = self._extra_entries(args)
+        ext = self.ext
         try:
-            needs = pod_needs(args.pod, *self._needs_args, self._shared_names(extra))
+            needs = ext.cache.needs.of(args.pod, self._shared_names(extra))  # read once per pod (by UID)
         except PodSpecError as e:
             return filter_result(None if args.node_names is None else [], None if args.nodes is None else
                                  {**args.nodes, "items": []}, {}, {}, f"pod cannot be placed: {e}")
-        ext = self.ext
         ext.recent.remember(needs)
         job_pod = ext.jobs.pod_of(args.pod, needs) if needs.need.resource is None else None
         dra = self._dra.ask(args, needs) if job_pod is None else None
@@ -146,7 +145,7 @@ class Verbs:
         args = wire.extender_args(data)
         extra = self._extra_entries(args)
         try:
-            needs = pod_needs(args.pod, *self._needs_args, self._shared_names(extra))
+            needs = self.ext.cache.needs.of(args.pod, self._shared_names(extra))
         except PodSpecError as e:
             log.info("extender.prioritize.bad_pod", error=str(e))
             return host_priority_list(args.names, [0] * len(args.names))
@@ -176,7 +175,7 @@ class Verbs:
     def preempt(self, data: Any) -> dict[str, Any]:
         args = wire.preemption_args(data, self.ext.config.keys.plan)
         try:
-            needs = pod_needs(args.pod, *self._needs_args, self.ext.cache.shared_names)
+            needs = self.ext.cache.needs.of(args.pod, self.ext.cache.shared_names)
         except PodSpecError as e:
             log.info("extender.preempt.bad_pod", error=str(e))
             return {"NodeNameToMetaVictims": meta_victims(args.candidates)}

@@ -39,7 +39,7 @@ from extender.membership.index import JobIndex
 from extender.membership.job import Membership, MembershipError, job_membership
 from extender.membership.ownership import OwnerShapes
 from extender.state.mig import NodeMig, node_mig
-from extender.state.pods import PodNeeds, PodSpecError, parse_quantity, pod_needs
+from extender.state.pods import PodNeeds, PodNeedsCache, PodSpecError, parse_quantity
 from extender.state.reservations import JOB, POD, Reservation, Reservations
 from extender.state.sharing import NodeSharing, fell, node_sharing, thresholds
 from gputopo.contract import (
@@ -241,6 +241,8 @@ class NodeCache:
         self.groups = GroupSizes()  # job sizes from PodGroups and Workloads (fed by extender.state.cluster)
         self.owners = OwnerShapes(config.resource_name, config.job_owner_kinds)  # job sizes from their owners
         self.jobs = JobIndex()
+        # each pod's needs, read once by UID for the pod watch and every verb (extender.state.pods.PodNeedsCache)
+        self.needs = PodNeedsCache(config.resource_name, config.keys)
         self.nodes: dict[str, NodeEntry] = {}
         self.states: dict[str, PlacementState] = {}  # node -> its state, kept current for the hot path
         self._interned: dict[tuple[Any, ...], PlacementState] = {}
@@ -595,7 +597,7 @@ class NodeCache:
             except PlanFormatError as e:
                 self._report(f"pod/{uid}", f"plan annotation ignored: {e}", pod=f"{namespace}/{name}")
         try:
-            needs: PodNeeds | None = pod_needs(pod, self.config.resource_name, self.config.keys, self.shared_names)
+            needs: PodNeeds | None = self.needs.of(pod, self.shared_names)
         except PodSpecError as e:
             self._report(f"pod/{uid}/spec", str(e), pod=f"{namespace}/{name}")
             needs = None
@@ -645,6 +647,7 @@ class NodeCache:
             rec = self.pods.pop(uid, None)
             self._settled.pop(uid, None)
             if gone:
+                self.needs.forget(uid)
                 self._gone[uid] = None
                 while len(self._gone) > GONE_LIMIT:
                     self._gone.popitem(last=False)
