@@ -68,6 +68,7 @@ class NodeGroupSpec:
     gpu_type: str = "gpu"  # the GPU label's value: the type CA reports (topology files name no model)
     sharing_config: Path | None = None  # the group's NVIDIA sharing config: its template advertises the replicas
     gpu_label: bool = True  # whether its nodes carry the provider's GPU label (off where replicas are renamed)
+    labels: tuple[tuple[str, str], ...] = ()  # more labels its kubelet registers with (a pool that pods select)
 
     def plugin_args(self) -> tuple[str, ...]:
         """What the plugin on a node of this group is started with, beyond its topology."""
@@ -97,6 +98,7 @@ def group_template(spec: NodeGroupSpec, gpu_label_key: str = DEFAULT_GPU_LABEL) 
     template = build(load_topology_file(spec.topology), (), keys=DEFAULT_KEYS, resource_name=GPU,
                      sharing_config=str(spec.sharing_config) if spec.sharing_config is not None else None,
                      mig_strategy=None)
+    template = NodeTemplate({**template.labels, **dict(spec.labels)}, template.resources)
     if not spec.gpu_label:
         return template
     key, value = gpu_label(f"{gpu_label_key}={spec.gpu_type}", template.labels, DEFAULT_KEYS.model_label)

@@ -85,6 +85,7 @@ def test_the_plugins_policy_follows_the_prefix_and_the_gfd_labels() -> None:
     assert "gpu-topology.io" not in text
     for key in ("topo.acme.example/topology", "topo.acme.example/state", "topo.acme.example/autoscaler-hold",
                 "topo.acme.example/fabric", "topo.acme.example/allreduce-gbps-", "topo.acme.example/free-gpus.",
+                "topo.acme.example/one-replica-per-container.",
                 *GFD):
         assert f"'{key}'" in text, key
     off = _render({"plugin": {"sharing": {**SHARING, "gfdLabels": False}}})
