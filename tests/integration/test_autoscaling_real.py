@@ -272,7 +272,9 @@ def test_replicas_on_distinct_gpus_read_to_the_autoscaler_as_needing_a_node(
     the group's template (from `gpuplugin node-template` with the sharing config) fits, and the pod binds on the
     node added. Renamed (`nvidia.com/gpu.shared`, always replicas) and as NVIDIA's usual config has it
     (`nvidia.com/gpu` shared under its own name: the affinity lets the pod go where the label is absent too, to
-    whole-GPU nodes)."""
+    whole-GPU nodes). The real CA agrees with the model on the renamed variant:
+    test_cluster_autoscaler_sharing_real.py::test_two_replicas_on_one_gpu_read_to_the_real_ca_as_needing_a_node
+    (a second node of the group added, the pod bound there on two GPUs)."""
     cp = cluster
     tag = "r" if resource == SHARED_GPU else "u"
     configs = tmp_path / "configs"
