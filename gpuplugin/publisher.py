@@ -8,9 +8,10 @@ What is written (prefix configurable, default gpu-topology.io; see docs/contract
   continuing from the value already on the Node, so it only ever grows across plugin restarts; with `mig=` (issue
   23) also the MIG GPUs and their instances, advertised or not, and which pods hold (gpuplugin.mig_publication);
 - labels `<prefix>/fabric` (nvswitch|nvlink|pcie), `<prefix>/gpu-model` (sanitised to a label value),
-  `<prefix>/gpu-count`, and `<prefix>/allreduce-gbps-<k>` for k = 2..gpu-count: the best all-reduce GB/s (rounded
-  down) of k GPUs on the empty node (the extender's `best_possible_gbps`). Node autoscalers never call the extender
-  and re-run only the in-tree filters, so the webhook turns `min-allreduce-gbps` and `require-nvlink` into node
+  `<prefix>/gpu-count`, `<prefix>/allreduce-gbps-<k>` for k = 2..gpu-count: the best all-reduce GB/s (rounded
+  down) of k GPUs on the empty node (the extender's `best_possible_gbps`), and on NVLink nodes
+  `<prefix>/nvlink-ring-<k>` (true|false): whether k GPUs can ring on NVLink alone. Node autoscalers never call the
+  extender and re-run only the in-tree filters, so the webhook turns `min-allreduce-gbps` and `require-nvlink` into node
   affinity on these labels, which real nodes and node-group templates (`gpuplugin node-template`) both carry. All
   of them are removed on a node without whole GPUs, and sizes above the count are removed when it shrinks;
 - label `<prefix>/free-gpus.<resource>` per shared resource (time-slicing, MPS): how many of its GPUs have a free
@@ -78,8 +79,8 @@ import structlog
 from gpuplugin.autoscaler_hold import DEFAULT_THRESHOLD, AutoscalerHold, GpuUsage, gpu_usage, parse_owned
 from gpuplugin.podresources import PodResourcesError
 from gpuplugin.sharing.labels import GFD_TIMESTAMP
-from gputopo.contract import Keys
-from gputopo.core.allocator import best_possible_gbps
+from gputopo.contract import NVLINK_FABRICS, Keys
+from gputopo.core.allocator import best_possible_gbps, nvlink_ring_sizes
 from gputopo.core.codec import Mig, NodeState, Sharing, state_from_json, state_to_json, topology_to_json
 from gputopo.core.errors import TopologyFormatError
 from gputopo.core.topology import Topology
@@ -126,7 +127,18 @@ def topology_labels(keys: Keys, topology: Topology) -> dict[str, str]:
         **({keys.model_label: model} if model else {}),
         keys.count_label: str(topology.size),
         **allreduce_labels(keys, topology),
+        **nvlink_ring_labels(keys, topology),
     }
+
+
+def nvlink_ring_labels(keys: Keys, topology: Topology) -> dict[str, str]:
+    """`<prefix>/nvlink-ring-<k>` for k = 2..size on a node with NVLink: whether k GPUs can ring on NVLink alone,
+    which the fabric label does not say (bridge pairs, cube meshes). None on a PCIe-only node: its fabric label
+    already keeps `require-nvlink` pods away."""
+    if topology.fabric not in NVLINK_FABRICS:
+        return {}
+    sizes = nvlink_ring_sizes(topology)
+    return {keys.nvlink_ring_label(k): "true" if k in sizes else "false" for k in range(2, topology.size + 1)}
 
 
 def replica_labels(keys: Keys, state: NodeState) -> dict[str, str]:
@@ -218,8 +230,8 @@ class NodePublisher(Worker):
         self._report_error: str | None = None  # the last failure to report, logged once
         self._mig = mig  # the state's "mig" member (gpuplugin.mig_publication.mig_block), issue 23
         self._hold = autoscaler_hold
-        # every size's label is this stem + the size: stale sizes on the Node are found by it
-        self._allreduce_stem = keys.allreduce_label(1).removesuffix("1")
+        # every size's label is one of these stems + the size: stale sizes on the Node are found by them
+        self._size_stems = (keys.allreduce_label(1).removesuffix("1"), keys.nvlink_ring_label(1).removesuffix("1"))
 
         self.topology_key = keys.topology
         self.state_key = keys.state
@@ -227,7 +239,7 @@ class NodePublisher(Worker):
         self._labels = self._desired_labels()
 
         self._observed: dict[str, str | None] | None = None  # our keys as the Node last carried them
-        self._observed_allreduce: frozenset[str] = frozenset()  # allreduce-gbps-<k> labels the Node carries
+        self._observed_allreduce: frozenset[str] = frozenset()  # allreduce-gbps-<k>, nvlink-ring-<k> on the Node
         self._observed_replicas: frozenset[str] = frozenset()  # free-gpus / one-replica-per-container labels on it
         self._observed_rv: str | None = None
         self._observed_at = 0.0
@@ -244,9 +256,13 @@ class NodePublisher(Worker):
         labels.update(topology_labels(self.keys, self.topology))  # static: computed once, here
         return labels
 
-    def _is_allreduce_label(self, key: str) -> bool:
-        size = key.removeprefix(self._allreduce_stem)
-        return size != key and size.isdigit()
+    def _is_sized_label(self, key: str) -> bool:
+        """allreduce-gbps-<k> or nvlink-ring-<k>: one label per size, so a smaller node leaves some stale."""
+        for stem in self._size_stems:
+            size = key.removeprefix(stem)
+            if size != key and size.isdigit():
+                return True
+        return False
 
     def _ids(self, provider: IdsProvider, what: str) -> frozenset[str]:
         out, foreign = set(), []
@@ -327,7 +343,7 @@ class NodePublisher(Worker):
         }
         if self._hold is not None:
             observed.update({k: annotations.get(k) for k in self._hold.annotation_keys})
-        self._observed_allreduce = frozenset(k for k in labels if self._is_allreduce_label(k))
+        self._observed_allreduce = frozenset(k for k in labels if self._is_sized_label(k))
         self._observed_replicas = frozenset(k for k in labels if self.keys.is_free_gpus_label(k)
                                             or self.keys.is_one_replica_label(k))
         observed.update({k: labels.get(k) for k in self._observed_replicas})

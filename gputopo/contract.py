@@ -152,6 +152,15 @@ class Keys:
         can carry for scale from zero."""
         return self._key(f"allreduce-gbps-{size}")
 
+    def nvlink_ring_label(self, size: int) -> str:
+        """Node label: `"true"` or `"false"`, whether `size` GPUs of the empty node can form a ring on NVLink alone
+        (gputopo.core.nvlink_ring_sizes, the extender's own test for `require-nvlink`), one per size from 2 to the
+        node's GPU count. The fabric label says only that some NVLink exists: on NVLink-bridge pairs or a DGX-1
+        cube mesh an autoscaler would read a node as fitting a pod the extender refuses there for good. The webhook
+        adds `NotIn [false]` on it for a `require-nvlink` pod of that size (a node without the label: the extender
+        alone decides, as before)."""
+        return self._key(f"nvlink-ring-{size}")
+
     # What the plugin owns on its Node: the node is left as it was when these go (uninstall, opt-out).
     @property
     def published_annotations(self) -> tuple[str, ...]:
@@ -161,13 +170,16 @@ class Keys:
 
     def is_published_label(self, key: str) -> bool:
         """Whether a Node label is one the plugin writes: fabric, gpu-model, gpu-count, allreduce-gbps-<k>,
-        free-gpus.<resource>, one-replica-per-container.<resource>. The admin's opt-in label (device_plugin_label)
-        is not: it is the admin's."""
+        nvlink-ring-<k>, free-gpus.<resource>, one-replica-per-container.<resource>. The admin's opt-in label
+        (device_plugin_label) is not: it is the admin's."""
         if key in (self.fabric_label, self.model_label, self.count_label) or self.is_free_gpus_label(key) \
                 or self.is_one_replica_label(key):
             return True
-        size = key.removeprefix(self._key("allreduce-gbps-"))
-        return size != key and size.isdigit()
+        for prefix in (self._key("allreduce-gbps-"), self._key("nvlink-ring-")):
+            size = key.removeprefix(prefix)
+            if size != key and size.isdigit():
+                return True
+        return False
 
     # Pod annotations written by the extender at bind, and by the plugin at Allocate.
     @property

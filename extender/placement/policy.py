@@ -57,7 +57,7 @@ from extender.placement import reasons
 from extender.placement.scoring import band_levels, band_of, priority_scores
 from extender.state.pods import Need
 from gputopo.contract import CA_GPU_UTILIZATION_THRESHOLD
-from gputopo.core import Allocation, Topology, best_possible_gbps, best_subset, efficiency_ratio
+from gputopo.core import Allocation, Topology, best_possible_gbps, best_subset, efficiency_ratio, min_nvlink_gbps
 from gputopo.core.bitset import bits, mask_of
 
 COMMON_SIZES = (2, 4, 8)
@@ -93,9 +93,7 @@ class TopologyFacts:
 
     def __init__(self, topo: Topology) -> None:
         self.topo = topo
-        n = topo.size
-        nv = [topo.gbps(i, j) for i in range(n) for j in range(i + 1, n) if topo.link(i, j).kind.is_nvlink]
-        self.min_nvlink_gbps: float | None = min(nv) if nv else None
+        self.min_nvlink_gbps: float | None = min_nvlink_gbps(topo)  # the plugin's nvlink-ring labels use the same
         self._best_empty: dict[int, float] = {}  # filled lazily, per size
 
     def best_empty(self, size: int) -> float:

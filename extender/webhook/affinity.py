@@ -6,7 +6,7 @@ that the extender refuses on PCIe servers looked to them as if it fitted there, 
 The plugin labels each node with its fabric and, per size k, the best all-reduce GB/s of k GPUs on the empty node
 (gputopo.contract.Keys.allreduce_label); here the pod's annotations become required node affinity on those labels:
 
-    require-nvlink            -> <prefix>/fabric In [nvswitch, nvlink]
+    require-nvlink            -> <prefix>/fabric In [nvswitch, nvlink], <prefix>/nvlink-ring-<k> NotIn [false]
     min-allreduce-gbps: X     -> <prefix>/allreduce-gbps-<k> Gt ceil(X) - 1     (k: the pod's GPU count)
 
 A pod asking k replicas of a shared resource (time-slicing, MPS) needs k distinct GPUs with a free replica, which
@@ -24,9 +24,12 @@ either: the plugin labels it `<prefix>/one-replica-per-container.<resource>: "tr
 a pod one of whose containers asks two or more replicas gets `DoesNotExist` on it, ANDed into every term like the
 constraints above. Without it an autoscaler read such a node as fitting the pod ("can be moved to") and added none.
 
-The labels are integers rounded down, so a node whose best set is within 1 GB/s above X is left out: the
-affinity never admits a node the extender would refuse for good. What it cannot say is the node's current free
-set: on a node whose NVLink joins only some GPUs, the extender may still refuse while the linked ones are busy.
+The fabric label says only that some NVLink exists; `nvlink-ring-<k>` says whether k GPUs of the empty node can
+ring on NVLink alone (false for 4 GPUs of NVLink-bridge pairs), so an autoscaler never adds such a node for a pod
+the extender refuses there for good. The bandwidth labels are integers rounded down, so a node whose best set is
+within 1 GB/s above X is left out: the affinity never admits a node the extender would refuse for good. What it
+cannot say is the node's current free set: on a node whose NVLink joins only some GPUs, the extender may still
+refuse while the linked ones are busy.
 
 Node affinity's terms are ORed and the expressions of a term ANDed, so the expressions are added to every term the
 pod already has (or one term is made). An expression already there is not added twice (a pod re-created from a
@@ -56,6 +59,8 @@ def expressions(annotations: Mapping[str, Any], gpus: int, keys: Keys) -> list[d
     out: list[dict[str, Any]] = []
     if require_nvlink:
         out.append({"key": keys.fabric_label, "operator": "In", "values": list(NVLINK_FABRICS)})
+        # NotIn also admits a node without the label (a plugin that predates it): the extender decides there
+        out.append({"key": keys.nvlink_ring_label(gpus), "operator": "NotIn", "values": ["false"]})
     if min_gbps > 0:
         out.append({"key": keys.allreduce_label(gpus), "operator": "Gt", "values": [str(math.ceil(min_gbps) - 1)]})
     return out

@@ -1,6 +1,13 @@
 """The pure core shared by the plugin and the extender: topology model, bandwidth estimates, scoring, allocator."""
 
-from gputopo.core.allocator import Allocation, allreduce_gbps, best_possible_gbps, best_subset
+from gputopo.core.allocator import (
+    Allocation,
+    allreduce_gbps,
+    best_possible_gbps,
+    best_subset,
+    min_nvlink_gbps,
+    nvlink_ring_sizes,
+)
 from gputopo.core.codec import (
     NodeState,
     SharedGpu,
@@ -51,6 +58,8 @@ __all__ = [
     "efficiency_vs_empty",
     "efficiency_vs_free",
     "job_allreduce_gbps",
+    "min_nvlink_gbps",
+    "nvlink_ring_sizes",
     "parse_locality",
     "state_from_json",
     "state_to_json",

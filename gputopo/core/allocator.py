@@ -505,3 +505,20 @@ def best_possible_gbps(topology: Topology, size: int, available: Iterable[int] |
         ctx = _context(topology)
         mask = (1 << ctx.n) - 1 if available is None else _mask(available)
         return _max_ring(ctx, mask, size) / 1000.0
+
+
+def min_nvlink_gbps(topology: Topology) -> float | None:
+    """The slowest NVLink pair's GB/s (None without NVLink): a ring whose bottleneck reaches it runs on NVLink alone,
+    which is what `require-nvlink` asks of a pod's GPUs."""
+    n = topology.size
+    nv = [topology.gbps(i, j) for i in range(n) for j in range(i + 1, n) if topology.link(i, j).kind.is_nvlink]
+    return min(nv) if nv else None
+
+
+def nvlink_ring_sizes(topology: Topology) -> frozenset[int]:
+    """The sizes k (2..GPU count) for which the empty node has k GPUs whose best ring meets `min_nvlink_gbps`. Not
+    always every size up to the largest: GPUs linked in a square have an NVLink ring of 2 and of 4, none of 3."""
+    floor = min_nvlink_gbps(topology)
+    if floor is None:
+        return frozenset()
+    return frozenset(k for k in range(2, topology.size + 1) if best_possible_gbps(topology, k) + 1e-9 >= floor)

@@ -84,7 +84,8 @@ def test_the_plugins_policy_follows_the_prefix_and_the_gfd_labels() -> None:
     text = _text(policy)
     assert "gpu-topology.io" not in text
     for key in ("topo.acme.example/topology", "topo.acme.example/state", "topo.acme.example/autoscaler-hold",
-                "topo.acme.example/fabric", "topo.acme.example/allreduce-gbps-", "topo.acme.example/free-gpus.",
+                "topo.acme.example/fabric", "topo.acme.example/allreduce-gbps-", "topo.acme.example/nvlink-ring-",
+                "topo.acme.example/free-gpus.",
                 "topo.acme.example/one-replica-per-container.",
                 *GFD):
         assert f"'{key}'" in text, key

@@ -177,3 +177,34 @@ def test_a_restarted_plugin_removes_the_flag_label_a_former_config_left(fake: Fa
     assert pub.publish_once() is True
     assert key not in labels(fake)
     assert labels(fake)["team"] == "ml"
+
+
+BRIDGE = REPO / "fixtures" / "topologies" / "pcie-8x-rtxa6000-nvlinkbridge-pairs-2socket-unige-baobab.txt"
+
+
+def rings(fake: FakeKubeApi) -> dict[str, str]:
+    return {k: v for k, v in labels(fake).items() if k.startswith(f"{PREFIX}/nvlink-ring-")}
+
+
+def test_nvlink_bridge_pairs_say_two_gpus_ring_on_nvlink_and_more_do_not(fake: FakeKubeApi, api: Any) -> None:
+    """The fabric label says `nvlink` on bridge pairs: only nvlink-ring-<k> tells an autoscaler that a 4-GPU
+    require-nvlink pod can never run there."""
+    fake.add_node(node_object())
+    assert publisher(api, load_topology_file(BRIDGE)).publish_once() is True
+    assert labels(fake)[f"{PREFIX}/fabric"] == "nvlink"
+    assert rings(fake) == {f"{PREFIX}/nvlink-ring-{k}": "true" if k == 2 else "false" for k in range(2, 9)}
+
+
+def test_nvlink_ring_labels_follow_the_node_as_the_bandwidth_labels_do(fake: FakeKubeApi, api: Any) -> None:
+    """Every size true on NVSwitch; none on a PCIe node (its fabric label already keeps such pods away); the sizes
+    above a smaller count and every size on a node without whole GPUs are removed."""
+    fake.add_node(node_object())
+    assert publisher(api, load_topology_file(HGX)).publish_once() is True
+    assert rings(fake) == {f"{PREFIX}/nvlink-ring-{k}": "true" for k in range(2, 9)}
+    assert publisher(api, load_topology_file(H100_QUAD)).publish_once() is True
+    assert rings(fake) == {f"{PREFIX}/nvlink-ring-{k}": "true" for k in (2, 3, 4)}
+    assert publisher(api, load_topology_file(PCIE)).publish_once() is True
+    assert rings(fake) == {}
+    assert publisher(api, load_topology_file(HGX)).publish_once() is True
+    assert publisher(api, None).publish_once() is True
+    assert rings(fake) == {} and labels(fake)["team"] == "ml"

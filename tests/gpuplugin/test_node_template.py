@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.core import best_possible_gbps
+from gputopo.core import best_possible_gbps, nvlink_ring_sizes
 from gputopo.discovery.loader import load_topology_file
 from tests.fixtures.nvml import HGX, RECORDINGS
 from tests.helpers.paths import REPO
@@ -41,7 +41,9 @@ def expected_labels(path: Path) -> dict[str, str]:
     topology = load_topology_file(path)
     return {f"{PREFIX}/fabric": topology.fabric, f"{PREFIX}/gpu-count": str(topology.size),
             **{f"{PREFIX}/allreduce-gbps-{k}": str(math.floor(best_possible_gbps(topology, k)))
-               for k in range(2, topology.size + 1)}}
+               for k in range(2, topology.size + 1)},
+            **({f"{PREFIX}/nvlink-ring-{k}": "true" if k in nvlink_ring_sizes(topology) else "false"
+                for k in range(2, topology.size + 1)} if topology.fabric != "pcie" else {})}
 
 
 @pytest.mark.parametrize("path", [HGX, PCIE], ids=["nvswitch", "pcie"])

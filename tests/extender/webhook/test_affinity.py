@@ -18,6 +18,12 @@ from tests.extender.webhook.recordings import review as recorded
 
 POLICY = review.Policy(SCHEDULER, "nvidia.com/gpu", "gpu-topology.io/webhook")
 NVLINK = {"key": DEFAULT_KEYS.fabric_label, "operator": "In", "values": list(NVLINK_FABRICS)}
+
+
+def ring(size: int) -> dict[str, Any]:
+    """The empty node's `size` GPUs can ring on NVLink alone, or the node does not say (a plugin before the label)."""
+    return {"key": DEFAULT_KEYS.nvlink_ring_label(size), "operator": "NotIn", "values": ["false"]}
+
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
@@ -52,10 +58,10 @@ def _terms(pod: dict[str, Any]) -> list[dict[str, Any]]:
     return pod["spec"]["affinity"]["nodeAffinity"][REQUIRED]["nodeSelectorTerms"]
 
 
-def test_require_nvlink_becomes_the_fabric_in_nvswitch_or_nvlink() -> None:
+def test_require_nvlink_becomes_the_fabric_in_nvswitch_or_nvlink_and_an_nvlink_ring_of_the_pods_size() -> None:
     pod, response = _stored(_review(4, {DEFAULT_KEYS.require_nvlink: "true"}))
     assert pod["spec"]["schedulerName"] == SCHEDULER
-    assert _terms(pod) == [{"matchExpressions": [NVLINK]}]
+    assert _terms(pod) == [{"matchExpressions": [NVLINK, ring(4)]}]
     assert "warnings" not in response
 
 
@@ -80,7 +86,7 @@ def test_no_affinity_for_one_gpu_no_constraint_or_when_turned_off() -> None:
 
 def test_a_pod_already_naming_the_scheduler_gets_the_affinity_too() -> None:
     pod, response = _stored(_review(8, {DEFAULT_KEYS.require_nvlink: "true"}, scheduler=SCHEDULER))
-    assert _terms(pod) == [{"matchExpressions": [NVLINK]}]
+    assert _terms(pod) == [{"matchExpressions": [NVLINK, ring(8)]}]
     pod, response = _stored(_review(8, {}, scheduler=SCHEDULER))
     assert "patch" not in response
 
@@ -101,10 +107,10 @@ def test_existing_terms_each_get_the_expressions_once() -> None:
     ]}}}
     pod, _ = _stored(_review(4, {DEFAULT_KEYS.require_nvlink: "true"}, affinity))
     terms = _terms(pod)
-    assert terms[0]["matchExpressions"] == [{"key": "zone", "operator": "In", "values": ["a"]}, NVLINK]
+    assert terms[0]["matchExpressions"] == [{"key": "zone", "operator": "In", "values": ["a"]}, NVLINK, ring(4)]
     assert terms[1] == {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}],
-                        "matchExpressions": [NVLINK]}
-    assert terms[2]["matchExpressions"] == [NVLINK]
+                        "matchExpressions": [NVLINK, ring(4)]}
+    assert terms[2]["matchExpressions"] == [NVLINK, ring(4)]
     assert pod["spec"]["affinity"]["podAntiAffinity"] == {}
 
 
@@ -113,6 +119,8 @@ def _matches(expr: dict[str, Any], labels: dict[str, str]) -> bool:
     op = expr["operator"]
     if op == "In":
         return value in expr["values"]
+    if op == "NotIn":  # as kube-scheduler's selector: a node without the label matches
+        return value not in expr["values"]
     if op == "Exists":
         return value is not None
     if op == "DoesNotExist":
@@ -143,10 +151,10 @@ _AFFINITY = st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(affinity=_AFFINITY, nvlink=st.booleans(), gbps=st.sampled_from([None, 50, 99.5, 240]),
        fabric=_LABEL_VALUES, zone=st.sampled_from(["a", "b", None]), pool=st.sampled_from(["a", "b", None]),
-       best=st.integers(0, 500), size=st.integers(1, 8))
+       best=st.integers(0, 500), size=st.integers(1, 8), ring=st.sampled_from([None, "true", "false"]))
 def test_a_node_matches_the_patched_pod_exactly_when_it_matched_and_meets_the_constraints(
         affinity: Any, nvlink: bool, gbps: float | None, fabric: str | None, zone: str | None, pool: str | None,
-        best: int, size: int) -> None:
+        best: int, size: int, ring: str | None) -> None:
     ann = {DEFAULT_KEYS.require_nvlink: "true"} if nvlink else {}
     if gbps is not None:
         ann[DEFAULT_KEYS.min_gbps] = str(gbps)
@@ -155,7 +163,10 @@ def test_a_node_matches_the_patched_pod_exactly_when_it_matched_and_meets_the_co
     after, _ = _stored(data)
     labels = {k: v for k, v in {"zone": zone, "pool": pool, DEFAULT_KEYS.fabric_label: fabric}.items() if v}
     labels[DEFAULT_KEYS.allreduce_label(size)] = str(best)
-    meets = size < 2 or ((not nvlink or fabric in NVLINK_FABRICS) and (gbps is None or best >= gbps))
+    if ring is not None:
+        labels[DEFAULT_KEYS.nvlink_ring_label(size)] = ring
+    meets = size < 2 or ((not nvlink or (fabric in NVLINK_FABRICS and ring != "false"))
+                         and (gbps is None or best >= gbps))
     assert _node_matches(after, labels) == (_node_matches(before, labels) and meets)
 
 
@@ -215,10 +226,11 @@ def test_the_unrenamed_resource_gets_the_label_absent_or_enough_free_gpus() -> N
 
 @settings(max_examples=200, deadline=None)
 @given(affinity=_AFFINITY, nvlink=st.booleans(), fabric=_LABEL_VALUES, zone=st.sampled_from(["a", "b", None]),
-       pool=st.sampled_from(["a", "b", None]), free=st.one_of(st.none(), st.integers(0, 8)), size=st.integers(1, 8))
+       pool=st.sampled_from(["a", "b", None]), free=st.one_of(st.none(), st.integers(0, 8)), size=st.integers(1, 8),
+       ring=st.sampled_from([None, "true", "false"]))
 def test_with_the_alternative_a_node_matches_exactly_when_it_should(
         affinity: Any, nvlink: bool, fabric: str | None, zone: str | None, pool: str | None, free: int | None,
-        size: int) -> None:
+        size: int, ring: str | None) -> None:
     ann = {DEFAULT_KEYS.require_nvlink: "true"} if nvlink else {}
     data = _review(size, ann, affinity)
     before = pod_of(data)
@@ -226,7 +238,10 @@ def test_with_the_alternative_a_node_matches_exactly_when_it_should(
     labels = {k: v for k, v in {"zone": zone, "pool": pool, DEFAULT_KEYS.fabric_label: fabric}.items() if v}
     if free is not None:
         labels[FREE] = str(free)
-    meets = size < 2 or ((not nvlink or fabric in NVLINK_FABRICS) and (free is None or free >= size))
+    if ring is not None:
+        labels[DEFAULT_KEYS.nvlink_ring_label(size)] = ring
+    meets = size < 2 or ((not nvlink or (fabric in NVLINK_FABRICS and ring != "false"))
+                         and (free is None or free >= size))
     assert _node_matches(after, labels) == (_node_matches(before, labels) and meets)
 
 
