@@ -455,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
     if profile_dir is not None:
         profile_dir.mkdir(parents=True, exist_ok=True)
     elif not opts.no_profile:
-        print(f"bench.scale: no {spy}: no profile (pip install py-spy into the venv)", file=sys.stderr)
+        print(f"bench.scale: no {spy}: no profile (pip install -e '.[bench]' installs py-spy)", file=sys.stderr)
     load_before = os.getloadavg()
     began = time.monotonic()
     results: list[SizeResult] = []

@@ -130,6 +130,7 @@ class JobState:
     size_from: str | None = None  # where the size was read (membership), for explanations
     size_note: str | None = None  # why it is unknown
     outside: set[str] = field(default_factory=set)  # members bound by us without a slot of the plan
+    unplaceable: str | None = None  # the last reason logged at info: kube-scheduler retries a refused pod often
 
 
 class JobPlans:
@@ -220,7 +221,9 @@ class JobPlans:
                         usable = self._usable(state, jp.uid) or []
                 except JobUnplaceable as e:
                     self.metrics.job_plans.labels("unplaceable").inc()
-                    log.info("extender.job.unplaceable", job=str(state.ref), pod=jp.name, reason=e.reason)
+                    said, state.unplaceable = state.unplaceable, e.reason
+                    (log.debug if said == e.reason else log.info)(
+                        "extender.job.unplaceable", job=str(state.ref), pod=jp.name, reason=e.reason)
                     return _refuse_all(names, Failed(e.reason, limit=reasons.MAX_REASON))
                 except JobPlanError as e:
                     self.metrics.job_plans.labels("bad_job").inc()

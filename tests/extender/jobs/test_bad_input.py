@@ -113,3 +113,19 @@ def test_a_podgroup_whose_minimum_is_not_a_count_gives_no_size(nodes: FakeGroups
         r = client.post("/filter", json=cache_args(pod, NAMES)).json()
         assert len(r["NodeNames"]) == 1  # planned pod by pod, as a job of unknown size
         assert "(0/? workers placed, 1 planned on node" in next(iter(r["FailedNodes"].values()))
+
+
+def test_a_job_refused_again_for_the_same_reason_is_logged_once_at_info(nodes: FakeGroupsKubeApi,
+                                                                         groups_api) -> None:
+    """kube-scheduler retries a refused pod every few seconds (and a real autoscaling day refused one job over a
+    thousand times in six minutes): the reason is news once, the repeats are debug."""
+    import structlog
+
+    nodes.add_group(pod_group("train-7", 4))
+    pod = nodes.add_pod(kubeflow_pod("train-7", 0, 8))
+    with cluster(groups_api) as (ext, client), structlog.testing.capture_logs() as logs:
+        assert ext.cache.wait_for(lambda: ext.cache.groups.sizes, WAIT)
+        for _ in range(5):
+            refusals(client, pod)
+    said = [e for e in logs if e["event"] == "extender.job.unplaceable"]
+    assert [e["log_level"] for e in said] == ["info", "debug", "debug", "debug", "debug"], said
