@@ -223,7 +223,7 @@ class Keys:
         """Pod annotation a user may set: the least estimated all-reduce GB/s a multi-GPU pod accepts."""
         return self._key("min-allreduce-gbps")
 
-    # Pod annotations a user may set to place the pods of one job together (extender.jobs.membership).
+    # Pod annotations a user may set to place the pods of one job together (extender.membership.job).
     @property
     def job(self) -> str:
         """Pod annotation a user may set: the job's name, where nothing the ecosystem writes (Kubeflow, JobSet, LWS,
