@@ -25,10 +25,13 @@ come over the first 70 % of the run, denser in the day's middle; the rest lets t
 
 CA's clock is compressed (`--scan-interval=10s`, a node unneeded for 60 s is removed, no delays after adds or
 deletes); what it cannot compress is its 30 s wait for GPU pods younger than 30 s. New nodes are up in seconds here,
-where a cloud takes minutes. Measured per policy: GPU node-hours of the run (nodes counted from the moment CA asks
-for them until they are gone, as a cloud bills them), nodes added and removed, pending time (creation to bound) p50
+where a cloud takes minutes. Each policy runs until its day's work has ended and CA has removed every node (at most
+15 minutes past the day), so a policy that delays work pays for the nodes that work keeps. Measured per policy: GPU
+node-hours (nodes counted from the moment CA asks for them until they are gone, as a cloud bills them), nodes added
+and removed, pending time (creation to bound) p50
 and p95 per workload kind, a training job's time from its first pod's creation to its last pod bound, all-reduce GB/s
-of each multi-GPU pod's GPUs as the kubelet allocated them, pods that failed admission, pods never bound, and every
+of each multi-GPU pod's GPUs as the kubelet allocated them, pods asking NVLink or a floor whose GPUs do not meet
+it (the extender's own tests), pods that failed admission, pods never bound, and every
 pod CA's own log says "can be scheduled on" an existing node while it waited (a pod CA believed fits). Results:
 <out>.md, .json, .png.
 """
@@ -76,8 +79,8 @@ class Group:
 
 
 GROUPS = (
-    Group("nvswitch", "hgx-a100-8gpu-epyc7763-pleiades", 4, "a100"),
-    Group("dgx1", "dgx1-v100-pytorch-ddp-bench", 2, "v100"),
+    Group("nvswitch", "hgx-a100-8gpu-epyc7763-pleiades", 6, "a100"),
+    Group("dgx1", "dgx1-v100-pytorch-ddp-bench", 3, "v100"),
     Group("bridge", "pcie-8x-rtxa6000-nvlinkbridge-pairs-2socket-unige-baobab", 2, "rtxa6000"),
     Group("pcie", "pcie-8x-rtx5090-2socket-sglang23020", 3, "rtx5090"),
     Group("shared", "aws-g6e.12xlarge-4xL40S", 2, "l40s", shared=True),
@@ -192,6 +195,7 @@ class PodRecord:
     bound: float | None = None
     node: str | None = None
     gbps: float | None = None
+    need_met: bool | None = None  # for a pod asking NVLink or a floor: whether its GPUs meet it
     failed: bool = False
     deleted: bool = False
 
@@ -206,6 +210,7 @@ class Outcome:
     series: list[tuple[float, int, int]] = field(default_factory=list)  # (t, nodes, pending pods)
     jobs: dict[int, float] = field(default_factory=dict)  # train job -> first created to last bound, s
     believed_fit: dict[str, str] = field(default_factory=dict)  # pod -> the existing node CA named
+    drained_s: float | None = None  # when the last pod had ended and the last node was gone
     errors: list[str] = field(default_factory=list)
 
 
@@ -236,8 +241,9 @@ class PolicyRun:
     """One policy's cluster and the loop that plays the day on it."""
 
     def __init__(self, policy: str, works: Sequence[Work], total_s: float, binary: Path, shared_config: Path,
-                 unneeded: str, keep_logs: Path | None = None) -> None:
+                 unneeded: str, keep_logs: Path | None = None, drain_cap_s: float = 900.0) -> None:
         self.policy = policy
+        self.drain_cap_s = drain_cap_s
         self.keep_logs = keep_logs
         self.works = works
         self.total_s = total_s
@@ -314,7 +320,13 @@ class PolicyRun:
         while True:
             now = time.monotonic() - self.t0
             if now >= self.total_s:
-                break
+                # the day's work done and every node gone (or the cap): node-hours count the whole of it
+                live = any(not r.deleted for r in self.out.pods.values()) or due or wave_pods
+                if not live and not any(ca.provider.members(g.id) for g in GROUPS):
+                    self.out.drained_s = now
+                    break
+                if now >= self.total_s + self.drain_cap_s:
+                    break
             while due and due[0][0] <= now:
                 _, _, what, wid, wave = heapq.heappop(due)
                 work = by_id[wid]
@@ -391,6 +403,7 @@ class PolicyRun:
                     topo = topologies[node.rpartition("-")[0]]
                     ids = {d for per in admitted.devices.values() for d in per.get(GPU, [])}
                     rec.gbps = allreduce_gbps(topo, [g.index for g in topo.gpus if g.id in ids])
+                    rec.need_met = need_met(rec.spec, topo, rec.gbps)
 
     def _sample(self, ca: Any, now: float, dt: float, before: dict[str, set[str]]) -> None:
         total = 0
@@ -403,6 +416,24 @@ class PolicyRun:
             total += len(members)
         pending = sum(1 for r in self.out.pods.values() if r.bound is None and not r.deleted)
         self.out.series.append((round(now, 1), total, pending))
+
+
+def need_met(spec: PodSpec, topo: Any, gbps: float) -> bool | None:
+    """Whether a pod's GPUs meet what it asked (the extender's own tests: a ring at the node's slowest NVLink pair
+    for require-nvlink, the floor for min-allreduce-gbps); None for a pod that asked neither."""
+    from gputopo.contract import DEFAULT_KEYS as K
+    from gputopo.core import min_nvlink_gbps
+
+    asked = False
+    met = True
+    if spec.annotations.get(K.require_nvlink) == "true":
+        asked = True
+        floor = min_nvlink_gbps(topo)
+        met = met and floor is not None and gbps + 1e-9 >= floor
+    if (floor_gbps := spec.annotations.get(K.min_gbps)) is not None:
+        asked = True
+        met = met and gbps + 1e-9 >= float(floor_gbps)
+    return met if asked else None
 
 
 # -- the report ------------------------------------------------------------------------------------------------------
@@ -433,6 +464,9 @@ def summary(out: Outcome, total_s: float) -> dict[str, Any]:
         "allreduce_gbps_mean": round(statistics.fmean(multi), 1) if multi else None,
         "allreduce_gbps_mean_asked": round(statistics.fmean(nvlink_asked), 1) if nvlink_asked else None,
         "multi_gpu_pods_measured": len(multi),
+        "needs_unmet": sorted(r.spec.name for r in pods if r.need_met is False),
+        "needs_measured": sum(1 for r in pods if r.need_met is not None),
+        "max_nodes": max((s[1] for s in out.series), default=0), "drained_s": out.drained_s,
         "pods": len(pods), "never_bound": never, "failed_admission": [r.spec.name for r in pods if r.failed],
         "believed_fit": out.believed_fit, "waited_while_ca_believed_fit": waited,
         "errors": out.errors[:20], "run_s": total_s,
@@ -445,10 +479,13 @@ def _f(v: object) -> str:
 
 def tables(results: Sequence[Mapping[str, Any]]) -> str:
     main = markdown_table(
-        ["policy", "GPU node-hours", "nodes added / removed", "all-reduce GB/s, multi-GPU pods (those asking)",
+        ["policy", "GPU node-hours", "nodes added / removed (most at once)", "drained at s",
+         "all-reduce GB/s, multi-GPU pods (those asking)", "pods whose NVLink / GB/s ask was not met",
          "training job bound p50 / p95 s", "never bound", "failed admission", "waited while CA believed it fits"],
-        [[r["policy"], r["gpu_node_hours"], f"{r['nodes_added']} / {r['nodes_removed']}",
+        [[r["policy"], r["gpu_node_hours"], f"{r['nodes_added']} / {r['nodes_removed']} ({r['max_nodes']})",
+          _f(r["drained_s"] and round(r["drained_s"])),
           f"{_f(r['allreduce_gbps_mean'])} ({_f(r['allreduce_gbps_mean_asked'])})",
+          f"{len(r['needs_unmet'])} of {r['needs_measured']}",
           f"{_f(r['job_bound_s']['p50'])} / {_f(r['job_bound_s']['p95'])}", len(r["never_bound"]),
           len(r["failed_admission"]), len(r["waited_while_ca_believed_fit"])] for r in results])
     kinds = markdown_table(

@@ -80,4 +80,17 @@ def test_the_summary_counts_what_waited_while_ca_believed_it_fits_and_what_never
     assert got["waited_while_ca_believed_fit"] == {"b": "n-0", "c": "n-1"}  # a bound within 60 s
     assert got["allreduce_gbps_mean"] == 128.0 and got["allreduce_gbps_mean_asked"] == 240.0
     assert got["pending_s"]["single"]["pods"] == 2 and got["pending_s"]["notebook"]["pods"] == 0
-    assert "| ours | 1.5 | 2 / 1 |" in tables([got])
+    assert got["needs_unmet"] == [] and got["needs_measured"] == 0
+    assert "| ours | 1.5 | 2 / 1 (0) |" in tables([got])
+
+
+def test_a_need_is_met_by_the_extenders_own_tests() -> None:
+    from bench.autoscale_real import TOPOLOGIES, need_met
+    from gputopo.discovery.loader import load_topology_file
+
+    bridge = load_topology_file(TOPOLOGIES / "pcie-8x-rtxa6000-nvlinkbridge-pairs-2socket-unige-baobab.txt")
+    nvlink = PodSpec("a", "single", 4, {DEFAULT_KEYS.require_nvlink: "true"})
+    floor = PodSpec("b", "single", 4, {DEFAULT_KEYS.min_gbps: "100"})
+    assert need_met(nvlink, bridge, 80.0) is True and need_met(nvlink, bridge, 14.0) is False
+    assert need_met(floor, bridge, 80.0) is False and need_met(floor, bridge, 100.0) is True
+    assert need_met(PodSpec("c", "single", 4), bridge, 14.0) is None
