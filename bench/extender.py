@@ -1,4 +1,6 @@
-"""Scheduler extender latency and throughput over real HTTP: `python -m bench.extender [--quick]`.
+"""The extender's own handler latency over real HTTP, without kube-scheduler: `python -m bench.extender [--quick]`.
+It predicts what one verb costs the extender at 100 to 5,000 nodes; pods per second behind kube-scheduler come
+from bench.real_scheduler and bench.scale (its closed-loop rate below did not predict them).
 
 The extender runs as its own process (`gpu-extender serve --inventory`, standalone mode, one uvicorn worker) on an
 inventory generated from the shared topology fixtures: nodes cycle through every complete fixture, 40% of them
