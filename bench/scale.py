@@ -1,10 +1,11 @@
 """Cost per pod and how it grows with the cluster, behind the real kube-scheduler v1.36.2: `python -m bench.scale
-[--sizes 250,1000,2500,5000] [--pods 1000] [--pairs 3] [--start-pods 20000,30000] [--no-profile]
+[--sizes 250,1000,2500,5000] [--pods 1000] [--pairs 3] [--start-pods 20000,30000] [--no-profile] [--two-calls]
 [--out bench/results/scale]`.
 
 Per size (simulated GPU nodes cycling through the real topologies, a fresh control plane each: etcd and
 kube-apiserver v1.36.2, tests/helpers/controlplane.py), bench.real_scheduler.run_once's alternating pairs, the
-extender path (the chart's kube-scheduler configuration and extender entry) and the plain path, on an identical
+extender path (the chart's kube-scheduler configuration and extender entry: one call per pod, the extender with
+`--filter-best`; `--two-calls` for filter then prioritize) and the plain path, on an identical
 fresh backlog of `--pods` GPU pods (1/2/4/8 GPUs, bench.failover.burst_sizes), capped so that it asks for at most
 two thirds of the size's GPUs: a backlog that fits, so every pod binds and no run measures retries of the
 unplaceable. Per run: pods/s (first to last bind in kube-scheduler's log), kube-scheduler's algorithm ms per pod
@@ -64,6 +65,9 @@ from bench.real_scheduler import (
 if TYPE_CHECKING:
     from tests.helpers.controlplane import ControlPlane
 
+# the chart's default (scheduler.filterBest: true): one call per pod, the extender started with --filter-best and
+# kube-scheduler's extender entry without prioritize (bench.real_scheduler.run_once configures both from the args)
+CHART_EXTENDER_ARGS = ("--filter-best",)
 MEAN_GPUS_PER_POD = 2.4  # bench.failover.SIZES: 1*0.5 + 2*0.25 + 4*0.15 + 8*0.1
 FILL = 2 / 3  # the most of a size's GPUs a backlog may ask for
 BOUND_NAMESPACE = "bound"
@@ -335,20 +339,22 @@ def start_to_ready(cp: ControlPlane, nodes: int, counts: Sequence[int], tree: Pa
 
 
 def run_size(nodes: int, pods: int, pairs: int, seed: int, timeout: float, profile_dir: Path | None,
-             start_counts: Sequence[int], tree: Path, logs: Path | None = None) -> tuple[SizeResult, list[StartResult]]:
+             start_counts: Sequence[int], tree: Path, logs: Path | None = None,
+             extender_args: Sequence[str] = CHART_EXTENDER_ARGS) -> tuple[SizeResult, list[StartResult]]:
     from tests.helpers.controlplane import ControlPlane
 
     began = time.monotonic()
     with ControlPlane() as cp:
         try:
-            return _run_size(cp, nodes, pods, pairs, seed, timeout, profile_dir, start_counts, tree, began)
+            return _run_size(cp, nodes, pods, pairs, seed, timeout, profile_dir, start_counts, tree, began,
+                             extender_args)
         finally:
             keep_logs(logs / f"{nodes}-nodes" if logs is not None else None, cp.dir)
 
 
 def _run_size(cp: ControlPlane, nodes: int, pods: int, pairs: int, seed: int, timeout: float,
               profile_dir: Path | None, start_counts: Sequence[int], tree: Path,
-              began: float) -> tuple[SizeResult, list[StartResult]]:
+              began: float, extender_args: Sequence[str]) -> tuple[SizeResult, list[StartResult]]:
     from bench.failover import add_nodes, burst_sizes
     from bench.real_scheduler import run_once
 
@@ -361,7 +367,8 @@ def _run_size(cp: ControlPlane, nodes: int, pods: int, pairs: int, seed: int, ti
     print(f"{nodes} GPU nodes ({gpus} GPUs) in {result.setup_s} s; backlog {backlog} pods asking {sum(sizes)} "
           f"GPUs; load {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     run = 0
-    common = {"sizes": sizes, "allocatable": allocatable, "extender_args": [], "tree": tree, "timeout": timeout}
+    common = {"sizes": sizes, "allocatable": allocatable, "extender_args": list(extender_args), "tree": tree,
+              "timeout": timeout}
     for pair in range(1, pairs + 1):
         for path in (EXTENDER, DEFAULT):
             run += 1
@@ -442,6 +449,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "scale", help="results: <out>.md .json .png")
     parser.add_argument("--keep-logs", type=Path, default=None,
                         help="copy every component's log to <dir>/<size>-nodes/")
+    parser.add_argument("--two-calls", action="store_true",
+                        help="filter then prioritize (scheduler.filterBest false); default: the chart's one call")
     parser.add_argument("--extender-tree", type=Path, default=ROOT, help="run the extender from this checkout")
     opts = parser.parse_args(argv)
     from tests.helpers.controlplane import skip_reason
@@ -466,7 +475,7 @@ def main(argv: list[str] | None = None) -> None:
         for nodes in sorted(opts.sizes):
             size, size_starts = run_size(nodes, opts.pods, opts.pairs, opts.seed, opts.timeout, profile_dir,
                                          opts.start_pods if nodes == largest else [], opts.extender_tree,
-                                         opts.keep_logs)
+                                         opts.keep_logs, () if opts.two_calls else CHART_EXTENDER_ARGS)
             results.append(size)
             starts += size_starts
     except RuntimeError as e:
