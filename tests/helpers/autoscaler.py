@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import pytest
 
 from sim.ca_provider import NodeGroupSpec, ProviderServer, SimProvider
 from sim.ports import free_ports
 from tests.helpers import controlplane
-from tests.helpers.controlplane import NODE_CAPACITY, ControlPlane, Proc, start_process, wait_until
+from tests.helpers.chart_install import install_chart
+from tests.helpers.controlplane import NODE_CAPACITY, ControlPlane, Proc, start_process, tidied, wait_until
 from tests.helpers.paths import REPO
 from tests.helpers.realnode import real_gpu_node
 
@@ -49,6 +51,22 @@ def unpack(dest: Path) -> Path:
     if done.returncode != 0:
         raise RuntimeError(f"unpacking {AUTOSCALER_SHARED} failed: {done.stderr.strip()[-500:]}")
     return dest / "cluster-autoscaler"
+
+
+@contextlib.contextmanager
+def product_for_ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                   namespace: str) -> Iterator[tuple[ControlPlane, Path]]:
+    """What every real-CA module starts from: the shared real control plane (tidied after), `namespace`, the product
+    installed as the chart deploys it, and the CA binary. Skips, naming why, without shared/autoscaler, shared/kube
+    or etcd."""
+    if (why := skip_reason()) is not None:
+        pytest.skip(why)
+    binary = unpack(tmp_path_factory.mktemp("cluster-autoscaler"))
+    real_control_plane: ControlPlane = request.getfixturevalue("real_control_plane")
+    with tidied(real_control_plane) as cp:
+        cp.ensure_namespace(namespace)
+        install_chart(cp)
+        yield cp, binary
 
 
 @dataclass

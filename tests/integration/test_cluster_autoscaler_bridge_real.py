@@ -19,9 +19,8 @@ import pytest
 
 from gputopo.contract import DEFAULT_KEYS
 from sim.ca_provider import NodeGroupSpec
-from tests.helpers.autoscaler import Autoscaler, running_autoscaler, skip_reason, unpack
-from tests.helpers.chart_install import install_chart
-from tests.helpers.controlplane import ControlPlane, tidied
+from tests.helpers.autoscaler import Autoscaler, product_for_ca, running_autoscaler
+from tests.helpers.controlplane import ControlPlane
 from tests.helpers.paths import REPO
 from tests.helpers.realnode import plan_of
 
@@ -37,13 +36,7 @@ SCALE_UP_S = 120.0
 
 @pytest.fixture(scope="module")
 def ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Autoscaler]:
-    if (why := skip_reason()) is not None:
-        pytest.skip(why)
-    binary = unpack(tmp_path_factory.mktemp("cluster-autoscaler"))
-    real_control_plane: ControlPlane = request.getfixturevalue("real_control_plane")
-    with tidied(real_control_plane) as cp:
-        cp.ensure_namespace(NS)
-        install_chart(cp)
+    with product_for_ca(request, tmp_path_factory, NS) as (cp, binary):
         with running_autoscaler(cp, binary, GROUPS) as autoscaler:
             yield autoscaler
         for pod in cp.list_items(f"/api/v1/namespaces/{NS}/pods"):

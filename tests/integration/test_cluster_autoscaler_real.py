@@ -26,9 +26,8 @@ import pytest
 from gputopo.contract import DEFAULT_KEYS, NVLINK_FABRICS
 from sim.ca_provider import NodeGroupSpec, parse_provider_id
 from tests.extender.conftest import A100, PCIE
-from tests.helpers.autoscaler import Autoscaler, running_autoscaler, skip_reason, unpack
-from tests.helpers.chart_install import install_chart
-from tests.helpers.controlplane import ControlPlane, tidied
+from tests.helpers.autoscaler import Autoscaler, product_for_ca, running_autoscaler
+from tests.helpers.controlplane import ControlPlane
 from tests.helpers.realnode import plan_of, real_gpu_node
 
 pytestmark = [pytest.mark.timeout(420)]
@@ -46,20 +45,13 @@ JOB_LABEL = "training.kubeflow.org/job-name"
 @pytest.fixture(scope="module")
 def ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Autoscaler]:
     """CA and its cloud over the shared control plane, with the PCIe server no group owns already publishing."""
-    if (why := skip_reason()) is not None:
-        pytest.skip(why)
-    binary = unpack(tmp_path_factory.mktemp("cluster-autoscaler"))
-    real_control_plane: ControlPlane = request.getfixturevalue("real_control_plane")
-    with tidied(real_control_plane) as cp:
-        cp.ensure_namespace(NS)
-        install_chart(cp)
-        with real_gpu_node(cp, "pcie-static", topology=PCIE) as pcie:
-            pcie.wait_published(GPU, 8, 90)
-            with running_autoscaler(cp, binary, GROUPS) as autoscaler:
-                yield autoscaler
-            for name in _pods(cp):
-                cp.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{name}", ok=(200, 202, 404),
-                           gracePeriodSeconds=0)
+    with product_for_ca(request, tmp_path_factory, NS) as (cp, binary), \
+            real_gpu_node(cp, "pcie-static", topology=PCIE) as pcie:
+        pcie.wait_published(GPU, 8, 90)
+        with running_autoscaler(cp, binary, GROUPS) as autoscaler:
+            yield autoscaler
+        for name in _pods(cp):
+            cp.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{name}", ok=(200, 202, 404), gracePeriodSeconds=0)
 
 
 def _cp(ca: Autoscaler) -> ControlPlane:

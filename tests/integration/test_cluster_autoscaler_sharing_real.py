@@ -25,9 +25,8 @@ import pytest
 from gputopo.contract import DEFAULT_KEYS, replica_parent
 from sim.ca_provider import DEFAULT_GPU_LABEL, NodeGroupSpec, parse_provider_id
 from tests.extender.conftest import H100X4
-from tests.helpers.autoscaler import Autoscaler, running_autoscaler, skip_reason, unpack
-from tests.helpers.chart_install import install_chart
-from tests.helpers.controlplane import ControlPlane, tidied
+from tests.helpers.autoscaler import Autoscaler, product_for_ca, running_autoscaler
+from tests.helpers.controlplane import ControlPlane
 
 pytestmark = [pytest.mark.timeout(420)]
 
@@ -64,14 +63,8 @@ def _groups(root: Path) -> tuple[NodeGroupSpec, ...]:
 
 @pytest.fixture(scope="module")
 def ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Autoscaler]:
-    if (why := skip_reason()) is not None:
-        pytest.skip(why)
-    binary = unpack(tmp_path_factory.mktemp("cluster-autoscaler"))
     groups = _groups(tmp_path_factory.mktemp("sharing-configs"))
-    real_control_plane: ControlPlane = request.getfixturevalue("real_control_plane")
-    with tidied(real_control_plane) as cp:
-        cp.ensure_namespace(NS)
-        install_chart(cp)
+    with product_for_ca(request, tmp_path_factory, NS) as (cp, binary):
         with running_autoscaler(cp, binary, groups) as autoscaler:
             yield autoscaler
         for name in _pods(cp):

@@ -26,9 +26,8 @@ import pytest
 from gputopo.contract import DEFAULT_KEYS
 from sim.ca_provider import NodeGroupSpec, parse_provider_id
 from tests.extender.conftest import A100
-from tests.helpers.autoscaler import Autoscaler, running_autoscaler, skip_reason, unpack
-from tests.helpers.chart_install import install_chart
-from tests.helpers.controlplane import ControlPlane, tidied
+from tests.helpers.autoscaler import Autoscaler, product_for_ca, running_autoscaler
+from tests.helpers.controlplane import ControlPlane
 from tests.helpers.realnode import plan_of
 
 pytestmark = [pytest.mark.timeout(360)]
@@ -53,13 +52,7 @@ class Setup:
 @pytest.fixture(scope="module")
 def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     """The CA binary and the shared control plane with the product installed as the chart deploys it."""
-    if (why := skip_reason()) is not None:
-        pytest.skip(why)
-    binary = unpack(tmp_path_factory.mktemp("cluster-autoscaler"))
-    real_control_plane: ControlPlane = request.getfixturevalue("real_control_plane")
-    with tidied(real_control_plane) as cp:
-        cp.ensure_namespace(NS)
-        install_chart(cp)
+    with product_for_ca(request, tmp_path_factory, NS) as (cp, binary):
         yield Setup(cp, binary)
 
 
