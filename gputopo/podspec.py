@@ -106,7 +106,8 @@ def pod_device_count(pod: Mapping[str, Any], resource: str) -> int:
 
 # -- where a pod may run: kube-scheduler's NodeAffinity filter, on the JSON dicts ------------------------------------
 
-_INT64 = re.compile(r"^[+-]?[0-9]+$")  # what Go's strconv.ParseInt(s, 10, 64) accepts, range checked apart
+# what Go's strconv.ParseInt(s, 10, 64) accepts, range checked apart (fullmatch: `$` would let a trailing "\n" in)
+_INT64 = re.compile(r"[+-]?[0-9]+")
 
 
 def _sequence(value: Any) -> Sequence[Any]:
@@ -114,7 +115,7 @@ def _sequence(value: Any) -> Sequence[Any]:
 
 
 def _int64(text: Any) -> int | None:
-    if not isinstance(text, str) or not _INT64.match(text):
+    if not isinstance(text, str) or not _INT64.fullmatch(text):
         return None
     n = int(text)
     return n if -(2**63) <= n < 2**63 else None

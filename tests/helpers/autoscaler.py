@@ -112,7 +112,9 @@ def running_autoscaler(cp: ControlPlane, binary: Path, groups: Sequence[NodeGrou
 
     grpc_port, metrics_port = free_ports(2)
     provider = SimProvider(cp, groups, start_node, node_resources=NODE_CAPACITY)
-    config = cp.dir / "ca-cloud-config.yaml"
+    # one log per CA: the modules of the real tier share one control plane (and its directory) in turn
+    log_path = cp.dir / f"cluster-autoscaler-{grpc_port}.log"
+    config = cp.dir / f"ca-cloud-config-{grpc_port}.yaml"
     config.write_text(f"address: 127.0.0.1:{grpc_port}\n")
     with ProviderServer(provider, grpc_port):
         proc = start_process("cluster-autoscaler", [
@@ -122,7 +124,7 @@ def running_autoscaler(cp: ControlPlane, binary: Path, groups: Sequence[NodeGrou
             "--scale-down-delay-after-delete=0s", "--scale-down-delay-after-failure=0s",
             "--unremovable-node-recheck-timeout=10s", "--skip-nodes-with-local-storage=false",
             "--skip-nodes-with-system-pods=false", "--leader-elect=false", "--v=4", *extra,
-        ], cp.dir / "cluster-autoscaler.log")
+        ], log_path)
         ca = Autoscaler(proc, provider)
         try:
             ca.wait("CA's /health-check", lambda: httpx.get(f"http://127.0.0.1:{metrics_port}/health-check",
@@ -130,6 +132,5 @@ def running_autoscaler(cp: ControlPlane, binary: Path, groups: Sequence[NodeGrou
             yield ca
         finally:
             proc.stop()
-            log = cp.dir / "cluster-autoscaler.log"
-            if (keep := os.environ.get("GPU_TOPOLOGY_KEEP_CA_LOG")) and log.is_file():
-                shutil.copy(log, keep)
+            if (keep := os.environ.get("GPU_TOPOLOGY_KEEP_CA_LOG")) and log_path.is_file():
+                shutil.copy(log_path, keep)
