@@ -76,6 +76,11 @@ class Autoscaler:
     proc: Proc
     provider: SimProvider
 
+    @property
+    def cp(self) -> ControlPlane:
+        """The control plane the provider creates its Nodes in."""
+        return self.provider.kube  # type: ignore[return-value]
+
     def log_tail(self, chars: int = 6000) -> str:
         return self.proc.log_tail(chars)
 

@@ -36,16 +36,9 @@ SCALE_UP_S = 120.0
 
 @pytest.fixture(scope="module")
 def ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Autoscaler]:
-    with product_for_ca(request, tmp_path_factory, NS) as (cp, binary):
-        with running_autoscaler(cp, binary, GROUPS) as autoscaler:
-            yield autoscaler
-        for pod in cp.list_items(f"/api/v1/namespaces/{NS}/pods"):
-            cp.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}", ok=(200, 202, 404),
-                       gracePeriodSeconds=0)
-
-
-def _cp(ca: Autoscaler) -> ControlPlane:
-    return ca.provider.kube  # type: ignore[return-value]
+    with product_for_ca(request, tmp_path_factory, NS) as (cp, binary), \
+            running_autoscaler(cp, binary, GROUPS) as autoscaler:
+        yield autoscaler
 
 
 def _pod(name: str, gpus: int) -> dict[str, Any]:
@@ -61,7 +54,7 @@ def _get(cp: ControlPlane, name: str) -> dict[str, Any]:
 def test_the_bridge_template_is_refused_for_four_gpus_on_nvlink_and_no_node_is_added(ca: Autoscaler) -> None:
     """CA evaluates the pending 4-GPU pod (after its 30 s young-pod wait) and refuses the `bridge` template on
     NodeAffinity, loop after loop; it asks for no node. Before the ring labels it added one."""
-    cp = _cp(ca)
+    cp = ca.cp
     cp.request("POST", f"/api/v1/namespaces/{NS}/pods", _pod("four-on-nvlink", 4))
     terms = _get(cp, "four-on-nvlink")["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -83,7 +76,7 @@ def test_the_bridge_template_is_refused_for_four_gpus_on_nvlink_and_no_node_is_a
 def test_a_pair_on_nvlink_still_gets_a_bridge_node(ca: Autoscaler) -> None:
     """2 GPUs ring on one bridge: the template fits (nvlink-ring-2 true), CA adds one node, the pod binds there with
     a plan on a bridged pair."""
-    cp = _cp(ca)
+    cp = ca.cp
     started = time.monotonic()
     cp.request("POST", f"/api/v1/namespaces/{NS}/pods", _pod("pair-on-nvlink", 2))
     ca.wait("pair-on-nvlink bound", lambda: _get(cp, "pair-on-nvlink")["spec"].get("nodeName"), SCALE_UP_S)

@@ -50,12 +50,6 @@ def ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
         pcie.wait_published(GPU, 8, 90)
         with running_autoscaler(cp, binary, GROUPS) as autoscaler:
             yield autoscaler
-        for name in _pods(cp):
-            cp.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{name}", ok=(200, 202, 404), gracePeriodSeconds=0)
-
-
-def _cp(ca: Autoscaler) -> ControlPlane:
-    return ca.provider.kube  # type: ignore[return-value]
 
 
 def _pods(cp: ControlPlane) -> list[str]:
@@ -93,7 +87,7 @@ def _scale_up_for(ca: Autoscaler, pod: dict[str, Any]) -> tuple[str, float]:
     """Create `pod`, wait for it to bind; return its node and the seconds it took. Asserts on the way that the pod
     was first refused for the NVLink affinity (what CA acts on), and that the node CA had added is the only one the
     provider started meanwhile."""
-    cp = _cp(ca)
+    cp = ca.cp
     name = pod["metadata"]["name"]
     before = {g.id: set(ca.provider.members(g.id)) for g in GROUPS}
     started = time.monotonic()
@@ -146,7 +140,7 @@ def test_ca_removes_the_nodes_it_added_once_their_pods_are_gone(ca: Autoscaler) 
     """With the pods deleted, each node CA added holds no GPU request: under the 0.5 utilisation threshold, empty,
     unneeded for --scale-down-unneeded-time (15 s here). CA asks our provider to delete them; the provider stops
     their plugin and kubelet stand-in and deletes the Nodes. The PCIe server no group owns stays."""
-    cp = _cp(ca)
+    cp = ca.cp
     added = [n for n, g in _nodes_of(cp).items() if g == "nvswitch"]
     if not added:
         pytest.skip("no scale-up case left a node to remove")
@@ -168,7 +162,7 @@ def test_a_four_pod_job_gets_one_new_node_not_four(ca: Autoscaler) -> None:
     """Four pods of one job (the training operator's labels, job size 4), 2 GPUs each, NVLink asked, and no NVSwitch
     node left. CA sees four unschedulable pods; its bin-packing estimate puts all four on one template node (8
     GPUs): one node, not one per pod. All four bind there through our extender, each with a plan."""
-    cp = _cp(ca)
+    cp = ca.cp
     before = set(ca.provider.members("nvswitch"))
     names = [f"job-x-worker-{i}" for i in range(4)]
     mark = len(ca.log())

@@ -64,15 +64,9 @@ def _groups(root: Path) -> tuple[NodeGroupSpec, ...]:
 @pytest.fixture(scope="module")
 def ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Autoscaler]:
     groups = _groups(tmp_path_factory.mktemp("sharing-configs"))
-    with product_for_ca(request, tmp_path_factory, NS) as (cp, binary):
-        with running_autoscaler(cp, binary, groups) as autoscaler:
-            yield autoscaler
-        for name in _pods(cp):
-            cp.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{name}", ok=(200, 202, 404), gracePeriodSeconds=0)
-
-
-def _cp(ca: Autoscaler) -> ControlPlane:
-    return ca.provider.kube  # type: ignore[return-value]
+    with product_for_ca(request, tmp_path_factory, NS) as (cp, binary), \
+            running_autoscaler(cp, binary, groups) as autoscaler:
+        yield autoscaler
 
 
 def _pods(cp: ControlPlane) -> list[str]:
@@ -121,7 +115,7 @@ def _node_labels(cp: ControlPlane, name: str) -> dict[str, str]:
 
 def _bound(ca: Autoscaler, name: str, what: str) -> tuple[str, float]:
     """Wait for pod `name` to bind; (its node, seconds since `started` was noted by the caller's clock)."""
-    cp = _cp(ca)
+    cp = ca.cp
     ca.wait(what, lambda: _get(cp, name)["spec"].get("nodeName"), SCALE_UP_S)
     return str(_get(cp, name)["spec"]["nodeName"]), time.monotonic()
 
@@ -146,7 +140,7 @@ def test_a_container_asking_two_replicas_gets_a_node_of_the_group_that_allows_it
     plugin labels the strict node `one-replica-per-container.gpu.shared=true`, node-template puts it on the strict
     template, and the webhook adds `DoesNotExist` on it: CA's simulation refuses the strict node and template, scales
     up `loose`, and the pod binds there through our extender, on two GPUs."""
-    cp = _cp(ca)
+    cp = ca.cp
     started = time.monotonic()
     _create(cp, _pod("a-one", 1, {POOL: "a", ONE: "true"}))
     strict, at = _bound(ca, "a-one", "the one-replica pod bound")
@@ -183,7 +177,7 @@ def test_a_renamed_group_without_the_gpu_label_is_removed_once_empty(ca: Autosca
     """renameByDefault: the strict and loose nodes advertise only `nvidia.com/gpu.shared` and carry no GPU label, so
     CA counts them as plain nodes (cpu and memory utilisation). Both were added from zero (the case before); with
     their pods deleted they are empty, and CA removes both after --scale-down-unneeded-time."""
-    cp = _cp(ca)
+    cp = ca.cp
     added = [n for n, g in _nodes_of(cp).items() if g in ("strict", "loose")]
     if not added:
         pytest.skip("the case before left no node")
@@ -201,7 +195,7 @@ def test_with_the_gpu_label_ca_waits_for_gpus_that_never_come(ca: Autoscaler) ->
     `nvidia.com/gpu` allocatable as one whose GPUs are not ready yet. Scale from zero still works (the template
     has the replicas); once its pod is gone the empty node is not removed like the others: CA keeps it as
     unready (its own log says so), for longer than the window in which the unlabelled nodes went."""
-    cp = _cp(ca)
+    cp = ca.cp
     started = time.monotonic()
     _create(cp, _pod("b-one", 1, {POOL: "b"}))
     node, at = _bound(ca, "b-one", "the one-replica pod bound")
@@ -229,7 +223,7 @@ def test_two_replicas_on_one_gpu_read_to_the_real_ca_as_needing_a_node(ca: Autos
     GPU, and the plugin's `free-gpus` label says 1. A two-replica pod: the webhook's `free-gpus Gt 1` makes CA's
     simulation refuse the node (the replica count alone would fit), the template fits, CA adds a second `pair` node,
     and the pod binds there with its replicas on two GPUs."""
-    cp = _cp(ca)
+    cp = ca.cp
     names = [f"c-one-{i}" for i in range(6)]
     started = time.monotonic()
     for name in names:
